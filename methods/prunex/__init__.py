@@ -1,0 +1,27 @@
+"""PruneX (hierarchical H-SADMM) and its flat-consensus ablation; importing registers both."""
+
+from methods.prunex.method import PruneX
+from suite.registry import METHODS
+
+HANDLING = (
+    "conv weights projected onto filter/channel/shape keep sets (default channel keep 0.5); "
+    "BN, biases and FC are dense ADMM blocks; BN running stats averaged each round"
+)
+
+
+@METHODS.register(
+    "prunex",
+    "PruneX: hierarchical H-SADMM, leaders OR masks and all-reduce packed kept slices between "
+    f"nodes; {HANDLING}",
+)
+def make_prunex(ctx):
+    return PruneX(ctx, hierarchical=True)
+
+
+@METHODS.register(
+    "prunex-flat",
+    "PruneX (AR) ablation: flat consensus, dense world all-reduce then projection, no "
+    "hierarchy or shrinkage; same math as prunex",
+)
+def make_prunex_flat(ctx):
+    return PruneX(ctx, hierarchical=False)

@@ -1,0 +1,391 @@
+"""PruneX (Algorithm 1) and its flat-consensus ablation, on the suite's communicator.
+
+Hierarchical (``prunex``), one round k:
+  local_compute    H steps of SGD with the proximal term rho1 (theta - z_i + u)      eq. (8)
+  intra_allreduce  SUM of theta + u over the node (plus BN statistics)               eq. (9) input
+  projection       z~_i (corrected eq. 9), z_i = Pi_S(z~_i), or z~_i * m after freeze eq. (10)
+  mask_sync        leaders OR their filter/channel/shape bitmaps (MAX on uint8)      eq. (14)
+                   and broadcast the global bitmaps to followers
+  pack             leaders: c_i = z_i + v_i, kept [K_out, K_in] slices into buckets  eq. (15)
+  inter_allreduce  leaders: AVG of the packed buckets                                eq. (11)
+  broadcast        leaders -> followers: the packed buckets
+  unpack           zero-filled scatter back to full shapes: global z
+  dual_update      v_i += z_i - z (eq. 13), u += theta - z_i (eq. 12), residuals, rho balancing
+
+Flat (``prunex-flat``, the paper's "PruneX (AR)"): the same math with one "node" spanning the
+world (M=1, P=N, rho2=0): a dense world all-reduce of theta + u, projection after it, no
+hierarchy and no shrinkage.
+
+Choices where the paper is silent (see methods/prunex/hsadmm.py for the equation fixes):
+  * weight decay is the lambda of eq. (6), applied in the z step; local SGD has none;
+  * every parameter tensor is its own block with its own rho1, rho2;
+  * BN running statistics are averaged each round alongside (intra SUM/P, then inter AVG);
+  * v_i lives on every rank of node i: followers repeat the leader's eq. (13) update from the
+    broadcast z, so z_i and v_i stay replicated without extra traffic;
+  * the inter-node dual residual is Boyd's rho2 (z^{k+1} - z^k), not the printed
+    rho2 (z_i^{k+1} - z^k).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from methods.prunex import hsadmm
+from methods.prunex.hsadmm import StructuredMask
+from methods.prunex.packing import PackLayout
+from methods.prunex.state import admm_blocks, averaged_buffers, flatten, unflatten
+from suite.errors import BenchError
+from suite.method import RunContext
+
+DEFAULT_CHANNEL_KEEP = 0.5  # paper sec. 5.1.5
+DEFAULT_MAX_LOCAL_STEPS = 32  # ~ the paper's 5 local epochs of a 64-GPU CIFAR shard
+
+
+class PruneX:
+    def __init__(self, ctx: RunContext, *, hierarchical: bool):
+        self.ctx = ctx
+        topo = ctx.topology
+        self.hierarchical = hierarchical
+        opt = ctx.option
+        keeps = {k: opt(k, None) for k in ("filter_keep", "channel_keep", "shape_keep")}
+        if all(v is None for v in keeps.values()):
+            keeps["channel_keep"] = DEFAULT_CHANNEL_KEEP
+        for key, value in keeps.items():
+            if value is not None and not 0 < value <= 1:
+                raise BenchError(f"--{key.replace('_', '-')} must be in (0, 1], got {value}")
+        self.keeps = keeps
+        self.rho_max = float(opt("rho_max", 10.0))
+        self.eps_abs = opt("eps_abs", None)  # None: no early stop, run every round
+        self.eps_rel = float(opt("eps_rel", 1e-3))
+        self.adaptive = bool(opt("adaptive_rho", True))
+        self.freeze_round = opt("freeze_round", None)
+        self.freeze_patience = opt("freeze_patience", None)
+        self.bucket_bytes = int(float(opt("bucket_mb", 32.0)) * 2**20)
+        self.lam = ctx.recipe.weight_decay
+
+        loader = ctx.loader
+        if opt("local_steps", None) is not None:
+            self.steps_per_iteration = int(opt("local_steps", None))
+        elif opt("local_epochs", None) is not None:
+            self.steps_per_iteration = max(
+                1, round(float(opt("local_epochs", None)) * loader.steps_per_epoch)
+            )
+        else:
+            self.steps_per_iteration = min(loader.steps_per_epoch, DEFAULT_MAX_LOCAL_STEPS)
+
+        if hierarchical:
+            self.num_nodes, self.procs = topo.num_nodes, topo.gpus_per_node
+            self.group = topo.intra
+        else:
+            self.num_nodes, self.procs = 1, topo.world_size
+            self.group = topo.world
+
+        self.model = ctx.model
+        named = dict(self.model.named_parameters())
+        self.blocks = admm_blocks(self.model)
+        self.params = [named[b.name] for b in self.blocks]
+        self.buffer_names = averaged_buffers(self.model)
+        buffers = dict(self.model.named_buffers())
+        self.buffers = [buffers[n] for n in self.buffer_names]
+
+        with torch.no_grad():
+            self.z_node = [p.detach().clone() for p in self.params]  # z_i
+            self.z = [p.detach().clone() for p in self.params]  # global z
+            self.u = [torch.zeros_like(p) for p in self.params]
+            self.v = [torch.zeros_like(p) for p in self.params]
+        rho1, rho2 = float(opt("rho1", 1.5e-3)), float(opt("rho2", 1.5e-4))
+        self.rho1 = [rho1] * len(self.blocks)
+        self.rho2 = [rho2 if hierarchical else 0.0] * len(self.blocks)
+        self.constrained = [i for i, b in enumerate(self.blocks) if b.constrained]
+        self.masks = {i: StructuredMask.full(self.blocks[i].shape) for i in self.constrained}
+        self.frozen = False
+        self.stable_rounds = 0
+        self.layout: PackLayout | None = None
+        self.fixed_buffers: list[torch.Tensor] | None = None
+
+        self.consensus = copy.deepcopy(self.model)  # the model evaluated: z + averaged BN stats
+        self.optimizer = torch.optim.SGD(
+            self.params, lr=ctx.recipe.lr, momentum=ctx.recipe.momentum, weight_decay=0.0
+        )
+        self.batches = iter(loader)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    # ------------------------------------------------------------------ round phases
+    def local_compute(self) -> tuple[float, int]:
+        """Eq. (8): SGD on f_ij plus rho1 (theta - z_i + u), the gradient of the prox term."""
+        device = self.ctx.device
+        with torch.no_grad():
+            anchors = torch._foreach_sub(self.z_node, self.u)  # z_i - u, fixed for the round
+        total, samples = 0.0, 0
+        for _ in range(self.steps_per_iteration):
+            x, y = next(self.batches)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.model(x), y)
+            loss.backward()
+            with torch.no_grad():
+                prox = torch._foreach_sub([p.detach() for p in self.params], anchors)
+                torch._foreach_mul_(prox, self.rho1)
+                torch._foreach_add_([p.grad for p in self.params], prox)
+            self.optimizer.step()
+            total += loss.item() * len(y)
+            samples += len(y)
+        return total / samples, samples
+
+    def consensus_sum(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """SUM over the consensus group of theta + u, and the group mean of BN statistics."""
+        with torch.no_grad():
+            send = torch._foreach_add([p.detach() for p in self.params], self.u)
+            send += [b / self.procs for b in self.buffers]
+            flat = flatten(send)
+        phase = "intra_allreduce" if self.hierarchical else "allreduce"
+        self.ctx.comm.all_reduce(flat, self.group, phase=phase)
+        parts = unflatten(flat, send)
+        return parts[: len(self.params)], parts[len(self.params) :]
+
+    def node_update(self, theta_u_sum) -> tuple[list[torch.Tensor], dict[int, StructuredMask]]:
+        """Corrected eq. (9), then eq. (10) (or masking once frozen, Algorithm 1 line 11)."""
+        z_node, local_masks = [], {}
+        for i, block in enumerate(self.blocks):
+            cand = hsadmm.node_candidate(
+                theta_u_sum[i],
+                self.z[i],
+                self.v[i],
+                rho1=self.rho1[i],
+                rho2=self.rho2[i],
+                lam=self.lam,
+                num_nodes=self.num_nodes,
+                procs_per_node=self.procs,
+            )
+            if block.constrained:
+                if self.frozen:
+                    cand = hsadmm.apply_mask(cand, self.masks[i])
+                else:
+                    cand, local_masks[i] = hsadmm.project(cand, **self.keeps)
+            z_node.append(cand)
+        return z_node, local_masks
+
+    def agree_masks(self, local_masks: dict[int, StructuredMask]) -> dict[int, StructuredMask]:
+        """Eq. (14) on the structured index sets: OR (MAX on uint8) across node leaders."""
+        if not self.hierarchical:
+            return local_masks  # one node: every rank projected the same tensor
+        topo, comm = self.ctx.topology, self.ctx.comm
+        bits = torch.cat([local_masks[i].to_bits() for i in self.constrained])
+        if topo.is_leader and topo.inter is not None:
+            comm.all_reduce(bits, topo.inter, phase="mask_sync", op=dist.ReduceOp.MAX)
+        comm.broadcast(bits, topo.intra, src=topo.intra.ranks[0], phase="mask_sync")
+        masks, offset = {}, 0
+        for i in self.constrained:
+            n = local_masks[i].to_bits().numel()
+            masks[i] = StructuredMask.from_bits(bits[offset : offset + n], self.blocks[i].shape)
+            offset += n
+        return masks
+
+    def pack_layout(self) -> PackLayout:
+        entries = [
+            (f"p:{b.name}", b.shape, self.masks.get(i)) for i, b in enumerate(self.blocks)
+        ] + [(f"b:{n}", buf.shape, None) for n, buf in zip(self.buffer_names, self.buffers)]
+        return PackLayout(entries, bucket_bytes=self.bucket_bytes)
+
+    def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
+        """Leaders: pack z_i + v_i, all-reduce AVG between nodes; broadcast; unpack (eq. 11)."""
+        topo, comm, rec = self.ctx.topology, self.ctx.comm, self.ctx.recorder
+        if self.layout is None:
+            self.layout = self.pack_layout()
+        layout = self.layout
+        if self.frozen:  # one-shot buffer allocation (sec. 4.5)
+            if self.fixed_buffers is None:
+                self.fixed_buffers = layout.allocate()
+            out = self.fixed_buffers
+        else:
+            out = layout.allocate() if not topo.is_leader else None
+        if topo.is_leader:
+            with rec.phase("pack"), torch.no_grad():
+                names = [f"p:{b.name}" for b in self.blocks] + [f"b:{n}" for n in self.buffer_names]
+                values = torch._foreach_add(z_node, self.v) + list(buffer_mean)
+                packed = layout.pack(dict(zip(names, values)), out=out)
+            for bucket in packed:
+                comm.all_reduce(bucket, topo.inter, phase="inter_allreduce")
+                bucket.div_(self.num_nodes)
+        else:
+            packed = out
+        for bucket in packed:
+            comm.broadcast(bucket, topo.intra, src=topo.intra.ranks[0], phase="broadcast")
+        with rec.phase("unpack"):
+            full = layout.unpack(packed)
+        z = [full[f"p:{b.name}"] for b in self.blocks]
+        buffers = [full[f"b:{n}"] for n in self.buffer_names]
+        return z, buffers
+
+    # ------------------------------------------------------------------ one round
+    def step(self, iteration: int) -> dict:
+        rec = self.ctx.recorder
+        with rec.phase("local_compute"):
+            loss, samples = self.local_compute()
+        theta_u_sum, buffer_mean = self.consensus_sum()
+        with rec.phase("projection"), torch.no_grad():
+            z_node, local_masks = self.node_update(theta_u_sum)
+
+        drift = 0
+        if not self.frozen and self.constrained:
+            masks = self.agree_masks(local_masks)
+            drift = sum(self.masks[i].changed_groups(masks[i]) for i in self.constrained)
+            if drift or self.layout is None:
+                self.layout = None  # the packed shapes changed
+            self.masks = masks
+            self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
+        if self.hierarchical:
+            z, buffers = self.global_consensus(z_node, buffer_mean)
+        else:
+            z, buffers = z_node, list(buffer_mean)
+
+        with rec.phase("dual_update"), torch.no_grad():
+            stats = self.dual_update(z_node, z)
+        self.ctx.comm.all_reduce(stats, self.ctx.topology.world, phase="dual_update")
+        with rec.phase("dual_update"), torch.no_grad():
+            converged = self.balance_and_check(iteration, stats)
+            for target, value in zip(self.buffers, buffers):
+                target.copy_(value)
+            consensus_params = dict(self.consensus.named_parameters())
+            for block, value in zip(self.blocks, z):
+                consensus_params[block.name].data.copy_(value)
+            consensus_buffers = dict(self.consensus.named_buffers())
+            for name, value in zip(self.buffer_names, buffers):
+                consensus_buffers[name].copy_(value)
+
+        was_frozen = self.frozen
+        if not self.frozen and self.constrained:
+            by_round = self.freeze_round is not None and iteration + 1 >= self.freeze_round
+            by_patience = (
+                self.freeze_patience is not None and self.stable_rounds >= self.freeze_patience
+            )
+            self.frozen = by_round or by_patience
+        rec.set(
+            density=self.density(),
+            mask_drift=drift,
+            frozen=was_frozen,
+            packed_bytes=float(self.layout.nbytes) if self.layout is not None else math.nan,
+            rho1_mean=sum(self.rho1) / len(self.rho1),
+            rho2_mean=sum(self.rho2) / len(self.rho2),
+        )
+        return {"loss": loss, "samples": samples, "converged": converged}
+
+    def dual_update(self, z_node, z) -> torch.Tensor:
+        """Eqs. (12)-(13) and the local pieces of the residual norms (summed over the world)."""
+        leader = self.ctx.topology.is_leader or not self.hierarchical
+        stats = torch.zeros(len(self.blocks), 9, dtype=torch.float64, device=self.ctx.device)
+        for i, p in enumerate(self.params):
+            theta = p.detach()
+            r_intra = theta - z_node[i]
+            stats[i, 0] = r_intra.pow(2).sum()
+            stats[i, 1] = (self.rho1[i] ** 2) * (z_node[i] - self.z_node[i]).pow(2).sum()
+            stats[i, 2] = theta.pow(2).sum()
+            stats[i, 3] = z_node[i].pow(2).sum()
+            self.u[i].add_(r_intra)
+            stats[i, 4] = (self.rho1[i] ** 2) * self.u[i].pow(2).sum()
+            if self.hierarchical:
+                self.v[i].add_(z_node[i] - z[i])
+                if leader:
+                    stats[i, 5] = (z_node[i] - z[i]).pow(2).sum()
+                    stats[i, 6] = (self.rho2[i] ** 2) * (z[i] - self.z[i]).pow(2).sum()
+                    stats[i, 7] = z[i].pow(2).sum()
+                    stats[i, 8] = (self.rho2[i] ** 2) * self.v[i].pow(2).sum()
+        self.z_node = z_node
+        self.z = [t.clone() for t in z] if not self.hierarchical else z
+        return stats
+
+    def balance_and_check(self, iteration: int, stats: torch.Tensor) -> bool:
+        """Boyd's stopping test per layer and level, and residual balancing of rho1, rho2."""
+        world = self.ctx.topology.world_size
+        rows, converged = [], True
+        for i, block in enumerate(self.blocks):
+            s = stats[i].tolist()
+            n = math.prod(block.shape)
+            r_intra, s_intra = math.sqrt(s[0]), math.sqrt(s[1])
+            tol = {"eps_abs": self.eps_abs or 0.0, "eps_rel": self.eps_rel}
+            ok = r_intra <= hsadmm.primal_tolerance(
+                world * n, math.sqrt(s[2]), math.sqrt(s[3]), **tol
+            ) and s_intra <= hsadmm.dual_tolerance(world * n, math.sqrt(s[4]), **tol)
+            r_inter = s_inter = math.nan
+            if self.hierarchical:
+                r_inter, s_inter = math.sqrt(s[5]), math.sqrt(s[6])
+                z_node_norm = math.sqrt(s[3] / self.procs)
+                ok = ok and r_inter <= hsadmm.primal_tolerance(
+                    self.num_nodes * n, z_node_norm, math.sqrt(s[7]), **tol
+                ) and s_inter <= hsadmm.dual_tolerance(self.num_nodes * n, math.sqrt(s[8]), **tol)
+            converged = converged and ok
+            rows.append(
+                {
+                    "iteration": iteration,
+                    "layer": block.name,
+                    "constrained": block.constrained,
+                    "r_intra": r_intra,
+                    "s_intra": s_intra,
+                    "r_inter": r_inter,
+                    "s_inter": s_inter,
+                    "rho1": self.rho1[i],
+                    "rho2": self.rho2[i],
+                    "density": self.masks[i].density() if i in self.masks else 1.0,
+                }
+            )
+            if self.adaptive:
+                self.rebalance(i, r_intra, s_intra, r_inter, s_inter)
+        if self.ctx.topology.rank == 0:
+            self.ctx.recorder.add_layer_rows(rows)
+        return converged and self.eps_abs is not None
+
+    def rebalance(self, i: int, r_intra, s_intra, r_inter, s_inter) -> None:
+        """Residual balancing; scaled duals are rescaled by rho_old / rho_new (Boyd 3.4.1)."""
+        new = hsadmm.balance_penalty(self.rho1[i], r_intra, s_intra, rho_max=self.rho_max)
+        if new != self.rho1[i]:
+            self.u[i].mul_(self.rho1[i] / new)
+            self.rho1[i] = new
+        if self.hierarchical:
+            new = hsadmm.balance_penalty(self.rho2[i], r_inter, s_inter, rho_max=self.rho_max)
+            if new != self.rho2[i]:
+                self.v[i].mul_(self.rho2[i] / new)
+                self.rho2[i] = new
+
+    # ------------------------------------------------------------------ interface
+    def density(self) -> float:
+        if not self.constrained:
+            return 1.0
+        kept = sum(self.masks[i].density() * math.prod(self.blocks[i].shape) for i in self.constrained)
+        total = sum(math.prod(self.blocks[i].shape) for i in self.constrained)
+        return kept / total
+
+    def eval_model(self) -> nn.Module:
+        return self.consensus
+
+    def state_dict(self) -> dict:
+        return {
+            "theta": self.model.state_dict(),
+            "z_node": self.z_node,
+            "z": self.z,
+            "u": self.u,
+            "v": self.v,
+            "rho1": self.rho1,
+            "rho2": self.rho2,
+            "masks": self.mask_artifact(),
+            "frozen": self.frozen,
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def mask_artifact(self) -> dict:
+        return {
+            self.blocks[i].name: {
+                "filters": m.filters,
+                "channels": m.channels,
+                "shape": m.shape,
+                "dense": m.dense(),
+            }
+            for i, m in self.masks.items()
+        }
+
+    def artifacts(self) -> dict:
+        return {"masks.pt": self.mask_artifact()}

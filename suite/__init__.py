@@ -1,0 +1,1 @@
+"""prunex-bench framework: CLI, registry, runner, launchers, communicator, recorder, results."""

@@ -1,0 +1,112 @@
+"""Launchers: how the ranks of a run come to exist.
+
+``local`` spawns N ranks on this machine through torch's elastic launcher (CUDA devices when
+there are at least N, else CPU ranks on gloo with one thread each). ``torchrun`` means the
+ranks already exist (RANK/WORLD_SIZE set by torchrun, or SLURM variables by srun) and this
+process is one of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from suite.config import RunConfig
+from suite.errors import BenchError
+from suite.results import RunFolder, make_run_id
+from suite.runner import rank_main
+
+LOCAL_GPUS_PER_NODE = 4  # the paper's nodes
+
+
+def in_distributed_job() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def adopt_slurm_environment() -> bool:
+    """Map srun's per-task variables onto torch's, so one srun task per GPU just works."""
+    if in_distributed_job() or "SLURM_PROCID" not in os.environ:
+        return in_distributed_job()
+    if int(os.environ.get("SLURM_NTASKS", "1")) < 2:
+        return False
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "MASTER_ADDR" not in os.environ:
+        raise BenchError(
+            "inside a SLURM allocation without MASTER_ADDR; export MASTER_ADDR=<first node> "
+            "and MASTER_PORT before srun, or use the script from --launcher slurm"
+        )
+    os.environ.setdefault("MASTER_PORT", "29500")
+    return True
+
+
+def default_local_gpus_per_node(gpus: int) -> int:
+    """Emulated node size: the paper's 4, or gpus/2 below 8 ranks so there are two nodes."""
+    if gpus >= 2 * LOCAL_GPUS_PER_NODE:
+        return LOCAL_GPUS_PER_NODE
+    return max(1, gpus // 2)
+
+
+def launch_local(config: RunConfig) -> Path:
+    """Spawn ``config.gpus`` ranks here and wait for them; returns the run folder."""
+    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
+    folder = RunFolder(Path(config.results_dir) / config.run_id).create()
+    use_cuda = config.device == "cuda" or (
+        config.device == "auto" and torch.cuda.device_count() >= config.gpus
+    )
+    if config.device == "cuda" and torch.cuda.device_count() < config.gpus:
+        raise BenchError(
+            f"--device cuda needs {config.gpus} CUDA devices, found {torch.cuda.device_count()}"
+        )
+    config.device = "cuda" if use_cuda else "cpu"
+    if not use_cuda:
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    launch = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=config.gpus,
+        run_id=config.run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
+    except (ChildFailedError, KeyboardInterrupt) as exc:
+        reason = first_rank_error(folder) or (
+            "interrupted" if isinstance(exc, KeyboardInterrupt) else "a rank exited abnormally"
+        )
+        folder.mark_failed(reason)
+        raise BenchError(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
+    return folder.path
+
+
+def first_rank_error(folder: RunFolder) -> str | None:
+    """The first line each rank wrote about its failure; a BenchError beats a knock-on one."""
+    messages = [
+        p.read_text().splitlines()[0] for p in sorted(folder.errors.glob("rank*.txt"))
+    ]
+    own = [m for m in messages if not m.startswith("rank ")]
+    return (own or messages or [None])[0]
+
+
+def launch_in_job(config: RunConfig) -> None:
+    """This process is one rank of an existing torchrun/SLURM job."""
+    if not adopt_slurm_environment():
+        raise BenchError(
+            "--launcher torchrun needs RANK and WORLD_SIZE (run under torchrun or srun); "
+            "use --launcher local to spawn ranks here"
+        )
+    config.gpus = int(os.environ["WORLD_SIZE"])
+    rank_main(config.to_json(), None)

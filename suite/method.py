@@ -1,0 +1,50 @@
+"""What a method is, seen from the runner, and what it is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from suite.comm import Communicator
+from suite.config import RunConfig
+from suite.recorder import Recorder
+from suite.topology import Topology
+from workloads.base import Recipe, Workload
+from workloads.sharding import ShardedLoader
+
+
+@dataclass
+class RunContext:
+    config: RunConfig
+    topology: Topology
+    comm: Communicator
+    recorder: Recorder
+    workload: Workload
+    recipe: Recipe
+    model: nn.Module  # freshly built, identical on every rank (same seed)
+    loader: ShardedLoader
+    device: torch.device
+
+    def option(self, name: str, default):
+        value = self.config.options.get(name)
+        return default if value is None else value
+
+
+class Method(Protocol):
+    #: local mini-batch steps one iteration consumes (DDP: 1; PruneX: H per round)
+    steps_per_iteration: int
+
+    def step(self, iteration: int) -> dict:
+        """Run one iteration; return at least {"loss": float, "samples": int}."""
+
+    def eval_model(self) -> nn.Module:
+        """The model to evaluate (PruneX: the global consensus z)."""
+
+    def state_dict(self) -> dict:
+        """Full method state, for checkpointing."""
+
+    def artifacts(self) -> dict[str, object]:
+        """Extra files for the run folder (file name -> object saved with torch.save)."""

@@ -1,0 +1,105 @@
+"""Per-iteration and per-evaluation records of one rank.
+
+Phase names are stable strings shared by every method and by the reports. Timings are
+seconds of wall clock; on CUDA the device is synchronized around each timed block so the
+number covers the kernels, not just their launch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+PHASES = (
+    "local_compute",
+    "intra_allreduce",
+    "projection",
+    "mask_sync",
+    "pack",
+    "inter_allreduce",
+    "unpack",
+    "broadcast",
+    "dual_update",
+    "allreduce",
+    "allgather",
+    "compress",
+    "decompress",
+)
+LINKS = ("intra", "inter")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Recorder:
+    def __init__(self, rank: int, device: torch.device):
+        self.rank = rank
+        self.device = device
+        self.iterations: list[dict] = []
+        self.evals: list[dict] = []
+        self.layers: list[dict] = []
+        self._row: dict | None = None
+        self._seconds: dict[str, float] = defaultdict(float)
+        self._bytes: dict[str, float] = defaultdict(float)
+        self._started = 0.0
+
+    # -- iteration rows ---------------------------------------------------------------
+    def begin_iteration(self, iteration: int) -> None:
+        synchronize(self.device)
+        self._row = {"iteration": iteration, "rank": self.rank}
+        self._seconds.clear()
+        self._bytes.clear()
+        self._started = time.perf_counter()
+
+    def end_iteration(self, **values) -> dict:
+        synchronize(self.device)
+        row = self._row
+        assert row is not None, "end_iteration without begin_iteration"
+        row["t_iteration"] = time.perf_counter() - self._started
+        for phase, seconds in self._seconds.items():
+            row[f"t_{phase}"] = seconds
+        for link in LINKS:
+            row[f"bytes_{link}"] = self._bytes.get(link, 0.0)
+        row.update(values)
+        self.iterations.append(row)
+        self._row = None
+        return row
+
+    @property
+    def in_iteration(self) -> bool:
+        return self._row is not None
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        if self._row is not None:
+            self._seconds[phase] += seconds
+
+    def add_bytes(self, link: str, nbytes: float) -> None:
+        if self._row is not None:
+            self._bytes[link] += nbytes
+
+    def set(self, **values) -> None:
+        """Method-specific scalars for the current row (density, mask drift, ...)."""
+        if self._row is not None:
+            self._row.update(values)
+
+    @contextmanager
+    def phase(self, name: str):
+        synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.add_time(name, time.perf_counter() - start)
+
+    # -- other tables -----------------------------------------------------------------
+    def add_eval(self, **values) -> None:
+        self.evals.append(dict(values))
+
+    def add_layer_rows(self, rows: list[dict]) -> None:
+        self.layers.extend(rows)

@@ -1,0 +1,85 @@
+"""The command line end to end: one-line errors, run folders, failures that keep their rows."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from suite.results import SUMMARY_KEYS
+
+BENCH = [sys.executable, "-m", "suite.cli"]
+
+
+def bench(*args, cwd=None):
+    return subprocess.run([*BENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def one_line_error(proc) -> str:
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_list_shows_methods_and_workloads():
+    proc = bench("list")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("prunex", "prunex-flat", "ddp", "cnn-fmnist", "resnet152-cifar10"):
+        assert name in proc.stdout
+    assert "3x3" in proc.stdout  # the adapted ResNet stem is stated
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--method", "nope"], "unknown method 'nope'; known: "),
+        (["--workload", "nope"], "unknown workload 'nope'; known: "),
+        (["--gpus", "6", "--gpus-per-node", "4"], "not divisible"),
+        (["--workload", "resnet18-cifar10", "--data-dir", "/nonexistent/x"], "cifar-10-batches-py"),
+        (["--dataset", "imagenet"], "imagenet"),
+    ],
+)
+def test_bad_input_is_one_line(args, expected, tmp_path):
+    line = one_line_error(bench("run", "--results-dir", str(tmp_path), *args))
+    assert expected in line
+    assert not list(tmp_path.iterdir())  # nothing was started
+
+
+SMALL = ["--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2", "--batch-size", "16"]
+
+
+def test_run_writes_complete_folder(tmp_path):
+    proc = bench("run", "--method", "ddp", *SMALL, "--iterations", "3", "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = tmp_path.iterdir()
+    names = {p.name for p in run.iterdir()}
+    assert {"manifest.json", "summary.json", "iterations.parquet", "evals.parquet", "model.pt"} <= names
+    assert "parts" not in names and not any(n.startswith(".") for n in names)
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(SUMMARY_KEYS) - {"error"} <= set(summary)
+    assert summary["status"] == "ok"
+    assert (summary["gpus"], summary["nodes"], summary["gpus_per_node"]) == (4, 2, 2)
+    assert summary["iterations"] == 3
+    rows = pd.read_parquet(run / "iterations.parquet")
+    assert len(rows) == 3 * 4
+    assert summary["inter_node_bytes_total"] == rows["bytes_inter"].sum() > 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["topology"]["node_ranks"] == [[0, 1], [2, 3]]
+    assert manifest["versions"]["torch"].startswith("2.14.1")
+
+
+def test_nan_loss_marks_failed_and_keeps_rows(tmp_path):
+    proc = bench(
+        "run", "--method", "ddp", *SMALL, "--iterations", "6", "--lr", "1e12",
+        "--results-dir", str(tmp_path),
+    )
+    line = one_line_error(proc)
+    assert "non-finite loss" in line
+    (run,) = tmp_path.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and "non-finite loss" in summary["error"]
+    rows = pd.read_parquet(run / "iterations.parquet")  # complete, readable file
+    assert 0 < rows["iteration"].nunique() < 6
+    assert set(rows.groupby("iteration").size()) == {4}  # every kept row is whole

@@ -1,0 +1,111 @@
+"""PruneX on 2 emulated nodes x 2 real gloo ranks: consistency, constraints, bytes, freeze,
+and agreement with a single-process simulation of all four workers."""
+
+import math
+
+import torch
+
+from methods.prunex import hsadmm
+from methods.prunex.method import PruneX
+from tests.distributed import run_ranks
+from tests.helpers import TinyCNN, make_context, run_iterations, tiny_data
+from tests.prunex_reference import reference_rounds
+from workloads.sharding import ShardedLoader
+
+ROUNDS, FREEZE, STEPS = 5, 3, 3
+OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE}
+
+
+def prunex_worker(rank, options, hierarchical):
+    ctx = make_context(rank, gpus_per_node=2, options=options, bn=True)
+    method = PruneX(ctx, hierarchical=hierarchical)
+    history = []
+    for it in range(ROUNDS):
+        ctx.recorder.begin_iteration(it)
+        method.step(it)
+        row = ctx.recorder.end_iteration()
+        history.append(
+            {
+                "row": row,
+                "masks": {i: m.to_bits().clone() for i, m in method.masks.items()},
+                "z_node": [t.clone() for t in method.z_node],
+                "frozen": method.frozen,
+                "layout_bytes": method.layout.nbytes if method.layout is not None else None,
+            }
+        )
+    blocks = [(b.name, tuple(b.shape), b.constrained) for b in method.blocks]
+    return {"z": [t.clone() for t in method.z], "history": history, "blocks": blocks}
+
+
+def test_hierarchical_consistency_constraints_bytes_and_freeze():
+    out = run_ranks(prunex_worker, 4, OPTIONS, True)
+    blocks = out[0]["blocks"]
+    # z is bit-identical on every rank; z_i identical within a node
+    for o in out[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(o["z"], out[0]["z"]))
+    for k in range(ROUNDS):
+        for a, b in ((0, 1), (2, 3)):
+            za, zb = out[a]["history"][k]["z_node"], out[b]["history"][k]["z_node"]
+            assert all(torch.equal(x, y) for x, y in zip(za, zb))
+        # masks identical on every rank (leaders agreed, followers received them)
+        for o in out[1:]:
+            for i, bits in o["history"][k]["masks"].items():
+                assert torch.equal(bits, out[0]["history"][k]["masks"][i])
+    # before the freeze every conv layer of z_i keeps at most keep_count input channels
+    for k in range(FREEZE):
+        for o in out:
+            for (name, shape, constrained), zi in zip(blocks, o["history"][k]["z_node"]):
+                if constrained:
+                    live = zi.abs().sum((0, 2, 3)).gt(0).sum().item()
+                    assert live <= hsadmm.keep_count(shape[1], 0.5), name
+    # the masks stop changing after the freeze
+    frozen_masks = out[0]["history"][FREEZE - 1]["masks"]
+    for k in range(FREEZE, ROUNDS):
+        assert out[0]["history"][k]["frozen"]
+        assert out[0]["history"][k]["row"]["mask_drift"] == 0
+        for i, bits in out[0]["history"][k]["masks"].items():
+            assert torch.equal(bits, frozen_masks[i])
+    # inter-node bytes per round: leaders' ring over M=2 sends 1x the packed buffer each,
+    # plus the mask bitmaps (before the freeze) and the world all-reduce of residual stats
+    stats_bytes = len(blocks) * 9 * 8
+    for k in range(ROUNDS):
+        packed = out[0]["history"][k]["layout_bytes"]
+        bits = sum(b.numel() for b in out[0]["history"][k]["masks"].values())
+        mask_bytes = 0 if out[0]["history"][k]["row"]["frozen"] else bits
+        expected = 2 * packed + 2 * mask_bytes + 2 * 1.5 * stats_bytes
+        got = sum(o["history"][k]["row"]["bytes_inter"] for o in out)
+        assert math.isclose(got, expected), (k, got, expected)
+        assert out[1]["history"][k]["row"].get("t_inter_allreduce") is None  # followers don't
+    # shrinkage is real: the packed buffer is smaller than the dense one
+    dense = sum(math.prod(s) for _, s, _ in blocks) * 4
+    assert out[0]["history"][-1]["layout_bytes"] < dense
+
+
+def test_distributed_run_equals_single_process_simulation():
+    options = {**OPTIONS, "adaptive_rho": False}
+    out = run_ranks(prunex_worker, 4, options, True)
+    z_ref, _ = reference_rounds(
+        lambda: (torch.manual_seed(0), TinyCNN(bn=True))[1],
+        lambda r: ShardedLoader(tiny_data(), r, 4, 8, 0),
+        nodes=2, procs=2, rounds=ROUNDS, local_steps=STEPS, lr=0.05, momentum=0.9,
+        lam=1e-4, rho1=1.5e-3, rho2=1.5e-4, keeps={"channel_keep": 0.5}, freeze_round=FREEZE,
+    )
+    for got, want in zip(out[0]["z"], z_ref):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_flat_ablation_projects_after_dense_world_allreduce():
+    out = run_ranks(prunex_worker, 4, {"channel_keep": 0.5, "local_steps": 2}, False)
+    blocks = out[0]["blocks"]
+    for o in out[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(o["z"], out[0]["z"]))
+    for (name, shape, constrained), z in zip(blocks, out[0]["z"]):
+        if constrained:
+            assert z.abs().sum((0, 2, 3)).gt(0).sum().item() <= hsadmm.keep_count(shape[1], 0.5)
+    row = out[0]["history"][-1]["row"]
+    assert "t_inter_allreduce" not in row and "t_pack" not in row
+    # dense world ring: 2 of 4 ranks send 1.5x (params + BN stats) across nodes, + stats
+    dense = sum(math.prod(s) for _, s, _ in blocks) * 4 + (6 + 6 + 8 + 8) * 4
+    stats_bytes = len(blocks) * 9 * 8
+    got = sum(o["history"][-1]["row"]["bytes_inter"] for o in out)
+    assert math.isclose(got, 2 * 1.5 * dense + 2 * 1.5 * stats_bytes)
