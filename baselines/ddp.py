@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.method import RunContext
+from suite.method import RunContext, average_buffers_for_eval
 from suite.registry import METHODS
 
 
@@ -39,9 +39,12 @@ class DDPMethod:
             ctx.model,
             device_ids=device_ids,
             process_group=ctx.topology.world.pg,
+            broadcast_buffers=False,  # BN statistics stay local; averaged only to evaluate
             **kwargs,
         )
-        self.model.register_comm_hook(None, instrumented_allreduce_hook(ctx.comm, ctx.topology.world))
+        self.model.register_comm_hook(
+            None, instrumented_allreduce_hook(ctx.comm, ctx.topology.world)
+        )
         recipe = ctx.recipe
         self.optimizer = torch.optim.SGD(
             self.model.parameters(),
@@ -63,7 +66,7 @@ class DDPMethod:
         return {"loss": loss.item(), "samples": len(y)}
 
     def eval_model(self) -> nn.Module:
-        return self.model.module
+        return average_buffers_for_eval(self.model.module)
 
     def state_dict(self) -> dict:
         return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict()}

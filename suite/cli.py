@@ -24,7 +24,10 @@ METHOD_OPTIONS: dict[str, tuple[type, str]] = {
     "--freeze-round": (int, "[prunex] freeze masks after this round (default: never by round)"),
     "--freeze-patience": (int, "[prunex] freeze once global masks are unchanged this many rounds"),
     "--bucket-mb": (float, "[prunex] inter-node packing bucket size in MiB (default 32)"),
-    "--eps-abs": (float, "[prunex] stop once Boyd's residual tests pass with this eps_abs (default: never)"),
+    "--eps-abs": (
+        float,
+        "[prunex] stop once Boyd's residual tests pass with this eps_abs (default: never)",
+    ),
     "--eps-rel": (float, "[prunex] relative residual tolerance (Boyd; default 1e-3)"),
     "--adaptive-rho/--fixed-rho": (bool, "[prunex] layer-wise residual balancing of rho1, rho2"),
 }

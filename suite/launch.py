@@ -87,16 +87,22 @@ def launch_local(config: RunConfig) -> Path:
         reason = first_rank_error(folder) or (
             "interrupted" if isinstance(exc, KeyboardInterrupt) else "a rank exited abnormally"
         )
-        folder.mark_failed(reason)
+        folder.mark_failed(
+            reason,
+            run_id=config.run_id,
+            method=config.method,
+            workload=config.workload,
+            gpus=config.gpus,
+            gpus_per_node=config.gpus_per_node,
+            options=config.options,
+        )
         raise BenchError(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
     return folder.path
 
 
 def first_rank_error(folder: RunFolder) -> str | None:
     """The first line each rank wrote about its failure; a BenchError beats a knock-on one."""
-    messages = [
-        p.read_text().splitlines()[0] for p in sorted(folder.errors.glob("rank*.txt"))
-    ]
+    messages = [p.read_text().splitlines()[0] for p in sorted(folder.errors.glob("rank*.txt"))]
     own = [m for m in messages if not m.startswith("rank ")]
     return (own or messages or [None])[0]
 

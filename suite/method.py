@@ -7,13 +7,13 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from workloads.sharding import ShardedLoader
 
 from suite.comm import Communicator
 from suite.config import RunConfig
 from suite.recorder import Recorder
 from suite.topology import Topology
 from workloads.base import Recipe, Workload
-from workloads.sharding import ShardedLoader
 
 
 @dataclass
@@ -48,3 +48,20 @@ class Method(Protocol):
 
     def artifacts(self) -> dict[str, object]:
         """Extra files for the run folder (file name -> object saved with torch.save)."""
+
+
+def average_buffers_for_eval(model: nn.Module) -> nn.Module:
+    """Average float buffers (BN running statistics) over the world before evaluating.
+
+    Gradient-averaging methods keep identical parameters but rank-local BN statistics
+    (DDP with ``broadcast_buffers=False``); evaluation needs one model. This is evaluation
+    bookkeeping, issued outside any iteration, so it is not counted as method traffic.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    for buffer in model.buffers():
+        if buffer.is_floating_point():
+            dist.all_reduce(buffer)
+            buffer.div_(world)
+    return model

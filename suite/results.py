@@ -69,7 +69,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+    atomic_write_bytes(
+        path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+    )
 
 
 def read_json(path: Path):
@@ -175,10 +177,14 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / "summary.json", summary)
 
-    def mark_failed(self, error: str) -> None:
-        """Record a failure without losing rows the ranks already flushed."""
+    def mark_failed(self, error: str, **known) -> None:
+        """Record a failure without losing rows the ranks already flushed.
+
+        ``known`` adds identifying keys (method, workload, gpus, ...) so a failed run still
+        shows up, as failed, in listings and comparisons.
+        """
         self.merge_parts()
-        summary = self.summary() or {}
+        summary = {**known, **(self.summary() or {})}
         if summary.get("status") == "failed" and summary.get("error"):
             return  # the ranks already said why
         summary.update(status="failed", error=error)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from workloads.sharding import ShardedLoader, eval_slice
 
 from suite.comm import Communicator
 from suite.config import RunConfig
@@ -38,7 +39,6 @@ from suite.results import (
 from suite.summary import summarize
 from suite.topology import build_topology
 from workloads.datasets import load_data
-from workloads.sharding import ShardedLoader, eval_slice
 
 
 class NonFiniteLoss(BenchError):
@@ -228,8 +228,12 @@ def train(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
         # One small world all-reduce: mean loss, NaN agreement, traffic totals, slowest rank.
         bookkeeping.copy_(
             torch.tensor(
-                [loss if math.isfinite(loss) else 0.0, 0.0 if math.isfinite(loss) else 1.0,
-                 row["bytes_inter"], row["bytes_intra"]],
+                [
+                    loss if math.isfinite(loss) else 0.0,
+                    0.0 if math.isfinite(loss) else 1.0,
+                    row["bytes_inter"],
+                    row["bytes_intra"],
+                ],
                 dtype=torch.float64,
             )
         )

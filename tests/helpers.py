@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from workloads.sharding import ShardedLoader
 
 from suite.comm import Communicator
 from suite.config import RunConfig
@@ -11,7 +12,6 @@ from suite.method import RunContext
 from suite.recorder import Recorder
 from suite.topology import build_topology
 from workloads.base import Recipe, TensorData
-from workloads.sharding import ShardedLoader
 
 
 def tiny_data(n: int = 256, seed: int = 0) -> TensorData:
@@ -59,8 +59,15 @@ def make_context(
     loader = ShardedLoader(tiny_data(), rank, topo.world_size, batch_size, seed)
     config = RunConfig(options=dict(options or {}))
     return RunContext(
-        config, topo, Communicator(topo, recorder, device), recorder, None, recipe, model,
-        loader, device,
+        config,
+        topo,
+        Communicator(topo, recorder, device),
+        recorder,
+        None,
+        recipe,
+        model,
+        loader,
+        device,
     )
 
 

@@ -16,8 +16,22 @@ from methods.prunex import hsadmm
 from methods.prunex.state import admm_blocks, averaged_buffers
 
 
-def reference_rounds(make_model, make_loader, *, nodes, procs, rounds, local_steps, lr,
-                     momentum, lam, rho1, rho2, keeps, freeze_round=None):
+def reference_rounds(
+    make_model,
+    make_loader,
+    *,
+    nodes,
+    procs,
+    rounds,
+    local_steps,
+    lr,
+    momentum,
+    lam,
+    rho1,
+    rho2,
+    keeps,
+    freeze_round=None,
+):
     """Returns the global z (list, in block order) after ``rounds`` rounds (fixed rho)."""
     workers = nodes * procs
     models = [make_model() for _ in range(workers)]
@@ -52,8 +66,14 @@ def reference_rounds(make_model, make_loader, *, nodes, procs, rounds, local_ste
                 for b_idx, block in enumerate(blocks):
                     s = sum(params[w][b_idx] + u[w][b_idx] for w in ranks)
                     cand = hsadmm.node_candidate(
-                        s, z[b_idx], v[i][b_idx], rho1=rho1, rho2=rho2, lam=lam,
-                        num_nodes=nodes, procs_per_node=procs,
+                        s,
+                        z[b_idx],
+                        v[i][b_idx],
+                        rho1=rho1,
+                        rho2=rho2,
+                        lam=lam,
+                        num_nodes=nodes,
+                        procs_per_node=procs,
                     )
                     if block.constrained:
                         if frozen:

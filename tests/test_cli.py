@@ -51,11 +51,19 @@ SMALL = ["--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2", "--bat
 
 
 def test_run_writes_complete_folder(tmp_path):
-    proc = bench("run", "--method", "ddp", *SMALL, "--iterations", "3", "--results-dir", str(tmp_path))
+    proc = bench(
+        "run", "--method", "ddp", *SMALL, "--iterations", "3", "--results-dir", str(tmp_path)
+    )
     assert proc.returncode == 0, proc.stderr
     (run,) = tmp_path.iterdir()
     names = {p.name for p in run.iterdir()}
-    assert {"manifest.json", "summary.json", "iterations.parquet", "evals.parquet", "model.pt"} <= names
+    assert {
+        "manifest.json",
+        "summary.json",
+        "iterations.parquet",
+        "evals.parquet",
+        "model.pt",
+    } <= names
     assert "parts" not in names and not any(n.startswith(".") for n in names)
     summary = json.loads((run / "summary.json").read_text())
     assert set(SUMMARY_KEYS) - {"error"} <= set(summary)
@@ -72,8 +80,16 @@ def test_run_writes_complete_folder(tmp_path):
 
 def test_nan_loss_marks_failed_and_keeps_rows(tmp_path):
     proc = bench(
-        "run", "--method", "ddp", *SMALL, "--iterations", "6", "--lr", "1e12",
-        "--results-dir", str(tmp_path),
+        "run",
+        "--method",
+        "ddp",
+        *SMALL,
+        "--iterations",
+        "6",
+        "--lr",
+        "1e12",
+        "--results-dir",
+        str(tmp_path),
     )
     line = one_line_error(proc)
     assert "non-finite loss" in line

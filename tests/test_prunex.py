@@ -4,13 +4,13 @@ and agreement with a single-process simulation of all four workers."""
 import math
 
 import torch
+from workloads.sharding import ShardedLoader
 
 from methods.prunex import hsadmm
 from methods.prunex.method import PruneX
 from tests.distributed import run_ranks
-from tests.helpers import TinyCNN, make_context, run_iterations, tiny_data
+from tests.helpers import TinyCNN, make_context, tiny_data
 from tests.prunex_reference import reference_rounds
-from workloads.sharding import ShardedLoader
 
 ROUNDS, FREEZE, STEPS = 5, 3, 3
 OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE}
@@ -87,8 +87,17 @@ def test_distributed_run_equals_single_process_simulation():
     z_ref, _ = reference_rounds(
         lambda: (torch.manual_seed(0), TinyCNN(bn=True))[1],
         lambda r: ShardedLoader(tiny_data(), r, 4, 8, 0),
-        nodes=2, procs=2, rounds=ROUNDS, local_steps=STEPS, lr=0.05, momentum=0.9,
-        lam=1e-4, rho1=1.5e-3, rho2=1.5e-4, keeps={"channel_keep": 0.5}, freeze_round=FREEZE,
+        nodes=2,
+        procs=2,
+        rounds=ROUNDS,
+        local_steps=STEPS,
+        lr=0.05,
+        momentum=0.9,
+        lam=1e-4,
+        rho1=1.5e-3,
+        rho2=1.5e-4,
+        keeps={"channel_keep": 0.5},
+        freeze_round=FREEZE,
     )
     for got, want in zip(out[0]["z"], z_ref):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
@@ -99,7 +108,7 @@ def test_flat_ablation_projects_after_dense_world_allreduce():
     blocks = out[0]["blocks"]
     for o in out[1:]:
         assert all(torch.equal(a, b) for a, b in zip(o["z"], out[0]["z"]))
-    for (name, shape, constrained), z in zip(blocks, out[0]["z"]):
+    for (_, shape, constrained), z in zip(blocks, out[0]["z"]):
         if constrained:
             assert z.abs().sum((0, 2, 3)).gt(0).sum().item() <= hsadmm.keep_count(shape[1], 0.5)
     row = out[0]["history"][-1]["row"]

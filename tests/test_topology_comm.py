@@ -1,14 +1,13 @@
 """Topology groups and the communicator's byte accounting on real gloo ranks."""
 
+import pytest
 import torch
 
 from suite.comm import Communicator
+from suite.errors import BenchError
 from suite.recorder import Recorder
 from suite.topology import build_topology, check_layout
 from tests.distributed import run_ranks
-
-import pytest
-from suite.errors import BenchError
 
 S = 4096  # bytes of a 1024-float tensor
 
@@ -65,7 +64,10 @@ def comm_worker(rank):
     measure("ar_world", lambda: comm.all_reduce(t(), topo.world, phase="x")[0].item())
     measure("ag_world", lambda: comm.all_gather(t(), topo.world, phase="x")[:, 0].tolist())
     measure("ag_intra", lambda: comm.all_gather(t(), topo.intra, phase="x")[:, 0].tolist())
-    measure("bc_intra", lambda: comm.broadcast(t(), topo.intra, src=topo.intra.ranks[0], phase="x")[0].item())
+    measure(
+        "bc_intra",
+        lambda: comm.broadcast(t(), topo.intra, src=topo.intra.ranks[0], phase="x")[0].item(),
+    )
     measure("bc_world", lambda: comm.broadcast(t(), topo.world, src=0, phase="x")[0].item())
     return results
 

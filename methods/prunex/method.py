@@ -102,7 +102,10 @@ class PruneX:
         self.rho1 = [rho1] * len(self.blocks)
         self.rho2 = [rho2 if hierarchical else 0.0] * len(self.blocks)
         self.constrained = [i for i, b in enumerate(self.blocks) if b.constrained]
-        self.masks = {i: StructuredMask.full(self.blocks[i].shape) for i in self.constrained}
+        self.masks = {
+            i: StructuredMask.full(self.blocks[i].shape, device=ctx.device)
+            for i in self.constrained
+        }
         self.frozen = False
         self.stable_rounds = 0
         self.layout: PackLayout | None = None
@@ -190,7 +193,7 @@ class PruneX:
         entries = [
             (f"p:{b.name}", b.shape, self.masks.get(i)) for i, b in enumerate(self.blocks)
         ] + [(f"b:{n}", buf.shape, None) for n, buf in zip(self.buffer_names, self.buffers)]
-        return PackLayout(entries, bucket_bytes=self.bucket_bytes)
+        return PackLayout(entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device)
 
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
         """Leaders: pack z_i + v_i, all-reduce AVG between nodes; broadcast; unpack (eq. 11)."""
@@ -315,9 +318,14 @@ class PruneX:
             if self.hierarchical:
                 r_inter, s_inter = math.sqrt(s[5]), math.sqrt(s[6])
                 z_node_norm = math.sqrt(s[3] / self.procs)
-                ok = ok and r_inter <= hsadmm.primal_tolerance(
-                    self.num_nodes * n, z_node_norm, math.sqrt(s[7]), **tol
-                ) and s_inter <= hsadmm.dual_tolerance(self.num_nodes * n, math.sqrt(s[8]), **tol)
+                ok = (
+                    ok
+                    and r_inter
+                    <= hsadmm.primal_tolerance(
+                        self.num_nodes * n, z_node_norm, math.sqrt(s[7]), **tol
+                    )
+                    and s_inter <= hsadmm.dual_tolerance(self.num_nodes * n, math.sqrt(s[8]), **tol)
+                )
             converged = converged and ok
             rows.append(
                 {
@@ -355,7 +363,9 @@ class PruneX:
     def density(self) -> float:
         if not self.constrained:
             return 1.0
-        kept = sum(self.masks[i].density() * math.prod(self.blocks[i].shape) for i in self.constrained)
+        kept = sum(
+            self.masks[i].density() * math.prod(self.blocks[i].shape) for i in self.constrained
+        )
         total = sum(math.prod(self.blocks[i].shape) for i in self.constrained)
         return kept / total
 
