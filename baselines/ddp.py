@@ -39,7 +39,7 @@ class DDPMethod:
             ctx.model,
             device_ids=device_ids,
             process_group=ctx.topology.world.pg,
-            broadcast_buffers=False,  # BN statistics stay local; averaged only to evaluate
+            forward_sync_buffers=False,  # BN statistics stay local; averaged only to evaluate
             **kwargs,
         )
         self.model.register_comm_hook(

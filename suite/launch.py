@@ -69,7 +69,7 @@ def launch_local(config: RunConfig) -> Path:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    quiet_launcher_logs()
     launch = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -98,6 +98,14 @@ def launch_local(config: RunConfig) -> Path:
         )
         raise BenchError(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
     return folder.path
+
+
+def quiet_launcher_logs() -> None:
+    """The elastic agent logs every child failure with a traceback; we report it in one line
+    (and keep the traceback in the run folder's errors/), so silence its loggers."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def first_rank_error(folder: RunFolder) -> str | None:

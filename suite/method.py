@@ -7,13 +7,13 @@ from typing import Protocol
 
 import torch
 from torch import nn
-from workloads.sharding import ShardedLoader
 
 from suite.comm import Communicator
 from suite.config import RunConfig
 from suite.recorder import Recorder
 from suite.topology import Topology
 from workloads.base import Recipe, Workload
+from workloads.sharding import ShardedLoader
 
 
 @dataclass
@@ -41,7 +41,10 @@ class Method(Protocol):
         """Run one iteration; return at least {"loss": float, "samples": int}."""
 
     def eval_model(self) -> nn.Module:
-        """The model to evaluate (PruneX: the global consensus z)."""
+        """The model to evaluate (PruneX: the global consensus z).
+
+        Collective: every rank calls it at the same point (it may synchronize BN statistics).
+        """
 
     def state_dict(self) -> dict:
         """Full method state, for checkpointing."""

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from workloads.sharding import ShardedLoader, eval_slice
 
 from suite.comm import Communicator
 from suite.config import RunConfig
@@ -39,6 +38,7 @@ from suite.results import (
 from suite.summary import summarize
 from suite.topology import build_topology
 from workloads.datasets import load_data
+from workloads.sharding import ShardedLoader, eval_slice
 
 
 class NonFiniteLoss(BenchError):
@@ -215,80 +215,85 @@ def train(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
     converged = False
     wall_start = time.perf_counter()
     done = 0
-    for it in range(iterations):
-        recorder.begin_iteration(it)
-        info = method.step(it)
-        loss = float(info["loss"])
-        row = recorder.end_iteration(
-            loss=loss,
-            samples=int(info["samples"]),
-            epoch=loader.step / loader.steps_per_epoch,
-            **{k: v for k, v in info.items() if k not in ("loss", "samples", "converged")},
-        )
-        # One small world all-reduce: mean loss, NaN agreement, traffic totals, slowest rank.
-        bookkeeping.copy_(
-            torch.tensor(
-                [
-                    loss if math.isfinite(loss) else 0.0,
-                    0.0 if math.isfinite(loss) else 1.0,
-                    row["bytes_inter"],
-                    row["bytes_intra"],
-                ],
-                dtype=torch.float64,
+    try:
+        for it in range(iterations):
+            recorder.begin_iteration(it)
+            info = method.step(it)
+            loss = float(info["loss"])
+            row = recorder.end_iteration(
+                loss=loss,
+                samples=int(info["samples"]),
+                epoch=loader.step / loader.steps_per_epoch,
+                **{k: v for k, v in info.items() if k not in ("loss", "samples", "converged")},
             )
-        )
-        dist.all_reduce(bookkeeping)
-        mean_loss, nonfinite, inter, intra = bookkeeping.tolist()
-        if nonfinite:
-            raise NonFiniteLoss(
-                f"non-finite loss at iteration {it} on {int(nonfinite)} rank(s); "
-                "lower --lr or check the data"
-            )
-        mean_loss /= world_size
-        cumulative["inter"] += inter
-        cumulative["intra"] += intra
-        train_seconds += row["t_iteration"]
-        done = it + 1
-        converged = bool(info.get("converged", False))
-        last = done == iterations or converged
-        if done % eval_every == 0 or last:
-            accuracy, test_loss = evaluate(method.eval_model(), test_data, topology.world, device)
-            if (
-                time_to_target is None
-                and config.target_accuracy is not None
-                and accuracy >= config.target_accuracy
-            ):
-                time_to_target = train_seconds
-            if rank == 0:
-                recorder.add_eval(
-                    iteration=it,
-                    epoch=row["epoch"],
-                    accuracy=accuracy,
-                    test_loss=test_loss,
-                    train_loss=mean_loss,
-                    train_seconds=train_seconds,
-                    wall_seconds=time.perf_counter() - wall_start,
-                    inter_node_bytes=cumulative["inter"],
-                    intra_node_bytes=cumulative["intra"],
+            # One small world all-reduce: mean loss, NaN agreement, traffic totals, slowest rank.
+            bookkeeping.copy_(
+                torch.tensor(
+                    [
+                        loss if math.isfinite(loss) else 0.0,
+                        0.0 if math.isfinite(loss) else 1.0,
+                        row["bytes_inter"],
+                        row["bytes_intra"],
+                    ],
+                    dtype=torch.float64,
                 )
+            )
+            dist.all_reduce(bookkeeping)
+            mean_loss, nonfinite, inter, intra = bookkeeping.tolist()
+            if nonfinite:
+                raise NonFiniteLoss(
+                    f"non-finite loss at iteration {it} on {int(nonfinite)} rank(s); "
+                    "lower --lr or check the data"
+                )
+            mean_loss /= world_size
+            cumulative["inter"] += inter
+            cumulative["intra"] += intra
+            train_seconds += row["t_iteration"]
+            done = it + 1
+            converged = bool(info.get("converged", False))
+            last = done == iterations or converged
+            if done % eval_every == 0 or last:
+                accuracy, test_loss = evaluate(
+                    method.eval_model(), test_data, topology.world, device
+                )
+                if (
+                    time_to_target is None
+                    and config.target_accuracy is not None
+                    and accuracy >= config.target_accuracy
+                ):
+                    time_to_target = train_seconds
+                if rank == 0:
+                    recorder.add_eval(
+                        iteration=it,
+                        epoch=row["epoch"],
+                        accuracy=accuracy,
+                        test_loss=test_loss,
+                        train_loss=mean_loss,
+                        train_seconds=train_seconds,
+                        wall_seconds=time.perf_counter() - wall_start,
+                        inter_node_bytes=cumulative["inter"],
+                        intra_node_bytes=cumulative["intra"],
+                    )
+            if progress is not None:
+                rate = int(info["samples"]) * world_size / max(row["t_iteration"], 1e-9)
+                post = {"loss": f"{mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
+                if accuracy is not None:
+                    post["acc"] = f"{accuracy:.4f}"
+                progress.set_postfix(post, refresh=False)
+                progress.update(1)
+            if converged:
+                break
+    finally:
         if progress is not None:
-            rate = int(info["samples"]) * world_size / max(row["t_iteration"], 1e-9)
-            post = {"loss": f"{mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
-            if accuracy is not None:
-                post["acc"] = f"{accuracy:.4f}"
-            progress.set_postfix(post, refresh=False)
-            progress.update(1)
-        if converged:
-            break
+            progress.close()
     wall_seconds = time.perf_counter() - wall_start
-    if progress is not None:
-        progress.close()
 
+    final_model = method.eval_model()  # collective for some methods: every rank calls it
     flush_rank_rows(folder, recorder)
     dist.barrier()
     if rank == 0:
         folder.merge_parts()
-        write_torch(folder.path / "model.pt", method.eval_model().state_dict())
+        write_torch(folder.path / "model.pt", final_model.state_dict())
         for name, obj in method.artifacts().items():
             write_torch(folder.path / name, obj)
         folder.write_summary(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from workloads.sharding import ShardedLoader
 
 from suite.comm import Communicator
 from suite.config import RunConfig
@@ -12,6 +11,7 @@ from suite.method import RunContext
 from suite.recorder import Recorder
 from suite.topology import build_topology
 from workloads.base import Recipe, TensorData
+from workloads.sharding import ShardedLoader
 
 
 def tiny_data(n: int = 256, seed: int = 0) -> TensorData:

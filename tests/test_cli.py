@@ -1,6 +1,7 @@
 """The command line end to end: one-line errors, run folders, failures that keep their rows."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,10 @@ BENCH = [sys.executable, "-m", "suite.cli"]
 
 
 def bench(*args, cwd=None):
-    return subprocess.run([*BENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    env = {**os.environ, "PRUNEX_PROGRESS": "0"}  # no progress bar on stderr
+    return subprocess.run(
+        [*BENCH, *args], capture_output=True, text=True, cwd=cwd, timeout=300, env=env
+    )
 
 
 def one_line_error(proc) -> str:

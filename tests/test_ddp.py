@@ -2,11 +2,11 @@
 
 import torch
 from torch import nn
-from workloads.sharding import ShardedLoader
 
 from baselines.ddp import DDPMethod
 from tests.distributed import run_ranks
 from tests.helpers import TinyCNN, make_context, run_iterations, tiny_data
+from workloads.sharding import ShardedLoader
 
 STEPS = 4
 

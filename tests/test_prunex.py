@@ -4,13 +4,13 @@ and agreement with a single-process simulation of all four workers."""
 import math
 
 import torch
-from workloads.sharding import ShardedLoader
 
 from methods.prunex import hsadmm
 from methods.prunex.method import PruneX
 from tests.distributed import run_ranks
 from tests.helpers import TinyCNN, make_context, tiny_data
 from tests.prunex_reference import reference_rounds
+from workloads.sharding import ShardedLoader
 
 ROUNDS, FREEZE, STEPS = 5, 3, 3
 OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE}

@@ -68,16 +68,24 @@ def load_data(
     return train, test, spec
 
 
-def _normalized(pixels: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]):
+def _normalized(
+    pixels: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]
+) -> torch.Tensor:
     """uint8 (N, C, H, W) -> float32 standardized per channel."""
     images = torch.tensor(pixels, dtype=torch.float32).div_(255)
     shape = (1, -1, 1, 1)
     return images.sub_(torch.tensor(mean).view(shape)).div_(torch.tensor(std).view(shape))
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+def _root(data_dir: str | Path | None) -> Path:
+    """Absolute, so error messages say where exactly the files were expected."""
+    return Path(data_dir if data_dir is not None else DEFAULT_ROOT).absolute()
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception in one line: BenchError messages must stay single-line."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # --- Fashion-MNIST --------------------------------------------------------------------------
@@ -95,8 +103,8 @@ FMNIST_FIX = (
 def _fmnist_dirs(data_dir: str | Path | None) -> list[Path]:
     """Where to look: the given directory as is and in torchvision's layout."""
     if data_dir is None:
-        return [FMNIST_DIR, DEFAULT_ROOT / "FashionMNIST" / "raw"]
-    return [Path(data_dir), Path(data_dir) / "FashionMNIST" / "raw"]
+        return [FMNIST_DIR, _root(None) / "FashionMNIST" / "raw"]
+    return [_root(data_dir), _root(data_dir) / "FashionMNIST" / "raw"]
 
 
 def _find_idx(dirs: list[Path], stem: str) -> Path | None:
@@ -112,11 +120,11 @@ def _load_fmnist(data_dir, download: bool) -> tuple[TensorData, TensorData]:
     stems = [stem for pair in FMNIST_SPLITS.values() for stem in pair]
     found = {stem: _find_idx(dirs, stem) for stem in stems}
     if download and None in found.values():
-        root = Path(data_dir) if data_dir is not None else DEFAULT_ROOT
+        root = _root(data_dir)
         try:  # torchvision fetches into root/FashionMNIST/raw, the second place we look
             datasets.FashionMNIST(str(root), train=True, download=True)
         except (RuntimeError, OSError) as exc:
-            why = _first_line(exc)
+            why = _one_line(exc)
             raise BenchError(f"Fashion-MNIST download to {root} failed: {why}") from exc
         found = {stem: _find_idx(dirs, stem) for stem in stems}
     missing = [stem for stem, path in found.items() if path is None]
@@ -162,7 +170,7 @@ def _read_idx(path: Path, magic: int) -> np.ndarray:
         if raw[:2] == b"\x1f\x8b":  # gzip magic: accept files gzipped whatever their name
             raw = gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
-        raise _idx_corrupt(path, _first_line(exc)) from exc
+        raise _idx_corrupt(path, _one_line(exc)) from exc
     ndim = magic & 0xFF
     header = 4 + 4 * ndim
     if len(raw) < header:
@@ -204,13 +212,13 @@ class _Cifar10Files(datasets.CIFAR10):
 
 
 def _load_cifar10(data_dir, download: bool) -> tuple[TensorData, TensorData]:
-    root = Path(data_dir) if data_dir is not None else DEFAULT_ROOT
+    root = _root(data_dir)
     files = _Cifar10Files(root)
     if download:
         try:
             files.download()
         except (RuntimeError, OSError, tarfile.TarError) as exc:
-            raise BenchError(f"CIFAR-10 download to {root} failed: {_first_line(exc)}") from exc
+            raise BenchError(f"CIFAR-10 download to {root} failed: {_one_line(exc)}") from exc
     folder = root / files.base_folder
     if not folder.is_dir():
         raise BenchError(f"CIFAR-10 not found at {folder}; {CIFAR_FIX}")
@@ -238,7 +246,7 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             entry = pickle.load(f, encoding="latin1")  # the files were pickled by Python 2
         data, labels = _field(entry, "data"), np.asarray(_field(entry, "labels"))
     except Exception as exc:  # unpickling garbage can raise almost any exception type
-        raise _cifar_corrupt(path, _first_line(exc)) from exc
+        raise _cifar_corrupt(path, _one_line(exc)) from exc
     if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2):
         raise _cifar_corrupt(path, "'data' is not a 2-d uint8 array")
     if data.shape[1] != 3 * 32 * 32 or len(data) == 0:
@@ -256,7 +264,10 @@ def _field(entry: dict, key: str):
 
 
 def _cifar_corrupt(path: Path, why: str) -> BenchError:
-    return BenchError(f"CIFAR-10 file {path} is corrupt ({why}); delete it and {CIFAR_FIX}")
+    return BenchError(
+        f"CIFAR-10 file {path} is corrupt ({why}); delete {path.parent} and rerun with "
+        "--download, or pass --data-dir DIR containing an intact cifar-10-batches-py"
+    )
 
 
 # --- synthetic ------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ class PruneX:
     def consensus_sum(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """SUM over the consensus group of theta + u, and the group mean of BN statistics."""
         with torch.no_grad():
-            send = torch._foreach_add([p.detach() for p in self.params], self.u)
+            send = list(torch._foreach_add([p.detach() for p in self.params], self.u))
             send += [b / self.procs for b in self.buffers]
             flat = flatten(send)
         phase = "intra_allreduce" if self.hierarchical else "allreduce"
@@ -210,7 +210,7 @@ class PruneX:
         if topo.is_leader:
             with rec.phase("pack"), torch.no_grad():
                 names = [f"p:{b.name}" for b in self.blocks] + [f"b:{n}" for n in self.buffer_names]
-                values = torch._foreach_add(z_node, self.v) + list(buffer_mean)
+                values = list(torch._foreach_add(z_node, self.v)) + list(buffer_mean)
                 packed = layout.pack(dict(zip(names, values)), out=out)
             for bucket in packed:
                 comm.all_reduce(bucket, topo.inter, phase="inter_allreduce")
