@@ -11,7 +11,7 @@ from suite.errors import BenchError
 
 # Method options: CLI name -> (type, help). Stored in RunConfig.options under the
 # underscored name; a method reads the ones it understands.
-METHOD_OPTIONS: dict[str, tuple[type, str]] = {
+METHOD_OPTIONS: dict[str, tuple[object, str]] = {
     "--bucket-cap-mb": (float, "[ddp] DDP gradient bucket size in MiB (default: torch's 25)"),
     "--local-steps": (int, "[prunex] local SGD steps per round H (default: one local epoch)"),
     "--local-epochs": (float, "[prunex] local epochs per round E (paper: 5-10)"),
@@ -30,6 +30,15 @@ METHOD_OPTIONS: dict[str, tuple[type, str]] = {
     ),
     "--eps-rel": (float, "[prunex] relative residual tolerance (Boyd; default 1e-3)"),
     "--adaptive-rho/--fixed-rho": (bool, "[prunex] layer-wise residual balancing of rho1, rho2"),
+    "--leader-mode": (
+        click.Choice(["single", "sharded"]),
+        "[prunex] single: one leader per node carries the inter-node all-reduce; sharded: "
+        "every local rank all-reduces 1/P of the packed buffer with its peers (Horovod-style)",
+    ),
+    "--wire-dtype": (
+        click.Choice(["fp32", "bf16"]),
+        "[prunex] dtype of the packed inter-node buffers (fp32 math on both ends)",
+    ),
 }
 
 

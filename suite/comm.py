@@ -47,11 +47,29 @@ class Communicator:
         same = self.topology.node_of(successor) == self.topology.node_of(rank)
         return ("intra" if same else "inter"), last_in_chain
 
-    def _account(self, group: CommGroup, sent_bytes: float, start: int = 0) -> None:
+    def _account(self, group: CommGroup, sent_bytes: float) -> None:
         if group.size < 2 or sent_bytes == 0:
             return
-        link, _ = self.link_to_successor(group, start)
+        link, _ = self.link_to_successor(group)
         self.recorder.add_bytes(link, sent_bytes)
+
+    def account(self, kind: str, group: CommGroup, size: int, *, src: int | None = None) -> None:
+        """Attribute a collective issued outside this class (e.g. by a torch DDP comm hook
+        such as PowerSGD) by the same ring model. ``size``: bytes of the all-reduced or broadcast
+        buffer, or one rank's all-gather piece."""
+        n = group.size
+        if kind == "all_reduce":
+            self._account(group, 2 * (n - 1) / n * size)
+        elif kind == "all_gather":
+            self._account(group, (n - 1) * size)
+        elif kind == "broadcast":
+            assert src is not None, "broadcast needs its root"
+            start = group.position(src)
+            link, last = self.link_to_successor(group, start)
+            if n > 1 and not last:
+                self.recorder.add_bytes(link, size)
+        else:
+            raise ValueError(f"unknown collective kind {kind!r}")
 
     def _timed(self, phase: str, fn) -> None:
         synchronize(self.device)
@@ -64,9 +82,8 @@ class Communicator:
     def all_reduce(
         self, tensor: torch.Tensor, group: CommGroup, *, phase: str, op=dist.ReduceOp.SUM
     ) -> torch.Tensor:
-        n = group.size
-        self._account(group, 2 * (n - 1) / n * nbytes(tensor))
-        if n > 1:
+        self.account("all_reduce", group, nbytes(tensor))
+        if group.size > 1:
             self._timed(phase, lambda: dist.all_reduce(tensor, op=op, group=group.pg))
         return tensor
 
@@ -77,8 +94,7 @@ class Communicator:
 
         The recorded time is the span from launch to completion as seen by the callback.
         """
-        n = group.size
-        self._account(group, 2 * (n - 1) / n * nbytes(tensor))
+        self.account("all_reduce", group, nbytes(tensor))
         begin = time.perf_counter()
         work = dist.all_reduce(tensor, group=group.pg, async_op=True)
         recorder = self.recorder
@@ -94,7 +110,7 @@ class Communicator:
         n = group.size
         flat = tensor.contiguous().view(-1)
         out = torch.empty(n * flat.numel(), dtype=tensor.dtype, device=tensor.device)
-        self._account(group, (n - 1) * nbytes(tensor))
+        self.account("all_gather", group, nbytes(tensor))
         if n > 1:
             self._timed(phase, lambda: dist.all_gather_single(out, flat, group=group.pg))
         else:
@@ -103,10 +119,7 @@ class Communicator:
 
     def broadcast(self, tensor: torch.Tensor, group: CommGroup, *, src: int, phase: str):
         """Broadcast from global rank ``src`` (a member of ``group``)."""
-        start = group.position(src)
-        link, last = self.link_to_successor(group, start)
-        if group.size > 1 and not last:
-            self.recorder.add_bytes(link, nbytes(tensor))
+        self.account("broadcast", group, nbytes(tensor), src=src)
         if group.size > 1:
             self._timed(phase, lambda: dist.broadcast(tensor, src=src, group=group.pg))
         return tensor

@@ -22,6 +22,7 @@ PHASES = (
     "inter_allreduce",
     "unpack",
     "broadcast",
+    "intra_allgather",
     "dual_update",
     "allreduce",
     "allgather",

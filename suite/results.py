@@ -163,7 +163,7 @@ class RunFolder:
             if not files:
                 continue
             frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-            keys = [k for k in ("iteration", "rank", "layer") if k in frame.columns]
+            keys = [k for k in ("iteration", "rank") if k in frame.columns]
             if keys:
                 frame = frame.sort_values(keys, kind="stable").reset_index(drop=True)
             write_table(self.path / f"{table}.parquet", frame)

@@ -66,6 +66,8 @@ class PruneX:
         self.freeze_round = opt("freeze_round", None)
         self.freeze_patience = opt("freeze_patience", None)
         self.bucket_bytes = int(float(opt("bucket_mb", 32.0)) * 2**20)
+        self.sharded = opt("leader_mode", "single") == "sharded"
+        self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[opt("wire_dtype", "fp32")]
         self.lam = ctx.recipe.weight_decay
 
         loader = ctx.loader
@@ -196,34 +198,71 @@ class PruneX:
         return PackLayout(entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device)
 
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
-        """Leaders: pack z_i + v_i, all-reduce AVG between nodes; broadcast; unpack (eq. 11)."""
-        topo, comm, rec = self.ctx.topology, self.ctx.comm, self.ctx.recorder
+        """Pack z_i + v_i, average between nodes (eq. 11), spread in the node, unpack.
+
+        ``single``: the leader packs, all-reduces over the leaders' group and broadcasts the
+        packed buckets to its followers. ``sharded``: every rank packs (z_i, v_i are
+        replicated in the node), all-reduces its 1/P shard of each bucket with its peers on
+        the other nodes, and the node all-gathers the shards: same math, same inter-node
+        bytes in total, spread over P links.
+        """
+        topo, rec = self.ctx.topology, self.ctx.recorder
         if self.layout is None:
             self.layout = self.pack_layout()
         layout = self.layout
+        packs = topo.is_leader or self.sharded
         if self.frozen:  # one-shot buffer allocation (sec. 4.5)
             if self.fixed_buffers is None:
                 self.fixed_buffers = layout.allocate()
             out = self.fixed_buffers
         else:
-            out = layout.allocate() if not topo.is_leader else None
-        if topo.is_leader:
+            out = None if packs else layout.allocate()
+        if packs:
             with rec.phase("pack"), torch.no_grad():
                 names = [f"p:{b.name}" for b in self.blocks] + [f"b:{n}" for n in self.buffer_names]
                 values = list(torch._foreach_add(z_node, self.v)) + list(buffer_mean)
                 packed = layout.pack(dict(zip(names, values)), out=out)
-            for bucket in packed:
-                comm.all_reduce(bucket, topo.inter, phase="inter_allreduce")
-                bucket.div_(self.num_nodes)
         else:
             packed = out
         for bucket in packed:
-            comm.broadcast(bucket, topo.intra, src=topo.intra.ranks[0], phase="broadcast")
+            if self.sharded:
+                self.sharded_average(bucket)
+            else:
+                if topo.is_leader:
+                    self.average_between_nodes(bucket, topo.inter)
+                self.ctx.comm.broadcast(
+                    bucket, topo.intra, src=topo.intra.ranks[0], phase="broadcast"
+                )
         with rec.phase("unpack"):
             full = layout.unpack(packed)
         z = [full[f"p:{b.name}"] for b in self.blocks]
         buffers = [full[f"b:{n}"] for n in self.buffer_names]
         return z, buffers
+
+    def average_between_nodes(self, tensor: torch.Tensor, group) -> None:
+        """In-place AVG over ``group`` (one rank per node), sent in the wire dtype; the
+        casts count as packing and unpacking, the result is fp32."""
+        rec, comm = self.ctx.recorder, self.ctx.comm
+        if self.wire_dtype == torch.float32:
+            comm.all_reduce(tensor, group, phase="inter_allreduce")
+        else:
+            with rec.phase("pack"):
+                wire = tensor.to(self.wire_dtype)
+            comm.all_reduce(wire, group, phase="inter_allreduce")
+            with rec.phase("unpack"):
+                tensor.copy_(wire)
+        tensor.div_(self.num_nodes)
+
+    def sharded_average(self, bucket: torch.Tensor) -> None:
+        topo = self.ctx.topology
+        procs, n = self.procs, bucket.numel()
+        chunk = -(-n // procs)
+        padded = torch.zeros(chunk * procs, dtype=bucket.dtype, device=bucket.device)
+        padded[:n] = bucket
+        shard = padded[topo.local_rank * chunk : (topo.local_rank + 1) * chunk].clone()
+        self.average_between_nodes(shard, topo.peers)
+        gathered = self.ctx.comm.all_gather(shard, topo.intra, phase="intra_allgather")
+        bucket.copy_(gathered.reshape(-1)[:n])
 
     # ------------------------------------------------------------------ one round
     def step(self, iteration: int) -> dict:
