@@ -1,22 +1,35 @@
-"""Dense synchronous data parallelism: torch's DistributedDataParallel over the world group.
+"""Synchronous data parallelism: torch's DistributedDataParallel over the world group.
 
-The gradient all-reduce goes through a DDP communication hook that routes each bucket through
-the suite's communicator, so its bytes and time are recorded like every other method's.
+``ddp`` routes each gradient bucket through the suite's communicator (a hook equal to DDP's
+default mean); ``ddp-bf16`` / ``ddp-fp16`` register torch's own ``bf16_compress_hook`` /
+``fp16_compress_hook``, wrapped only to record them: the 16-bit buffer's bytes by the ring
+model, and the span from the hook's launch to its future's completion.
+
 DDP overlaps bucket all-reduces with the backward pass, so ``t_allreduce`` (launch to
 completion of the buckets) overlaps ``t_local_compute``; ``t_iteration`` is the true step time.
+The 16-bit hooks' spans include their casts, which torch chains around the all-reduce.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
-from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.method import RunContext, average_buffers_for_eval
+from baselines.common import SGDBaseline
+from suite.comm import Communicator
+from suite.method import RunContext
+from suite.recorder import Recorder
 from suite.registry import METHODS
+from suite.topology import CommGroup
+
+CommHook = Callable[[object, object], torch.futures.Future]
 
 
-def instrumented_allreduce_hook(comm, group):
+def instrumented_allreduce_hook(comm: Communicator, group: CommGroup) -> CommHook:
     """A comm hook equal to DDP's default (mean of gradients), but recorded."""
 
     def hook(_state, bucket):
@@ -27,52 +40,58 @@ def instrumented_allreduce_hook(comm, group):
     return hook
 
 
-class DDPMethod:
-    steps_per_iteration = 1
+def timed_hook(hook: CommHook, recorder: Recorder, phase: str = "allreduce") -> CommHook:
+    """``hook`` with the span from its launch to its future's completion recorded, as
+    ``Communicator.all_reduce_async`` records its own collectives."""
 
-    def __init__(self, ctx: RunContext):
-        self.ctx = ctx
+    def timed(state, bucket):
+        begin = time.perf_counter()
+
+        def done(fut):
+            recorder.add_time(phase, time.perf_counter() - begin)
+            return fut.value()
+
+        return hook(state, bucket).then(done)
+
+    return timed
+
+
+def half_precision_hook(
+    comm: Communicator, group: CommGroup, torch_hook: CommHook, dtype: torch.dtype
+) -> CommHook:
+    """Torch's 16-bit compress hook, recorded: it all-reduces the bucket cast to ``dtype``."""
+    timed = timed_hook(torch_hook, comm.recorder)
+
+    def hook(process_group, bucket):
+        comm.account("all_reduce", group, bucket.buffer().numel() * dtype.itemsize)
+        return timed(process_group, bucket)
+
+    return hook
+
+
+class DDPMethod(SGDBaseline):
+    """DDP over the world; ``hook`` and ``state`` replace the default recorded all-reduce."""
+
+    def __init__(self, ctx: RunContext, hook: CommHook | None = None, state: object = None):
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         bucket_cap_mb = ctx.option("bucket_cap_mb", None)
         kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb else {}
-        self.model = DistributedDataParallel(
+        model = DistributedDataParallel(
             ctx.model,
             device_ids=device_ids,
             process_group=ctx.topology.world.pg,
             forward_sync_buffers=False,  # BN statistics stay local; averaged only to evaluate
             **kwargs,
         )
-        self.model.register_comm_hook(
-            None, instrumented_allreduce_hook(ctx.comm, ctx.topology.world)
+        model.register_comm_hook(
+            state, hook or instrumented_allreduce_hook(ctx.comm, ctx.topology.world)
         )
-        recipe = ctx.recipe
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(),
-            lr=recipe.lr,
-            momentum=recipe.momentum,
-            weight_decay=recipe.weight_decay,
-        )
-        self.batches = iter(ctx.loader)
-        self.loss_fn = nn.CrossEntropyLoss()
+        super().__init__(ctx, model)
 
     def step(self, iteration: int) -> dict:
-        x, y = next(self.batches)
-        x, y = x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
-        with self.ctx.recorder.phase("local_compute"):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.loss_fn(self.model(x), y)
-            loss.backward()
-            self.optimizer.step()
-        return {"loss": loss.item(), "samples": len(y)}
-
-    def eval_model(self) -> nn.Module:
-        return average_buffers_for_eval(self.model.module)
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def artifacts(self) -> dict:
-        return {}
+        loss, samples = self.forward_backward()  # buckets are averaged during backward
+        self.apply_update()
+        return {"loss": loss, "samples": samples}
 
 
 @METHODS.register(
@@ -82,3 +101,26 @@ class DDPMethod:
 )
 def make_ddp(ctx: RunContext) -> DDPMethod:
     return DDPMethod(ctx)
+
+
+def make_half_precision_ddp(ctx: RunContext, torch_hook: CommHook, dtype: torch.dtype) -> DDPMethod:
+    world = ctx.topology.world
+    return DDPMethod(ctx, half_precision_hook(ctx.comm, world, torch_hook, dtype), world.pg)
+
+
+@METHODS.register(
+    "ddp-bf16",
+    "DDP with torch's bf16_compress_hook: gradients cast to bfloat16 for the all-reduce "
+    "(half DDP's bytes), fp32 update; --bucket-cap-mb",
+)
+def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
+    return make_half_precision_ddp(ctx, default_hooks.bf16_compress_hook, torch.bfloat16)
+
+
+@METHODS.register(
+    "ddp-fp16",
+    "DDP with torch's fp16_compress_hook: gradients divided by N, cast to float16 for the "
+    "all-reduce (half DDP's bytes), fp32 update; --bucket-cap-mb",
+)
+def make_ddp_fp16(ctx: RunContext) -> DDPMethod:
+    return make_half_precision_ddp(ctx, default_hooks.fp16_compress_hook, torch.float16)

@@ -1,14 +1,20 @@
 """Top-K gradient sparsification with error feedback (Lin et al. 2017 / the paper's 5.1.4).
 
 Each rank adds its residual to the fresh gradient, keeps the k = ceil(ratio * numel) largest
-entries by magnitude per layer, carries the rest to the next step, and exchanges values
-(fp32) plus int32 indices by all-gather; the sum of everyone's sparse vectors divided by the
-number of contributors is the averaged gradient. 1-D tensors (BN weights and biases, conv/FC
-biases) are small and go dense through an all-reduce.
+entries by magnitude per layer, carries the rest to the next step (residual accumulation, as
+in DGC and GRACE), and exchanges values (fp32) plus int32 indices by all-gather; the sum of
+everyone's sparse vectors divided by the number of contributors is the averaged gradient.
+1-D tensors (BN weights and biases, conv/FC biases) are small and go dense by all-reduce.
 
-``topk`` gathers over the world group. ``topk-hier`` first sums gradients densely inside each
-node, then only the node leaders sparsify the node mean and all-gather between nodes, and
-broadcast the gathered values and indices to their followers.
+Values and indices travel in one all-gather: the int32 indices ride behind the values as
+float32 bit patterns (all-gather and broadcast copy bytes, they never add them), so one
+collective, not two, carries the k values and k indices of every rank.
+
+``topk`` gathers over the world group. ``topk-hier`` all-reduces every gradient (matrices
+and 1-D) densely inside each node; the node leaders sparsify the node mean (so the residual
+lives on leaders), all-gather it over the inter-node group and all-reduce the 1-D part there,
+then one broadcast inside the node carries the gathered pairs and the 1-D mean to the
+followers. Only leaders' collectives cross nodes.
 """
 
 from __future__ import annotations
@@ -16,151 +22,124 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
+from baselines.common import SGDBaseline, broadcast_initial_state, flatten, unflatten_into
 from suite.errors import BenchError
-from suite.method import RunContext, average_buffers_for_eval
+from suite.method import RunContext
 from suite.registry import METHODS
-from suite.topology import CommGroup
+
+DEFAULT_RATIO = 0.01
+
+
+def pack(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """fp32 values and int32 indices as one fp32 piece: values, then the indices' bits."""
+    return torch.cat([values, indices.view(torch.float32)], dim=-1)
+
+
+def unpack(pieces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack`, also on a stack of gathered pieces."""
+    k = pieces.shape[-1] // 2
+    return pieces[..., :k], pieces[..., k:].contiguous().view(torch.int32)
 
 
 class ErrorFeedbackTopK:
-    """Per-layer top-k selection over one flat gradient vector, with residual memory."""
+    """Per-layer top-k selection over one flat fp32 gradient vector, with residual memory."""
 
-    def __init__(self, numels: list[int], ratio: float, device: torch.device):
+    def __init__(self, numels: list[int], ratio: float):
         if not 0 < ratio <= 1:
             raise BenchError(f"--topk-ratio must be in (0, 1], got {ratio}")
         self.numels = numels
-        self.offsets = [0, *torch.tensor(numels).cumsum(0).tolist()]
+        self.offsets = [0]
+        for n in numels:
+            self.offsets.append(self.offsets[-1] + n)
+        if self.offsets[-1] >= 2**31:
+            raise BenchError(f"{self.offsets[-1]} gradient entries overflow int32 indices")
         self.ks = [max(1, math.ceil(ratio * n)) for n in numels]
         self.k = sum(self.ks)
-        self.residual = torch.zeros(self.offsets[-1], device=device)
+        self.residual: torch.Tensor | None = None  # allocated by the ranks that compress
 
     def compress(self, flat_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (values, int32 global indices); what is not sent stays in the residual."""
+        if self.residual is None:
+            self.residual = torch.zeros_like(flat_grad, dtype=torch.float32)
         acc = self.residual.add_(flat_grad)
         indices = []
         for start, n, k in zip(self.offsets, self.numels, self.ks):
             _, idx = acc[start : start + n].abs().topk(k, sorted=False)
             indices.append(idx + start)
         idx = torch.cat(indices)
-        values = acc[idx].clone()
+        values = acc[idx]  # advanced indexing copies, so zeroing below keeps them
         acc[idx] = 0.0
         return values, idx.to(torch.int32)
 
-    def decompress(self, values: torch.Tensor, indices: torch.Tensor, count: int) -> torch.Tensor:
-        """Mean of ``count`` contributors' sparse vectors, as one dense flat vector."""
-        dense = torch.zeros_like(self.residual)
+    def decompress(self, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Mean of the contributors' sparse vectors (one per row), as one dense flat vector."""
+        dense = torch.zeros(self.offsets[-1], dtype=values.dtype, device=values.device)
         dense.index_add_(0, indices.reshape(-1).long(), values.reshape(-1))
-        return dense.div_(count)
+        return dense.div_(values.shape[0])
 
 
-class TopK:
-    steps_per_iteration = 1
-
+class TopK(SGDBaseline):
     def __init__(self, ctx: RunContext, *, hierarchical: bool):
-        self.ctx = ctx
+        super().__init__(ctx, ctx.model)
+        broadcast_initial_state(self.module)
         self.hierarchical = hierarchical
-        self.model = ctx.model
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = [p for p in self.module.parameters() if p.requires_grad]
         self.sparse = [p for p in params if p.dim() > 1]
         self.dense = [p for p in params if p.dim() <= 1]
-        ratio = float(ctx.option("topk_ratio", 0.01))
-        self.compressor = ErrorFeedbackTopK([p.numel() for p in self.sparse], ratio, ctx.device)
-        self.optimizer = torch.optim.SGD(
-            params,
-            lr=ctx.recipe.lr,
-            momentum=ctx.recipe.momentum,
-            weight_decay=ctx.recipe.weight_decay,
-        )
-        self._broadcast_parameters()
-        self.batches = iter(ctx.loader)
-        self.loss_fn = nn.CrossEntropyLoss()
-
-    def _broadcast_parameters(self) -> None:
-        """Same start everywhere (setup, like DDP's constructor; not recorded traffic)."""
-        for t in [*self.model.parameters(), *self.model.buffers()]:
-            torch.distributed.broadcast(t.data, src=0)
+        ratio = float(ctx.option("topk_ratio", DEFAULT_RATIO))
+        self.compressor = ErrorFeedbackTopK([p.numel() for p in self.sparse], ratio)
 
     def step(self, iteration: int) -> dict:
-        x, y = next(self.batches)
-        x, y = x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
-        with self.ctx.recorder.phase("local_compute"):
-            self.optimizer.zero_grad(set_to_none=False)
-            loss = self.loss_fn(self.model(x), y)
-            loss.backward()
+        loss, samples = self.forward_backward()
         with torch.no_grad():
             if self.hierarchical:
                 self.exchange_hierarchical()
             else:
                 self.exchange_flat()
-        with self.ctx.recorder.phase("local_compute"):
-            self.optimizer.step()
-        return {"loss": loss.item(), "samples": len(y)}
+        self.apply_update()
+        return {"loss": loss, "samples": samples}
 
-    def _flat(self, tensors):
-        return torch.cat([t.grad.reshape(-1) for t in tensors])
-
-    def _assign(self, tensors, flat):
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            t.grad.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
-
-    def _allreduce_dense(self, group: CommGroup, phase: str, count: int) -> None:
-        if self.dense:
-            flat = self._flat(self.dense)
-            self.ctx.comm.all_reduce(flat, group, phase=phase)
-            self._assign(self.dense, flat.div_(count))
-
-    def _gather_sparse(self, flat_grad, group: CommGroup):
-        rec, comm = self.ctx.recorder, self.ctx.comm
-        with rec.phase("compress"):
-            values, indices = self.compressor.compress(flat_grad)
-        return (
-            comm.all_gather(values, group, phase="allgather"),
-            comm.all_gather(indices, group, phase="allgather"),
-        )
+    def _compress(self, flat_sparse: torch.Tensor) -> torch.Tensor:
+        with self.ctx.recorder.phase("compress"):
+            return pack(*self.compressor.compress(flat_sparse))
 
     def exchange_flat(self) -> None:
-        world = self.ctx.topology.world
-        values, indices = self._gather_sparse(self._flat(self.sparse), world)
-        with self.ctx.recorder.phase("decompress"):
-            self._assign(self.sparse, self.compressor.decompress(values, indices, world.size))
-        self._allreduce_dense(world, "allreduce", world.size)
+        world, comm, rec = self.ctx.topology.world, self.ctx.comm, self.ctx.recorder
+        sparse = [p.grad for p in self.sparse]
+        pieces = comm.all_gather(self._compress(flatten(sparse)), world, phase="allgather")
+        with rec.phase("decompress"):
+            unflatten_into(sparse, self.compressor.decompress(*unpack(pieces)))
+        if self.dense:
+            dense = [p.grad for p in self.dense]
+            flat = comm.all_reduce(flatten(dense), world, phase="allreduce")
+            unflatten_into(dense, flat.div_(world.size))
 
     def exchange_hierarchical(self) -> None:
         topo, comm, rec = self.ctx.topology, self.ctx.comm, self.ctx.recorder
-        grads = self._flat(self.sparse)
-        comm.all_reduce(grads, topo.intra, phase="intra_allreduce")
-        grads.div_(topo.gpus_per_node)
-        nodes = topo.num_nodes
-        shape = (nodes, self.compressor.k)
-        if topo.is_leader:
-            values, indices = self._gather_sparse(grads, topo.inter)
+        grads = [p.grad for p in [*self.sparse, *self.dense]]
+        node_mean = comm.all_reduce(flatten(grads), topo.intra, phase="intra_allreduce")
+        node_mean.div_(topo.gpus_per_node)
+        split = self.compressor.offsets[-1]  # sparse entries first, then the 1-D ones
+        gathered = topo.num_nodes * 2 * self.compressor.k
+        if topo.inter is not None:  # node leader
+            pieces = comm.all_gather(
+                self._compress(node_mean[:split]), topo.inter, phase="allgather"
+            )
+            dense = node_mean[split:]
+            if dense.numel():
+                comm.all_reduce(dense, topo.inter, phase="inter_allreduce").div_(topo.num_nodes)
+            payload = torch.cat([pieces.reshape(-1), dense])
         else:
-            values = torch.empty(shape, device=grads.device)
-            indices = torch.empty(shape, dtype=torch.int32, device=grads.device)
-        leader = topo.intra.ranks[0]
-        comm.broadcast(values, topo.intra, src=leader, phase="broadcast")
-        comm.broadcast(indices, topo.intra, src=leader, phase="broadcast")
+            payload = torch.empty(gathered + node_mean.numel() - split, device=node_mean.device)
+        comm.broadcast(payload, topo.intra, src=topo.intra.ranks[0], phase="broadcast")
         with rec.phase("decompress"):
-            self._assign(self.sparse, self.compressor.decompress(values, indices, nodes))
-        self._allreduce_dense(topo.world, "allreduce", topo.world_size)
-
-    def eval_model(self) -> nn.Module:
-        return average_buffers_for_eval(self.model)
+            pieces = payload[:gathered].view(topo.num_nodes, -1)
+            sparse_mean = self.compressor.decompress(*unpack(pieces))
+            unflatten_into(grads, torch.cat([sparse_mean, payload[gathered:]]))
 
     def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "residual": self.compressor.residual,
-        }
-
-    def artifacts(self) -> dict:
-        return {}
+        return {**super().state_dict(), "residual": self.compressor.residual}
 
 
 @METHODS.register(
@@ -175,7 +154,7 @@ def make_topk(ctx: RunContext) -> TopK:
 @METHODS.register(
     "topk-hier",
     "Hierarchical Top-K: dense intra-node all-reduce, leaders all-gather the top-k of the node "
-    "mean between nodes, then broadcast it in the node; 1-D tensors dense",
+    "mean between nodes (1-D tensors: leaders' all-reduce), then broadcast it in the node",
 )
 def make_topk_hier(ctx: RunContext) -> TopK:
     return TopK(ctx, hierarchical=True)

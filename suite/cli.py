@@ -9,35 +9,52 @@ import click
 from suite.config import RunConfig
 from suite.errors import BenchError
 
-# Method options: CLI name -> (type, help). Stored in RunConfig.options under the
-# underscored name; a method reads the ones it understands.
-METHOD_OPTIONS: dict[str, tuple[object, str]] = {
-    "--bucket-cap-mb": (float, "[ddp] DDP gradient bucket size in MiB (default: torch's 25)"),
-    "--local-steps": (int, "[prunex] local SGD steps per round H (default: one local epoch)"),
-    "--local-epochs": (float, "[prunex] local epochs per round E (paper: 5-10)"),
-    "--filter-keep": (float, "[prunex] fraction of output filters kept per conv layer"),
-    "--channel-keep": (float, "[prunex] fraction of input channels kept (default 0.5)"),
-    "--shape-keep": (float, "[prunex] fraction of kernel positions kept per conv layer"),
-    "--rho1": (float, "[prunex] initial intra-node penalty (default 1.5e-3)"),
-    "--rho2": (float, "[prunex] initial inter-node penalty (default 1.5e-4)"),
-    "--rho-max": (float, "[prunex] cap on adaptive penalties (default 10)"),
-    "--freeze-round": (int, "[prunex] freeze masks after this round (default: never by round)"),
-    "--freeze-patience": (int, "[prunex] freeze once global masks are unchanged this many rounds"),
-    "--bucket-mb": (float, "[prunex] inter-node packing bucket size in MiB (default 32)"),
-    "--eps-abs": (
-        float,
-        "[prunex] stop once Boyd's residual tests pass with this eps_abs (default: never)",
-    ),
-    "--eps-rel": (float, "[prunex] relative residual tolerance (Boyd; default 1e-3)"),
-    "--adaptive-rho/--fixed-rho": (bool, "[prunex] layer-wise residual balancing of rho1, rho2"),
+# Method options: CLI name -> (type, help, valid values or None). Stored in
+# RunConfig.options under the underscored name; a method reads the ones it understands.
+# The ranges are checked before any rank starts.
+FRACTION = (lambda v: 0 < v <= 1, "in (0, 1]")
+POSITIVE = (lambda v: v > 0, "positive")
+AT_LEAST_1 = (lambda v: v >= 1, "at least 1")
+DDP_FAMILY = "[ddp, ddp-bf16, ddp-fp16, powersgd]"
+ROUNDS = "[prunex, prunex-flat, localsgd-hier]"
+METHOD_OPTIONS: dict[str, tuple[object, str, tuple | None]] = {
+    "--bucket-cap-mb": (float, f"{DDP_FAMILY} DDP bucket size in MiB (torch's 25)", POSITIVE),
+    "--local-steps": (int, f"{ROUNDS} local SGD steps per round H", AT_LEAST_1),
+    "--local-epochs": (float, f"{ROUNDS} local epochs per round E (paper: 5-10)", POSITIVE),
+    "--filter-keep": (float, "[prunex*] fraction of output filters kept per conv", FRACTION),
+    "--channel-keep": (float, "[prunex*] fraction of input channels kept (0.5)", FRACTION),
+    "--shape-keep": (float, "[prunex*] fraction of kernel positions kept per conv", FRACTION),
+    "--rho1": (float, "[prunex*] initial intra-node penalty (1.5e-3)", POSITIVE),
+    "--rho2": (float, "[prunex] initial inter-node penalty (1.5e-4)", POSITIVE),
+    "--rho-max": (float, "[prunex*] cap on adaptive penalties (10)", POSITIVE),
+    "--freeze-round": (int, "[prunex*] freeze masks after this round", AT_LEAST_1),
+    "--freeze-patience": (int, "[prunex*] freeze once masks are unchanged N rounds", AT_LEAST_1),
+    "--bucket-mb": (float, "[prunex] inter-node packing bucket size in MiB (32)", POSITIVE),
+    "--eps-abs": (float, "[prunex*] stop once Boyd's residual tests pass (never)", POSITIVE),
+    "--eps-rel": (float, "[prunex*] relative residual tolerance (1e-3)", POSITIVE),
+    "--adaptive-rho/--fixed-rho": (bool, "[prunex*] residual balancing of rho1, rho2", None),
     "--leader-mode": (
         click.Choice(["single", "sharded"]),
         "[prunex] single: one leader per node carries the inter-node all-reduce; sharded: "
         "every local rank all-reduces 1/P of the packed buffer with its peers (Horovod-style)",
+        None,
     ),
     "--wire-dtype": (
         click.Choice(["fp32", "bf16"]),
         "[prunex] dtype of the packed inter-node buffers (fp32 math on both ends)",
+        None,
+    ),
+    "--topk-ratio": (float, "[topk, topk-hier] fraction of entries sent (0.01)", FRACTION),
+    "--powersgd-rank": (int, "[powersgd] matrix approximation rank (2)", AT_LEAST_1),
+    "--start-powersgd-iter": (
+        int,
+        "[powersgd] vanilla all-reduce before this iteration (10; at least 2)",
+        (lambda v: v >= 2, "at least 2"),
+    ),
+    "--intra-average-period": (
+        int,
+        "[localsgd-hier] average inside each node every N local steps (4)",
+        AT_LEAST_1,
     ),
 }
 
@@ -74,7 +91,7 @@ def list_cmd() -> None:
 
 
 def add_method_options(func):
-    for flag, (kind, help_text) in reversed(METHOD_OPTIONS.items()):
+    for flag, (kind, help_text, _) in reversed(METHOD_OPTIONS.items()):
         if kind is bool:
             func = click.option(flag, option_key(flag), default=None, help=help_text)(func)
         else:
@@ -119,7 +136,11 @@ def add_method_options(func):
 @click.option("--weight-decay", type=float, default=None, help="weight decay (default 1e-4)")
 @add_method_options
 def run_cmd(**kwargs) -> None:
-    """Train one method on one workload and write results/<run_id>/."""
+    """Train one method on one workload and write results/<run_id>/.
+
+    Method options are tagged with the methods that read them; [prunex*] means prunex and
+    prunex-flat.
+    """
     from suite.launch import default_local_gpus_per_node, launch_in_job, launch_local
 
     options = {option_key(flag): kwargs.pop(option_key(flag)) for flag in METHOD_OPTIONS}
@@ -154,6 +175,10 @@ def validate(config: RunConfig) -> None:
     workload = WORKLOADS.get(config.workload).factory()
     if config.gpus_per_node is not None:
         check_layout(config.gpus, config.gpus_per_node)
+    for flag, (_, _, valid) in METHOD_OPTIONS.items():
+        value = config.options.get(option_key(flag))
+        if valid is not None and value is not None and not valid[0](value):
+            raise BenchError(f"{flag.split('/')[0]} must be {valid[1]}, got {value}")
     for name in ("iterations", "epochs", "eval_every", "batch_size"):
         value = getattr(config, name)
         if value is not None and value <= 0:

@@ -10,6 +10,7 @@ from torch import nn
 
 from suite.comm import Communicator
 from suite.config import RunConfig
+from suite.errors import BenchError
 from suite.recorder import Recorder
 from suite.topology import Topology
 from workloads.base import Recipe, Workload
@@ -31,6 +32,25 @@ class RunContext:
     def option(self, name: str, default):
         value = self.config.options.get(name)
         return default if value is None else value
+
+    def local_steps_per_round(self) -> int:
+        """Local SGD steps H of one round (PruneX, local SGD), the same for every method that
+        has rounds so their iterations line up: ``--local-steps``, else ``--local-epochs``
+        worth of steps, else one local epoch capped at 32 steps (the paper's 5 local epochs
+        of a 64-GPU CIFAR-10 shard are ~30 steps)."""
+        steps, epochs = self.option("local_steps", None), self.option("local_epochs", None)
+        if steps is not None:
+            h = int(steps)
+        elif epochs is not None:
+            h = round(float(epochs) * self.loader.steps_per_epoch)
+        else:
+            h = min(self.loader.steps_per_epoch, DEFAULT_MAX_LOCAL_STEPS)
+        if h < 1:
+            raise BenchError(f"--local-steps/--local-epochs give {h} local steps; need at least 1")
+        return h
+
+
+DEFAULT_MAX_LOCAL_STEPS = 32
 
 
 class Method(Protocol):

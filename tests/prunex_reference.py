@@ -58,6 +58,10 @@ def reference_rounds(
                     for p, a in zip(params[w], anchors):
                         p.grad += rho1 * (p - a)
                 opts[w].step()
+                if frozen:  # retraining on the fixed support
+                    with torch.no_grad():
+                        for b_idx, m in masks.items():
+                            params[w][b_idx].mul_(m.dense())
         with torch.no_grad():
             new_node, local_masks = [], []
             for i in range(nodes):
@@ -109,6 +113,13 @@ def reference_rounds(
                 for m in models:
                     dict(m.named_buffers())[name].copy_(mean)
             z, z_node = new_z, new_node
-        if freeze_round is not None and k + 1 >= freeze_round:
+        if freeze_round is not None and k + 1 >= freeze_round and not frozen:
             frozen = True
+            with torch.no_grad():
+                for b_idx, m in masks.items():
+                    dense = m.dense().float()
+                    for w in range(workers):
+                        params[w][b_idx].mul_(dense)
+                        u[w][b_idx].mul_(dense)
+                        opts[w].state[params[w][b_idx]]["momentum_buffer"].mul_(dense)
     return z, copy.deepcopy(masks)

@@ -43,6 +43,8 @@ def test_list_shows_methods_and_workloads():
         (["--gpus", "6", "--gpus-per-node", "4"], "not divisible"),
         (["--workload", "resnet18-cifar10", "--data-dir", "/nonexistent/x"], "cifar-10-batches-py"),
         (["--dataset", "imagenet"], "imagenet"),
+        (["--method", "topk", "--topk-ratio", "2"], "--topk-ratio must be in (0, 1], got 2.0"),
+        (["--channel-keep", "0"], "--channel-keep must be in (0, 1]"),
     ],
 )
 def test_bad_input_is_one_line(args, expected, tmp_path):
@@ -56,7 +58,8 @@ SMALL = ["--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2", "--bat
 
 def test_run_writes_complete_folder(tmp_path):
     proc = bench(
-        "run", "--method", "ddp", *SMALL, "--iterations", "3", "--results-dir", str(tmp_path)
+        "run", "--method", "ddp", *SMALL, "--iterations", "3", "--results-dir", str(tmp_path),
+        "--target-accuracy", "0.0", "--eval-every", "2",
     )
     assert proc.returncode == 0, proc.stderr
     (run,) = tmp_path.iterdir()
@@ -74,6 +77,9 @@ def test_run_writes_complete_folder(tmp_path):
     assert summary["status"] == "ok"
     assert (summary["gpus"], summary["nodes"], summary["gpus_per_node"]) == (4, 2, 2)
     assert summary["iterations"] == 3
+    assert 0 < summary["time_to_target_seconds"] <= summary["train_seconds"]
+    evals = pd.read_parquet(run / "evals.parquet")
+    assert evals["iteration"].tolist() == [1, 2]  # every 2nd iteration and the last
     rows = pd.read_parquet(run / "iterations.parquet")
     assert len(rows) == 3 * 4
     assert summary["inter_node_bytes_total"] == rows["bytes_inter"].sum() > 0

@@ -137,3 +137,15 @@ def test_sharded_leaders_match_single_leader_and_bf16_wire_halves_inter_bytes():
     assert math.isclose(inter(single) - inter(bf16), 2 * packed / 2)
     for got, want in zip(bf16[0]["z"], single[0]["z"]):
         torch.testing.assert_close(got, want, rtol=0.05, atol=0.02)
+
+
+def test_patience_freezes_once_masks_stop_changing():
+    out = run_ranks(
+        prunex_worker, 4, {"channel_keep": 0.5, "local_steps": 1, "freeze_patience": 1}, True
+    )
+    history = out[0]["history"]
+    drifts = [h["row"]["mask_drift"] for h in history]
+    first_stable = next(k for k in range(1, ROUNDS) if drifts[k] == 0)
+    assert all(h["frozen"] for h in history[first_stable:])  # frozen right after that round
+    assert not any(h["frozen"] for h in history[:first_stable])
+    assert all(d == 0 for d in drifts[first_stable:])

@@ -43,7 +43,6 @@ from suite.errors import BenchError
 from suite.method import RunContext
 
 DEFAULT_CHANNEL_KEEP = 0.5  # paper sec. 5.1.5
-DEFAULT_MAX_LOCAL_STEPS = 32  # ~ the paper's 5 local epochs of a 64-GPU CIFAR shard
 
 
 class PruneX:
@@ -70,15 +69,7 @@ class PruneX:
         self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[opt("wire_dtype", "fp32")]
         self.lam = ctx.recipe.weight_decay
 
-        loader = ctx.loader
-        if opt("local_steps", None) is not None:
-            self.steps_per_iteration = int(opt("local_steps", None))
-        elif opt("local_epochs", None) is not None:
-            self.steps_per_iteration = max(
-                1, round(float(opt("local_epochs", None)) * loader.steps_per_epoch)
-            )
-        else:
-            self.steps_per_iteration = min(loader.steps_per_epoch, DEFAULT_MAX_LOCAL_STEPS)
+        self.steps_per_iteration = ctx.local_steps_per_round()
 
         if hierarchical:
             self.num_nodes, self.procs = topo.num_nodes, topo.gpus_per_node
@@ -112,12 +103,13 @@ class PruneX:
         self.stable_rounds = 0
         self.layout: PackLayout | None = None
         self.fixed_buffers: list[torch.Tensor] | None = None
+        self.support: dict[int, torch.Tensor] = {}  # dense masks once frozen
 
         self.consensus = copy.deepcopy(self.model)  # the model evaluated: z + averaged BN stats
         self.optimizer = torch.optim.SGD(
             self.params, lr=ctx.recipe.lr, momentum=ctx.recipe.momentum, weight_decay=0.0
         )
-        self.batches = iter(loader)
+        self.batches = iter(ctx.loader)
         self.loss_fn = nn.CrossEntropyLoss()
 
     # ------------------------------------------------------------------ round phases
@@ -138,6 +130,10 @@ class PruneX:
                 torch._foreach_mul_(prox, self.rho1)
                 torch._foreach_add_([p.grad for p in self.params], prox)
             self.optimizer.step()
+            if self.support:
+                with torch.no_grad():
+                    for i, mask in self.support.items():
+                        self.params[i].mul_(mask)
             total += loss.item() * len(y)
             samples += len(y)
         return total / samples, samples
@@ -307,6 +303,8 @@ class PruneX:
                 self.freeze_patience is not None and self.stable_rounds >= self.freeze_patience
             )
             self.frozen = by_round or by_patience
+            if self.frozen:
+                self.restrict_to_support()
         rec.set(
             density=self.density(),
             mask_drift=drift,
@@ -316,6 +314,25 @@ class PruneX:
             rho2_mean=sum(self.rho2) / len(self.rho2),
         )
         return {"loss": loss, "samples": samples, "converged": converged}
+
+    @torch.no_grad()
+    def restrict_to_support(self) -> None:
+        """Retraining on the fixed support (sec. 4.5, Algorithm 1 line 11 onwards).
+
+        Once the masks freeze, the problem is "standard distributed training on a fixed
+        sparse manifold": theta, its momentum and u are zeroed off the global mask and theta
+        is kept there after every local step, so local training trains the pruned network
+        itself (as in StructADMM's masked retraining, ref. [45]) and BN statistics come
+        from the network that is evaluated.
+        """
+        for i in self.constrained:
+            mask = self.masks[i].dense().to(self.params[i].dtype)
+            self.support[i] = mask
+            self.params[i].mul_(mask)
+            self.u[i].mul_(mask)
+            momentum = self.optimizer.state.get(self.params[i], {}).get("momentum_buffer")
+            if momentum is not None:
+                momentum.mul_(mask)
 
     def dual_update(self, z_node, z) -> torch.Tensor:
         """Eqs. (12)-(13) and the local pieces of the residual norms (summed over the world)."""

@@ -1,0 +1,89 @@
+"""What every baseline shares: the workload's SGD recipe on this rank's shard, and flat buffers.
+
+The baselines differ only in how ranks agree (a DDP comm hook, a sparse all-gather, periodic
+model averaging); the mini-batch loop, optimizer, evaluation and checkpoint are the same, so
+they live here once and every method's local compute is timed the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from suite.method import RunContext, average_buffers_for_eval
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One contiguous copy of ``tensors``, so a single collective carries them all."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` back into ``tensors`` (the inverse of :func:`flatten`)."""
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+def broadcast_initial_state(module: nn.Module) -> None:
+    """Rank 0's parameters and buffers everywhere, as DDP's constructor does.
+
+    Setup, outside any iteration, so it is not method traffic.
+    """
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t, src=0)
+
+
+class SGDBaseline:
+    """The recipe's momentum SGD over ``model`` (a DDP wrapper or the plain module).
+
+    Subclasses add the exchange between ``forward_backward`` and ``apply_update`` (or, for
+    DDP, inside backward through a comm hook).
+    """
+
+    steps_per_iteration = 1
+
+    def __init__(self, ctx: RunContext, model: nn.Module):
+        self.ctx = ctx
+        self.model = model
+        self.module = model.module if isinstance(model, DistributedDataParallel) else model
+        recipe = ctx.recipe
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(),
+            lr=recipe.lr,
+            momentum=recipe.momentum,
+            weight_decay=recipe.weight_decay,
+        )
+        self.batches = iter(ctx.loader)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def forward_backward(self) -> tuple[float, int]:
+        """Gradients of the next local mini-batch; returns (loss, samples)."""
+        device = self.ctx.device
+        x, y = next(self.batches)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with self.ctx.recorder.phase("local_compute"):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.model(x), y)
+            loss.backward()
+        return loss.item(), len(y)
+
+    def apply_update(self) -> None:
+        with self.ctx.recorder.phase("local_compute"):
+            self.optimizer.step()
+
+    def eval_model(self) -> nn.Module:
+        return average_buffers_for_eval(self.module)
+
+    def state_dict(self) -> dict:
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def artifacts(self) -> dict:
+        return {}

@@ -1,0 +1,122 @@
+"""Local SGD with hierarchical model averaging, by torch's ``HierarchicalModelAverager``.
+
+Every rank runs plain local SGD (no gradient exchange). Torch's averager (hierarchical SGD,
+Zhou et al., arXiv:2010.12998) averages the parameters inside each node every
+``--intra-average-period`` steps (default 4) and over the world every ``--local-steps`` H
+steps, with PruneX's default H = min(one local epoch, 32) and ``--local-epochs`` read the same
+way, so the global averages fall where PruneX's rounds end. When both levels are due, the
+world average alone runs, as in torch.
+
+One iteration is one round of H local steps (``steps_per_iteration = H``, as for PruneX): every
+iteration ends with a world average, so all ranks then hold the same model, per-iteration
+bytes compare with PruneX's per-round bytes, and the runner's epoch arithmetic (iterations x
+steps_per_iteration / steps_per_epoch) holds as for every method. The loss is the round's
+sample-weighted mean.
+
+Traffic: the averager all-reduces one flat copy of the parameters that have gradients over
+groups it creates itself (``new_subgroups`` in blocks of ``gpus_per_node`` contiguous ranks:
+exactly the nodes); each average is accounted by the ring model on the group torch picks,
+its ranks read back from the process group, and timed as ``intra_allreduce`` when the group
+lies in one node, else ``allreduce``. The world level is torch's flat ring over every rank,
+not a leaders-only exchange.
+
+BN running statistics: torch's averager takes parameters only, so the float buffers are
+averaged over the same group at the same points through the communicator (a second
+all-reduce, recorded in the same phase); like PruneX's consensus, the whole model agrees at
+each round's end. Momentum buffers stay local, as in torch's post-local SGD.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
+    HierarchicalModelAverager,
+)
+from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
+
+from baselines.common import SGDBaseline, broadcast_initial_state, flatten, unflatten_into
+from suite.comm import nbytes
+from suite.errors import BenchError
+from suite.method import RunContext
+from suite.registry import METHODS
+from suite.topology import CommGroup
+
+DEFAULT_INTRA_PERIOD = 4
+
+
+class HierarchicalLocalSGD(SGDBaseline):
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx, ctx.model)
+        broadcast_initial_state(self.module)
+        topo = ctx.topology
+        self.steps_per_iteration = ctx.local_steps_per_round()
+        period = int(ctx.option("intra_average_period", DEFAULT_INTRA_PERIOD))
+        if period < 1:
+            raise BenchError(f"--intra-average-period must be at least 1, got {period}")
+        levels = OrderedDict()  # averaging period -> group size, lowest level first
+        if period < self.steps_per_iteration and topo.gpus_per_node > 1:
+            levels[period] = topo.gpus_per_node
+        levels[self.steps_per_iteration] = topo.world_size
+        self.averager = HierarchicalModelAverager(levels, process_group=topo.world.pg)
+        # torch tests ``step % period`` before counting the step; starting from 1, averages
+        # follow local steps period, 2 period, ... and a world average ends every round.
+        self.averager.step = 1
+        self.groups = [
+            self._recorded_group(pg) for pg in self.averager.period_process_group_dict.values()
+        ]
+        self.buffers = [b for b in self.module.buffers() if b.is_floating_point()]
+
+    def _recorded_group(self, pg) -> tuple[CommGroup, str]:
+        """The averager's process group as a CommGroup, with the phase its time goes to."""
+        ranks = tuple(dist.get_process_group_ranks(pg))
+        within_node = len({self.ctx.topology.node_of(r) for r in ranks}) == 1
+        name, phase = ("intra", "intra_allreduce") if within_node else ("world", "allreduce")
+        return CommGroup(name, ranks, pg), phase
+
+    def step(self, iteration: int) -> dict:
+        total, samples = 0.0, 0
+        for _ in range(self.steps_per_iteration):
+            loss, n = self.forward_backward()
+            self.apply_update()
+            self.average()
+            total += loss * n
+            samples += n
+        return {"loss": total / samples, "samples": samples}
+
+    def average(self) -> None:
+        """Torch's averaging for this step, if one is due, recorded on the group torch picks."""
+        params = get_params_to_average(self.module.parameters())
+        pg = self.averager._find_process_group()  # torch's own choice of level for this step
+        if pg is None:
+            self.averager.average_parameters(params)  # nothing due: only counts the step
+            return
+        group, phase = next((g, p) for g, p in self.groups if g.pg is pg)
+        comm = self.ctx.comm
+        comm.account("all_reduce", group, sum(nbytes(p) for p in params))
+        with self.ctx.recorder.phase(phase):
+            self.averager.average_parameters(params)
+        if self.buffers:
+            with torch.no_grad():
+                flat = flatten(self.buffers).div_(group.size)
+                comm.all_reduce(flat, group, phase=phase)
+                unflatten_into(self.buffers, flat)
+
+    def eval_model(self) -> nn.Module:
+        return self.module  # every iteration ends with a world average of parameters and BN
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "averager_step": self.averager.step}
+
+
+@METHODS.register(
+    "localsgd-hier",
+    "Local SGD, torch's HierarchicalModelAverager: parameters and BN statistics averaged in "
+    "the node every --intra-average-period (4) steps, over the world every --local-steps "
+    "(PruneX's round; one iteration = one round)",
+)
+def make_localsgd_hier(ctx: RunContext) -> HierarchicalLocalSGD:
+    return HierarchicalLocalSGD(ctx)

@@ -1,0 +1,90 @@
+"""Plugins through entry points, host-based node discovery, and the torchrun launcher path."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from suite.errors import BenchError
+from suite.registry import Registry
+from suite.topology import discover_gpus_per_node
+
+PLUGIN = """
+from suite.registry import WORKLOADS
+from workloads import models
+from workloads.base import Recipe, Workload
+
+@WORKLOADS.register("plugin-cnn", "a workload from a third-party package")
+def factory():
+    return Workload("plugin-cnn", "plugin", "small_cnn", "synthetic", models.small_cnn, Recipe())
+"""
+
+
+def test_entry_point_plugin_is_listed(tmp_path):
+    (tmp_path / "benchplugin.py").write_text(PLUGIN)
+    dist_info = tmp_path / "benchplugin-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: benchplugin\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[prunex_bench.workloads]\nplugin-cnn = benchplugin\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "suite.cli", "list"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert "plugin-cnn" in out.stdout and "third-party" in out.stdout
+
+
+def test_unknown_name_lists_known():
+    registry = Registry("method", "prunex_bench.none")
+    registry.register("a", "first")(lambda: None)
+    with pytest.raises(BenchError, match=r"unknown method 'b'; known: a$"):
+        registry.get("b")
+
+
+def test_nodes_discovered_from_hostnames():
+    assert discover_gpus_per_node(["a", "a", "b", "b"]) == 2
+    assert discover_gpus_per_node(["a"] * 4) == 4
+    with pytest.raises(BenchError, match="equal contiguous blocks"):
+        discover_gpus_per_node(["a", "b", "a", "b"])
+    with pytest.raises(BenchError, match="equal contiguous blocks"):
+        discover_gpus_per_node(["a", "a", "a", "b"])
+
+
+def test_torchrun_launcher_uses_the_job_as_it_is(tmp_path):
+    """Under torchrun the ranks exist already: bench run joins them and discovers one host."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "suite.cli",
+        "run",
+        "--launcher",
+        "torchrun",
+        "--method",
+        "ddp",
+        "--dataset",
+        "synthetic",
+        "--iterations",
+        "2",
+        "--batch-size",
+        "16",
+        "--results-dir",
+        str(tmp_path),
+        "--run-id",
+        "tr",
+    ]
+    env = {**os.environ, "PRUNEX_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, textwrap.shorten(out.stderr, 2000)
+    summary = json.loads((tmp_path / "tr" / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert (summary["gpus"], summary["nodes"], summary["gpus_per_node"]) == (2, 1, 2)
