@@ -22,6 +22,20 @@ def smoke(session):
     """A tiny end-to-end run on synthetic data."""
     tmp = session.create_tmp()
     session.run(
-        "bench", "run", "--method", "ddp", "--workload", "cnn-fmnist", "--dataset", "synthetic",
-        "--gpus", "4", "--gpus-per-node", "2", "--iterations", "4", "--results-dir", tmp,
+        "bench",
+        "run",
+        "--method",
+        "ddp",
+        "--workload",
+        "cnn-fmnist",
+        "--dataset",
+        "synthetic",
+        "--gpus",
+        "4",
+        "--gpus-per-node",
+        "2",
+        "--iterations",
+        "4",
+        "--results-dir",
+        tmp,
     )

@@ -58,8 +58,18 @@ SMALL = ["--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2", "--bat
 
 def test_run_writes_complete_folder(tmp_path):
     proc = bench(
-        "run", "--method", "ddp", *SMALL, "--iterations", "3", "--results-dir", str(tmp_path),
-        "--target-accuracy", "0.0", "--eval-every", "2",
+        "run",
+        "--method",
+        "ddp",
+        *SMALL,
+        "--iterations",
+        "3",
+        "--results-dir",
+        str(tmp_path),
+        "--target-accuracy",
+        "0.0",
+        "--eval-every",
+        "2",
     )
     assert proc.returncode == 0, proc.stderr
     (run,) = tmp_path.iterdir()

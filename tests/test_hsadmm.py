@@ -43,7 +43,11 @@ def random_node(seed, procs=3):
 def numeric_minimizer(objective, like):
     x = torch.zeros_like(like, requires_grad=True)
     opt = torch.optim.LBFGS(
-        [x], lr=1, max_iter=200, tolerance_grad=1e-14, tolerance_change=0,
+        [x],
+        lr=1,
+        max_iter=200,
+        tolerance_grad=1e-14,
+        tolerance_change=0,
         line_search_fn="strong_wolfe",
     )
 
@@ -67,9 +71,7 @@ def test_node_candidate_minimizes_eq6_and_printed_eq9_does_not(seed):
 
     best = numeric_minimizer(objective, z)
     theta_u_sum = sum(t + u for t, u in zip(thetas, us, strict=True))
-    cand = hsadmm.node_candidate(
-        theta_u_sum, z, v, num_nodes=nodes, procs_per_node=procs, **hp
-    )
+    cand = hsadmm.node_candidate(theta_u_sum, z, v, num_nodes=nodes, procs_per_node=procs, **hp)
     assert torch.allclose(cand, best, rtol=1e-5, atol=1e-8)
 
     # eq. (9) as printed: no factor P in the normalizer, z_i^k where z^k belongs
@@ -85,15 +87,22 @@ def test_flat_ablation_is_the_one_node_special_case():
     thetas, us, z, v, _, hp = random_node(7, procs=world)
     theta_u_sum = sum(t + u for t, u in zip(thetas, us, strict=True))
     flat = hsadmm.node_candidate(
-        theta_u_sum, z, v, rho1=hp["rho1"], rho2=0.0, lam=hp["lam"],
-        num_nodes=1, procs_per_node=world,
+        theta_u_sum,
+        z,
+        v,
+        rho1=hp["rho1"],
+        rho2=0.0,
+        lam=hp["lam"],
+        num_nodes=1,
+        procs_per_node=world,
     )
     expected = hp["rho1"] * theta_u_sum / (hp["lam"] + world * hp["rho1"])
     assert torch.allclose(flat, expected, rtol=1e-12)
 
     def flat_objective(x):  # lam/2 ||z||^2 + sum over all N ranks rho1/2 ||theta - z + u||^2
-        return smooth_objective(x, thetas, us, z, v, rho1=hp["rho1"], rho2=0.0, lam=hp["lam"],
-                                num_nodes=1)
+        return smooth_objective(
+            x, thetas, us, z, v, rho1=hp["rho1"], rho2=0.0, lam=hp["lam"], num_nodes=1
+        )
 
     assert torch.allclose(flat, numeric_minimizer(flat_objective, z), rtol=1e-5, atol=1e-8)
 
@@ -182,9 +191,7 @@ def test_projection_order_matters_and_sequential_is_not_exact():
     """Counterexample to sec. 3.2: filter->channel and channel->filter keep different supports."""
     w = torch.tensor([[2.0, 2.1], [0.0, 2.5]], dtype=torch.float64).reshape(2, 2, 1, 1)
     filter_first, _ = hsadmm.project(w, filter_keep=0.5, channel_keep=0.5)
-    channel_first, _ = hsadmm.project(
-        hsadmm.project(w, channel_keep=0.5)[0], filter_keep=0.5
-    )
+    channel_first, _ = hsadmm.project(hsadmm.project(w, channel_keep=0.5)[0], filter_keep=0.5)
     # filter 0 (norm 2.90 > 2.5) is kept, then channel 1 (2.1 > 2.0): support {(0, 1)}
     assert torch.equal(filter_first.flatten(), torch.tensor([0, 2.1, 0, 0], dtype=torch.float64))
     # channel 1 (norm 3.26 > 2.0) is kept, then filter 1 (2.5 > 2.1): support {(1, 1)}
@@ -212,8 +219,12 @@ def test_projected_candidate_solves_the_constrained_z_step(kind):
         return smooth_objective(x, thetas, us, z, v, num_nodes=nodes, **hp)
 
     cand = hsadmm.node_candidate(
-        sum(t + u for t, u in zip(thetas, us, strict=True)), z, v,
-        num_nodes=nodes, procs_per_node=procs, **hp,
+        sum(t + u for t, u in zip(thetas, us, strict=True)),
+        z,
+        v,
+        num_nodes=nodes,
+        procs_per_node=procs,
+        **hp,
     )
     projected, _ = hsadmm.project(cand, **{f"{kind}_keep": 0.5})
     values = []
@@ -333,8 +344,9 @@ def test_bits_round_trip_union_and_max_allreduce():
         assert torch.equal(getattr(union, field), getattr(a, field) | getattr(b, field))
     # an all-reduce with MAX over the uint8 bits (what NCCL does) is the union
     assert torch.equal(torch.maximum(a.to_bits(), b.to_bits()), union.to_bits())
-    assert torch.equal(StructuredMask.from_bits(torch.maximum(bits, b.to_bits()), SHAPE).dense(),
-                       union.dense())
+    assert torch.equal(
+        StructuredMask.from_bits(torch.maximum(bits, b.to_bits()), SHAPE).dense(), union.dense()
+    )
     assert (union.dense() | ~(a.dense() | b.dense())).all()  # contains both element masks
 
 

@@ -137,8 +137,6 @@ def test_cifar10_download_goes_through_torchvision(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
-
-
 # --- Fashion-MNIST --------------------------------------------------------------------------
 
 
@@ -347,7 +345,10 @@ def test_eval_slices_cover_the_test_set(n, world):
 
 def test_builtin_workloads_are_registered():
     expected = {
-        "cnn-fmnist", "resnet18-fmnist", "resnet18-cifar10", "resnet152-cifar10",
+        "cnn-fmnist",
+        "resnet18-fmnist",
+        "resnet18-cifar10",
+        "resnet152-cifar10",
         "wrn50_2-cifar10",
     }
     assert expected <= set(WORKLOADS.names())

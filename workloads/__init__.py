@@ -29,23 +29,38 @@ CPU_DEMO = "CPU recipe: batch 32/rank, lr 0.05"
 # name: (model name, default dataset, builder, recipe, description)
 BUILTINS: dict[str, tuple[str, str, Callable[[DatasetSpec], nn.Module], Recipe, str]] = {
     "cnn-fmnist": (
-        "small_cnn", "fmnist", models.small_cnn, CPU_DEMO_RECIPE,
+        "small_cnn",
+        "fmnist",
+        models.small_cnn,
+        CPU_DEMO_RECIPE,
         f"4-conv BatchNorm CNN (~0.24M params) on Fashion-MNIST; cheap for CPU runs; {CPU_DEMO}",
     ),
     "resnet18-fmnist": (
-        "resnet18", "fmnist", models.resnet18, CPU_DEMO_RECIPE,
+        "resnet18",
+        "fmnist",
+        models.resnet18,
+        CPU_DEMO_RECIPE,
         f"timm ResNet-18 (~11.2M params; {SMALL_STEM}) on Fashion-MNIST; {CPU_DEMO}",
     ),
     "resnet18-cifar10": (
-        "resnet18", "cifar10", models.resnet18, Recipe(),
+        "resnet18",
+        "cifar10",
+        models.resnet18,
+        Recipe(),
         f"timm ResNet-18 (~11.2M params; {SMALL_STEM}) on CIFAR-10; {PAPER}",
     ),
     "resnet152-cifar10": (
-        "resnet152", "cifar10", models.resnet152, Recipe(),
+        "resnet152",
+        "cifar10",
+        models.resnet152,
+        Recipe(),
         f"timm ResNet-152 (~58.2M params; {SMALL_STEM}) on CIFAR-10; {PAPER}",
     ),
     "wrn50_2-cifar10": (
-        "wide_resnet50_2", "cifar10", models.wide_resnet50_2, Recipe(),
+        "wide_resnet50_2",
+        "cifar10",
+        models.wide_resnet50_2,
+        Recipe(),
         f"timm Wide ResNet-50-2 (~66.8M params; {SMALL_STEM}) on CIFAR-10; {PAPER}",
     ),
 }
