@@ -16,11 +16,11 @@ ROUNDS, FREEZE, STEPS = 5, 3, 3
 OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE}
 
 
-def prunex_worker(rank, options, hierarchical):
-    ctx = make_context(rank, gpus_per_node=2, options=options, bn=True)
+def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):
+    ctx = make_context(rank, gpus_per_node=2, options=options, bn=True, lr=lr)
     method = PruneX(ctx, hierarchical=hierarchical)
     history = []
-    for it in range(ROUNDS):
+    for it in range(rounds):
         ctx.recorder.begin_iteration(it)
         method.step(it)
         row = ctx.recorder.end_iteration()
@@ -140,12 +140,19 @@ def test_sharded_leaders_match_single_leader_and_bf16_wire_halves_inter_bytes():
 
 
 def test_patience_freezes_once_masks_stop_changing():
-    out = run_ranks(
-        prunex_worker, 4, {"channel_keep": 0.5, "local_steps": 1, "freeze_patience": 1}, True
-    )
-    history = out[0]["history"]
+    # strong penalties and enough local steps for theta to follow z_i - u: the support
+    # settles within a few rounds (with weak ones ADMM swaps near-tied channels back and forth)
+    options = {
+        "channel_keep": 0.5,
+        "local_steps": 8,
+        "freeze_patience": 2,
+        "rho1": 0.5,
+        "rho2": 0.5,
+    }
+    history = run_ranks(prunex_worker, 4, options, True, 10)[0]["history"]
     drifts = [h["row"]["mask_drift"] for h in history]
-    first_stable = next(k for k in range(1, ROUNDS) if drifts[k] == 0)
-    assert all(h["frozen"] for h in history[first_stable:])  # frozen right after that round
-    assert not any(h["frozen"] for h in history[:first_stable])
-    assert all(d == 0 for d in drifts[first_stable:])
+    # frozen after the first round that closes two consecutive unchanged rounds (k >= 1)
+    stable = [k for k in range(2, 10) if drifts[k] == 0 and drifts[k - 1] == 0]
+    assert stable, f"masks never settled: {drifts}"
+    assert [h["frozen"] for h in history] == [k >= stable[0] for k in range(10)]
+    assert all(d == 0 for d in drifts[stable[0] :])
