@@ -12,7 +12,7 @@ import math
 import os
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from torch import nn
 from suite.comm import Communicator
 from suite.config import RunConfig
 from suite.errors import BenchError
-from suite.method import RunContext
+from suite.method import Method, RunContext
 from suite.recorder import Recorder
 from suite.registry import METHODS, WORKLOADS, load_builtins
 from suite.results import (
@@ -36,7 +36,8 @@ from suite.results import (
     write_torch,
 )
 from suite.summary import summarize
-from suite.topology import build_topology
+from suite.topology import Topology, build_topology
+from workloads.base import TensorData
 from workloads.datasets import load_data
 from workloads.sharding import ShardedLoader, eval_slice
 
@@ -151,9 +152,41 @@ def flush_rank_rows(folder: RunFolder, recorder: Recorder) -> None:
     folder.write_rank_rows(recorder.rank, "layers", recorder.layers)
 
 
+@dataclass
+class Run:
+    """Everything one rank set up for a run."""
+
+    config: RunConfig
+    device: torch.device
+    folder: RunFolder
+    recorder: Recorder
+    topology: Topology
+    loader: ShardedLoader
+    test_data: TensorData
+    method: Method
+    manifest: dict
+    iterations: int
+    eval_every: int
+
+
+@dataclass
+class LoopResult:
+    done: int = 0
+    train_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    time_to_target: float | None = None
+    converged: bool = False
+
+
 def train(config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder) -> None:
-    rank = dist.get_rank()
-    world_size = dist.get_world_size()
+    run = setup(config, device, folder, recorder)
+    result = training_loop(run)
+    finish(run, result)
+
+
+def setup(config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder) -> Run:
+    """Topology, data shard, model, method; the manifest and a ``running`` summary."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     load_builtins()
     topology = build_topology(config.gpus_per_node)
     config.gpus = world_size
@@ -176,8 +209,6 @@ def train(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
     ctx = RunContext(config, topology, comm, recorder, workload, recipe, model, loader, device)
     method = method_entry.factory(ctx)
     iterations = count_iterations(config, loader, method, recipe)
-    eval_every = config.eval_every or max(1, iterations // 10)
-
     manifest = {
         "run_id": config.run_id or folder.path.name,
         "config": {**json.loads(config.to_json()), "dataset": dataset},
@@ -200,23 +231,60 @@ def train(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
     if rank == 0:
         write_json(folder.path / "manifest.json", manifest)
         folder.write_summary({"run_id": manifest["run_id"], "status": "running"})
+    eval_every = config.eval_every or max(1, iterations // 10)
+    return Run(
+        config,
+        device,
+        folder,
+        recorder,
+        topology,
+        loader,
+        test_data,
+        method,
+        manifest,
+        iterations,
+        eval_every,
+    )
 
-    progress = None
-    if rank == 0 and os.environ.get("PRUNEX_PROGRESS", "1") != "0":
-        from tqdm import tqdm
 
-        progress = tqdm(total=iterations, desc=f"{config.method}", unit="it", dynamic_ncols=True)
+def agree(
+    loss: float, row: dict, iteration: int, device: torch.device
+) -> tuple[float, float, float]:
+    """One small world all-reduce per iteration: mean loss, NaN agreement (so every rank stops
+    together and nothing recorded is lost), and the iteration's traffic over all ranks."""
+    finite = math.isfinite(loss)
+    stats = torch.tensor(
+        [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"], row["bytes_intra"]],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(stats)
+    loss_sum, nonfinite, inter, intra = stats.tolist()
+    if nonfinite:
+        raise NonFiniteLoss(
+            f"non-finite loss at iteration {iteration} on {int(nonfinite)} rank(s); "
+            "lower --lr or check the data"
+        )
+    return loss_sum / dist.get_world_size(), inter, intra
 
-    bookkeeping = torch.zeros(4, dtype=torch.float64, device=device)
-    train_seconds = 0.0
+
+def progress_bar(run: Run):
+    if dist.get_rank() != 0 or os.environ.get("PRUNEX_PROGRESS", "1") == "0":
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=run.iterations, desc=run.config.method, unit="it", dynamic_ncols=True)
+
+
+def training_loop(run: Run) -> LoopResult:
+    config, recorder, loader, method = run.config, run.recorder, run.loader, run.method
+    result = LoopResult()
     cumulative = {"inter": 0.0, "intra": 0.0}
-    time_to_target = None
     accuracy = None
-    converged = False
+    progress = progress_bar(run)
     wall_start = time.perf_counter()
-    done = 0
     try:
-        for it in range(iterations):
+        for it in range(run.iterations):
             recorder.begin_iteration(it)
             info = method.step(it)
             loss = float(info["loss"])
@@ -226,87 +294,73 @@ def train(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
                 epoch=loader.step / loader.steps_per_epoch,
                 **{k: v for k, v in info.items() if k not in ("loss", "samples", "converged")},
             )
-            # One small world all-reduce: mean loss, NaN agreement, traffic totals, slowest rank.
-            bookkeeping.copy_(
-                torch.tensor(
-                    [
-                        loss if math.isfinite(loss) else 0.0,
-                        0.0 if math.isfinite(loss) else 1.0,
-                        row["bytes_inter"],
-                        row["bytes_intra"],
-                    ],
-                    dtype=torch.float64,
-                )
-            )
-            dist.all_reduce(bookkeeping)
-            mean_loss, nonfinite, inter, intra = bookkeeping.tolist()
-            if nonfinite:
-                raise NonFiniteLoss(
-                    f"non-finite loss at iteration {it} on {int(nonfinite)} rank(s); "
-                    "lower --lr or check the data"
-                )
-            mean_loss /= world_size
+            mean_loss, inter, intra = agree(loss, row, it, run.device)
             cumulative["inter"] += inter
             cumulative["intra"] += intra
-            train_seconds += row["t_iteration"]
-            done = it + 1
-            converged = bool(info.get("converged", False))
-            last = done == iterations or converged
-            if done % eval_every == 0 or last:
+            result.train_seconds += row["t_iteration"]
+            result.done = it + 1
+            result.converged = bool(info.get("converged", False))
+            if (
+                result.done % run.eval_every == 0
+                or result.done == run.iterations
+                or result.converged
+            ):
                 accuracy, test_loss = evaluate(
-                    method.eval_model(), test_data, topology.world, device
+                    method.eval_model(), run.test_data, run.topology.world, run.device
                 )
-                if (
-                    time_to_target is None
-                    and config.target_accuracy is not None
-                    and accuracy >= config.target_accuracy
-                ):
-                    time_to_target = train_seconds
-                if rank == 0:
+                target = config.target_accuracy
+                if result.time_to_target is None and target is not None and accuracy >= target:
+                    result.time_to_target = result.train_seconds
+                if dist.get_rank() == 0:
                     recorder.add_eval(
                         iteration=it,
                         epoch=row["epoch"],
                         accuracy=accuracy,
                         test_loss=test_loss,
                         train_loss=mean_loss,
-                        train_seconds=train_seconds,
+                        train_seconds=result.train_seconds,
                         wall_seconds=time.perf_counter() - wall_start,
                         inter_node_bytes=cumulative["inter"],
                         intra_node_bytes=cumulative["intra"],
                     )
             if progress is not None:
-                rate = int(info["samples"]) * world_size / max(row["t_iteration"], 1e-9)
+                rate = int(info["samples"]) * dist.get_world_size() / max(row["t_iteration"], 1e-9)
                 post = {"loss": f"{mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
                 if accuracy is not None:
                     post["acc"] = f"{accuracy:.4f}"
                 progress.set_postfix(post, refresh=False)
                 progress.update(1)
-            if converged:
+            if result.converged:
                 break
     finally:
         if progress is not None:
             progress.close()
-    wall_seconds = time.perf_counter() - wall_start
+    result.wall_seconds = time.perf_counter() - wall_start
+    return result
 
-    final_model = method.eval_model()  # collective for some methods: every rank calls it
-    flush_rank_rows(folder, recorder)
+
+def finish(run: Run, result: LoopResult) -> None:
+    """Merge every rank's rows, save the evaluated model and artifacts, write the summary."""
+    final_model = run.method.eval_model()  # collective for some methods: every rank calls it
+    flush_rank_rows(run.folder, run.recorder)
     dist.barrier()
-    if rank == 0:
+    if dist.get_rank() == 0:
+        folder = run.folder
         folder.merge_parts()
         write_torch(folder.path / "model.pt", final_model.state_dict())
-        for name, obj in method.artifacts().items():
+        for name, obj in run.method.artifacts().items():
             write_torch(folder.path / name, obj)
         folder.write_summary(
             summarize(
-                config=config,
-                manifest=manifest,
-                dataset=dataset,
-                iterations_done=done,
+                config=run.config,
+                manifest=run.manifest,
+                dataset=run.manifest["config"]["dataset"],
+                iterations_done=result.done,
                 iterations=folder.table("iterations"),
                 evals=folder.table("evals"),
-                wall_seconds=wall_seconds,
-                time_to_target=time_to_target,
-                converged=converged,
+                wall_seconds=result.wall_seconds,
+                time_to_target=result.time_to_target,
+                converged=result.converged,
             )
         )
     dist.barrier()
