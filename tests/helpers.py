@@ -10,7 +10,8 @@ from suite.config import RunConfig
 from suite.method import RunContext
 from suite.recorder import Recorder
 from suite.topology import build_topology
-from workloads.base import Recipe, TensorData
+from workloads.base import DatasetSpec, Recipe, TensorData
+from workloads.models import small_cnn
 from workloads.sharding import ShardedLoader
 
 
@@ -40,6 +41,11 @@ class TinyCNN(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+def cnn_fmnist_model() -> nn.Module:
+    """The cnn-fmnist workload's model, sized for ``tiny_data`` (1x8x8 images, 4 classes)."""
+    return small_cnn(DatasetSpec("tiny", in_chans=1, image_size=8, num_classes=4))
+
+
 def make_context(
     rank: int,
     *,
@@ -49,12 +55,13 @@ def make_context(
     lr: float = 0.05,
     bn: bool = False,
     seed: int = 0,
+    model_fn=None,
 ) -> RunContext:
     topo = build_topology(gpus_per_node)
     device = torch.device("cpu")
     recorder = Recorder(rank, device)
     torch.manual_seed(seed)
-    model = TinyCNN(bn=bn)
+    model = model_fn() if model_fn is not None else TinyCNN(bn=bn)
     recipe = Recipe(batch_size=batch_size, lr=lr, momentum=0.9, weight_decay=1e-4)
     loader = ShardedLoader(tiny_data(), rank, topo.world_size, batch_size, seed)
     config = RunConfig(options=dict(options or {}))

@@ -17,7 +17,7 @@ from baselines.localsgd import HierarchicalLocalSGD
 from baselines.powersgd import PowerSGD
 from baselines.topk import ErrorFeedbackTopK, TopK, pack, unpack
 from tests.distributed import run_ranks
-from tests.helpers import TinyCNN, make_context, run_iterations
+from tests.helpers import cnn_fmnist_model, make_context, run_iterations
 from tests.test_cli import SMALL, bench
 
 STEPS = 4
@@ -50,7 +50,7 @@ SCENARIOS = {
 def baselines_worker(rank):
     out = {}
     for name, (factory, options, iterations) in SCENARIOS.items():
-        ctx = make_context(rank, gpus_per_node=2, options=options, bn=True)
+        ctx = make_context(rank, gpus_per_node=2, options=options, model_fn=cnn_fmnist_model)
         method = factory(ctx)
         rows = run_iterations(method, ctx.recorder, iterations)
         out[name] = {
@@ -74,7 +74,7 @@ def runs():
 
 
 def shapes():
-    return [p.shape for p in TinyCNN(bn=True).parameters()]
+    return [p.shape for p in cnn_fmnist_model().parameters()]
 
 
 def numel(shape) -> int:
@@ -205,8 +205,9 @@ def test_powersgd_bytes_are_the_vanilla_then_uncompressed_p_and_q_allreduces(run
 def test_localsgd_averages_in_nodes_then_over_the_world_each_round(runs):
     assert_same_on_all_ranks(runs, "localsgd-hier", "buffers")  # BN statistics too
     assert all(o["localsgd-hier"]["steps_per_iteration"] == LOCAL_STEPS for o in runs)
-    float_numel = sum(p.numel() for p in TinyCNN(bn=True).parameters()) + sum(
-        b.numel() for b in TinyCNN(bn=True).buffers() if b.is_floating_point()
+    model = cnn_fmnist_model()
+    float_numel = sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for b in model.buffers() if b.is_floating_point()
     )
     size = 4 * float_numel
     intra_averages = (LOCAL_STEPS - 1) // INTRA_PERIOD
