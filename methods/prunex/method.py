@@ -43,6 +43,7 @@ from suite.errors import BenchError
 from suite.method import RunContext
 
 DEFAULT_CHANNEL_KEEP = 0.5  # paper sec. 5.1.5
+DEFAULT_FREEZE_PATIENCE = 3
 
 
 class PruneX:
@@ -63,7 +64,9 @@ class PruneX:
         self.eps_rel = float(opt("eps_rel", 1e-3))
         self.adaptive = bool(opt("adaptive_rho", True))
         self.freeze_round = opt("freeze_round", None)
-        self.freeze_patience = opt("freeze_patience", None)
+        # The paper freezes "once topological stability is detected" (sec. 4.5; drift reaches
+        # zero within 5-15 rounds): by default, after 3 consecutive unchanged rounds.
+        self.freeze_patience = opt("freeze_patience", DEFAULT_FREEZE_PATIENCE)
         self.bucket_bytes = int(float(opt("bucket_mb", 32.0)) * 2**20)
         self.sharded = opt("leader_mode", "single") == "sharded"
         self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[opt("wire_dtype", "fp32")]
