@@ -276,7 +276,7 @@ class PruneX:
         if not self.frozen and self.constrained:
             masks = self.agree_masks(local_masks)
             drift = sum(self.masks[i].changed_groups(masks[i]) for i in self.constrained)
-            if drift or self.layout is None:
+            if drift:
                 self.layout = None  # the packed shapes changed
             self.masks = masks
             self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
