@@ -7,28 +7,12 @@ they live here once and every method's local compute is timed the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.method import RunContext, average_buffers_for_eval
-
-
-def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous copy of ``tensors``, so a single collective carries them all."""
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def unflatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy ``flat`` back into ``tensors`` (the inverse of :func:`flatten`)."""
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
-        offset += n
 
 
 def broadcast_initial_state(module: nn.Module) -> None:

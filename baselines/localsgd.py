@@ -38,8 +38,8 @@ from torch.distributed.algorithms.model_averaging.hierarchical_model_averager im
 )
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
-from baselines.common import SGDBaseline, broadcast_initial_state, flatten, unflatten_into
-from suite.comm import nbytes
+from baselines.common import SGDBaseline, broadcast_initial_state
+from suite.comm import flatten, nbytes, unflatten_into
 from suite.errors import BenchError
 from suite.method import RunContext
 from suite.registry import METHODS

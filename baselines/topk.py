@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from baselines.common import SGDBaseline, broadcast_initial_state, flatten, unflatten_into
+from baselines.common import SGDBaseline, broadcast_initial_state
+from suite.comm import flatten, unflatten_into
 from suite.errors import BenchError
 from suite.method import RunContext
 from suite.registry import METHODS

@@ -16,9 +16,11 @@ over M nodes moves M * 2(n-1)/n * S bytes across them.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from suite.recorder import Recorder, synchronize
 from suite.topology import CommGroup, Topology
@@ -26,6 +28,22 @@ from suite.topology import CommGroup, Topology
 
 def nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One contiguous copy of ``tensors``, so a single collective carries them all."""
+    return _flatten_dense_tensors(list(tensors))
+
+
+def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped like ``like`` (the inverse of :func:`flatten`)."""
+    return list(_unflatten_dense_tensors(flat, list(like)))
+
+
+def unflatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` back into ``tensors``."""
+    for target, value in zip(tensors, unflatten(flat, tensors)):
+        target.copy_(value)
 
 
 class Communicator:

@@ -1,8 +1,10 @@
 """Per-iteration and per-evaluation records of one rank.
 
-Phase names are stable strings shared by every method and by the reports. Timings are
-seconds of wall clock; on CUDA the device is synchronized around each timed block so the
-number covers the kernels, not just their launch.
+Phase names are stable strings shared by every method and by the reports: local_compute,
+intra_allreduce, projection, mask_sync, pack, inter_allreduce, unpack, broadcast,
+intra_allgather, dual_update (PruneX); allreduce, allgather, compress, decompress (the rest).
+Timings are seconds of wall clock; on CUDA the device is synchronized around each timed
+block so the number covers the kernels, not just their launch.
 """
 
 from __future__ import annotations
@@ -13,22 +15,6 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = (
-    "local_compute",
-    "intra_allreduce",
-    "projection",
-    "mask_sync",
-    "pack",
-    "inter_allreduce",
-    "unpack",
-    "broadcast",
-    "intra_allgather",
-    "dual_update",
-    "allreduce",
-    "allgather",
-    "compress",
-    "decompress",
-)
 LINKS = ("intra", "inter")
 
 

@@ -79,8 +79,10 @@ def evaluate(model: nn.Module, test, world, device: torch.device) -> tuple[float
         logits = model(x)
         loss_sum += nn.functional.cross_entropy(logits, y, reduction="sum").item()
         correct += (logits.argmax(1) == y).sum().item()
-    totals = torch.tensor([correct, loss_sum, float(sl.stop - sl.start)], dtype=torch.float64)
-    dist.all_reduce(totals.to(device) if device.type == "cuda" else totals, group=world.pg)
+    totals = torch.tensor(
+        [correct, loss_sum, float(sl.stop - sl.start)], dtype=torch.float64, device=device
+    )
+    dist.all_reduce(totals, group=world.pg)
     model.train(was_training)
     correct, loss_sum, count = totals.tolist()
     return correct / count, loss_sum / count

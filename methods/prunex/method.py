@@ -38,7 +38,8 @@ from torch import nn
 from methods.prunex import hsadmm
 from methods.prunex.hsadmm import StructuredMask
 from methods.prunex.packing import PackLayout
-from methods.prunex.state import admm_blocks, averaged_buffers, flatten, unflatten
+from methods.prunex.state import admm_blocks, averaged_buffers
+from suite.comm import flatten, unflatten
 from suite.errors import BenchError
 from suite.method import RunContext
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 @dataclass(frozen=True)
@@ -36,11 +35,3 @@ def averaged_buffers(model: nn.Module) -> list[str]:
     """Float buffers (BN running statistics) are model-averaged each round, not ADMM'd:
     the consensus model z needs statistics to be evaluated with."""
     return [name for name, b in model.named_buffers() if b.is_floating_point()]
-
-
-def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return _flatten_dense_tensors(tensors)
-
-
-def unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
-    return list(_unflatten_dense_tensors(flat, like))
