@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -59,6 +60,23 @@ METHOD_OPTIONS: dict[str, tuple[object, str, tuple | None]] = {
 }
 
 
+class IntList(click.ParamType):
+    """``8`` or ``8,16,32,64``: a list of positive integers."""
+
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            numbers = [int(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if not numbers or min(numbers) < 1:
+            self.fail(f"{value!r}: give positive integers", param, ctx)
+        return numbers
+
+
 def option_key(flag: str) -> str:
     return flag.split("/")[0].lstrip("-").replace("-", "_")
 
@@ -107,7 +125,13 @@ def add_method_options(func):
 @click.option("--dataset", default=None, help="fmnist | cifar10 | synthetic (default: workload's)")
 @click.option("--data-dir", default=None, help="dataset directory (default: the dataset's own)")
 @click.option("--download", is_flag=True, help="download the dataset if missing (needs network)")
-@click.option("--gpus", default=4, show_default=True, type=int, help="number of ranks")
+@click.option(
+    "--gpus",
+    default="4",
+    show_default=True,
+    type=IntList(),
+    help="number of ranks (--launcher sim: a list, e.g. 8,16,32,64)",
+)
 @click.option(
     "--gpus-per-node",
     default=None,
@@ -116,11 +140,15 @@ def add_method_options(func):
 )
 @click.option(
     "--launcher",
-    type=click.Choice(["auto", "local", "torchrun"]),
+    type=click.Choice(["auto", "local", "torchrun", "sim"]),
     default="auto",
     show_default=True,
-    help="auto: torchrun inside a torchrun/SLURM job, else local",
+    help="auto: torchrun inside a torchrun/SLURM job, else local; sim: the calibrated "
+    "simulator (no training, see `bench sim`)",
 )
+@click.option("--profile", default=None, help="[sim] hardware profile name or JSON file")
+@click.option("--replay", type=int, default=None, help="[sim] iterations replayed (10)")
+@click.option("--accuracy-from", default=None, help="[sim] real run folder lending its accuracy")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
 @click.option("--iterations", type=int, default=None, help="iterations (PruneX: rounds) to run")
 @click.option("--epochs", type=float, default=None, help="data epochs to run (default: recipe)")
@@ -144,7 +172,17 @@ def run_cmd(**kwargs) -> None:
     from suite.launch import default_local_gpus_per_node, launch_in_job, launch_local
 
     options = {option_key(flag): kwargs.pop(option_key(flag)) for flag in METHOD_OPTIONS}
-    config = RunConfig(options={k: v for k, v in options.items() if v is not None}, **kwargs)
+    sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from")}
+    gpus = kwargs.pop("gpus")
+    options = {k: v for k, v in options.items() if v is not None}
+    if kwargs["launcher"] == "sim":
+        run_simulations([kwargs.pop("method")], gpus, kwargs, options, **sim)
+        return
+    if len(gpus) > 1:
+        fail(BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`"))
+    if any(v is not None for v in sim.values()):
+        fail(BenchError("--profile, --replay and --accuracy-from need --launcher sim"))
+    config = RunConfig(options=options, gpus=gpus[0], **kwargs)
     try:
         launcher = config.launcher
         if launcher == "auto":
@@ -164,7 +202,7 @@ def run_cmd(**kwargs) -> None:
         fail(exc)
 
 
-def validate(config: RunConfig) -> None:
+def validate(config: RunConfig, *, check_data: bool = True) -> None:
     """Catch bad input here, in one line, before any rank is spawned."""
     from suite.registry import METHODS, WORKLOADS, load_builtins
     from suite.topology import check_layout
@@ -183,6 +221,8 @@ def validate(config: RunConfig) -> None:
         value = getattr(config, name)
         if value is not None and value <= 0:
             raise BenchError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not check_data:  # the simulator reads no data
+        return
     load_data(
         config.dataset or workload.dataset,
         data_dir=config.data_dir,
@@ -190,6 +230,90 @@ def validate(config: RunConfig) -> None:
         seed=config.seed,
         synthetic_size=config.synthetic_size,
     )
+
+
+@main.command("sim")
+@click.option("--method", default="prunex,ddp,topk", show_default=True, help="comma list")
+@click.option("--workload", default="resnet152-cifar10", show_default=True)
+@click.option("--dataset", default=None, help="fmnist | cifar10 | synthetic (sizes the epoch)")
+@click.option("--gpus", default="8,16,32,64", show_default=True, type=IntList())
+@click.option("--gpus-per-node", type=int, default=None, help="default: the profile's")
+@click.option("--profile", default="v100-ib100", show_default=True, help="name or JSON file")
+@click.option("--iterations", type=int, default=None, help="iterations (rounds) to simulate")
+@click.option("--epochs", type=float, default=None, help="epochs to simulate (default: recipe)")
+@click.option("--replay", type=int, default=None, help="iterations replayed for real (10)")
+@click.option("--accuracy-from", default=None, help="real run folder whose accuracy to carry")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--tag", default=None)
+@click.option("--batch-size", type=int, default=None, help="per-rank batch (default: recipe)")
+@click.option("--list-profiles", is_flag=True, help="list the shipped profiles and exit")
+@add_method_options
+def sim_cmd(**kwargs) -> None:
+    """Simulate methods at several GPU counts on a hardware profile; no training.
+
+    Each (method, GPU count) replays the method's own step code with collectives priced by
+    alpha-beta models of the profile's links and compute from its calibration, and writes an
+    ordinary run folder marked simulated (every time in it is simulated). Same as
+    `bench run --launcher sim`.
+    """
+    from suite.sim.profile import load_profile, shipped_profiles
+
+    if kwargs.pop("list_profiles"):
+        for name in shipped_profiles():
+            click.echo(f"{name:<16} {load_profile(name).description}")
+        return
+    options = {option_key(flag): kwargs.pop(option_key(flag)) for flag in METHOD_OPTIONS}
+    methods = [m for m in kwargs.pop("method").split(",") if m]
+    gpus = kwargs.pop("gpus")
+    sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from")}
+    kwargs["launcher"] = "sim"
+    run_simulations(methods, gpus, kwargs, {k: v for k, v in options.items() if v}, **sim)
+
+
+def run_simulations(
+    methods: list[str],
+    gpus: list[int],
+    run_kwargs: dict,
+    options: dict,
+    *,
+    profile: str | None,
+    replay: int | None,
+    accuracy_from: str | None,
+) -> None:
+    """One simulated run folder per (method, GPU count)."""
+    from suite.sim.profile import load_profile
+    from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, simulate_run
+
+    try:
+        loaded = load_profile(profile or "v100-ib100")
+        accuracy = borrowed_accuracy(accuracy_from)
+        if replay is not None and replay < 1:
+            raise BenchError(f"--replay must be at least 1, got {replay}")
+        configs = []
+        for method in methods:
+            for n in gpus:
+                config = RunConfig(
+                    **{**run_kwargs, "method": method, "gpus": n, "options": dict(options)}
+                )
+                config.gpus_per_node = config.gpus_per_node or loaded.gpus_per_node
+                if len(methods) * len(gpus) > 1:
+                    config.run_id = None
+                validate(config, check_data=False)
+                configs.append(config)
+        for config in configs:
+            path = simulate_run(
+                config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy
+            )
+            summary = json.loads((path / "summary.json").read_text())
+            click.echo(
+                f"{config.method:<12} {config.gpus:>4} GPUs  "
+                f"{summary['iteration_seconds'] * 1e3:9.1f} ms/iteration  "
+                f"{summary['inter_node_bytes_per_iteration'] / 1e6:9.2f} MB inter/iteration  "
+                f"-> {path}"
+            )
+    except BenchError as exc:
+        fail(exc)
 
 
 if __name__ == "__main__":

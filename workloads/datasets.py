@@ -28,6 +28,9 @@ SPECS = {
     "synthetic": DatasetSpec("synthetic", in_chans=3, image_size=32, num_classes=10),
 }
 
+# train / test split sizes, for the simulator, which sizes epochs without loading the data
+SPLIT_SIZES = {"fmnist": (60000, 10000), "cifar10": (50000, 10000)}
+
 DEFAULT_ROOT = Path("data")  # where --download puts data when --data-dir is not given
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
 FMNIST_MEAN, FMNIST_STD = (0.2860,), (0.3530,)
@@ -40,6 +43,12 @@ def dataset_spec(name: str) -> DatasetSpec:
     if name not in SPECS:
         raise BenchError(f"unknown dataset {name!r}; known: {', '.join(sorted(SPECS))}")
     return replace(SPECS[name])  # a copy: callers may not edit the table
+
+
+def split_sizes(name: str, synthetic_size: tuple[int, int] = (4096, 1024)) -> tuple[int, int]:
+    """(train, test) sample counts of a dataset, without reading it."""
+    dataset_spec(name)  # one-line error for an unknown name
+    return tuple(synthetic_size) if name == "synthetic" else SPLIT_SIZES[name]
 
 
 def load_data(

@@ -1,0 +1,128 @@
+"""Hardware profiles: the numbers the simulator prices a run with, and where each came from.
+
+A profile is a JSON file (``suite/sim/profiles/<name>.json`` ships with the suite; ``bench
+calibrate`` writes new ones). Every number carries a ``source``: a measurement (command, date,
+machine) or a published spec (document, table). Keys:
+
+* ``gpus_per_node``: the node size the profile describes (the default for ``bench sim``);
+* ``links.intra`` / ``links.inter``: ``alpha_s`` (per-message latency) and ``bandwidth_Bps``
+  (per rank for intra, per node interface for inter);
+* ``memory_bandwidth_Bps``: device memory bandwidth, used to price the methods' elementwise
+  phases (projection, pack, unpack, dual update, compress) that a replay measures on the host;
+* ``compute``: seconds per local step (forward, backward, optimizer) measured per
+  ``workload@batch``, else estimated from the model's FLOPs and ``achieved_flops``; and
+  ``backward_fraction``, the share of a step that DDP can overlap with its bucket all-reduces.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from suite.errors import BenchError
+from suite.sim.costmodel import Link
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+
+
+@dataclass
+class Profile:
+    name: str
+    description: str
+    gpus_per_node: int
+    intra: Link
+    inter: Link
+    memory_bandwidth: float
+    backward_fraction: float = 2 / 3
+    achieved_flops: float | None = None
+    steps: dict[str, float] = field(default_factory=dict)  # "workload@batch" -> seconds
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Profile:
+        try:
+            links = data["links"]
+            compute = data.get("compute", {})
+            return cls(
+                name=data["name"],
+                description=data.get("description", ""),
+                gpus_per_node=int(data["gpus_per_node"]),
+                intra=link_from(links["intra"]),
+                inter=link_from(links["inter"]),
+                memory_bandwidth=float(data["memory_bandwidth"]["bandwidth_Bps"]),
+                backward_fraction=float(compute.get("backward_fraction", 2 / 3)),
+                achieved_flops=(
+                    float(compute["achieved_flops"]["value"])
+                    if "achieved_flops" in compute
+                    else None
+                ),
+                steps={k: float(v["seconds"]) for k, v in compute.get("steps", {}).items()},
+                raw=data,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BenchError(f"profile {data.get('name', '?')!r} is malformed: {exc!r}") from None
+
+    def step_seconds(self, workload: str, batch_size: int) -> tuple[float, str]:
+        """Seconds of one local step, and how the number was obtained."""
+        key = f"{workload}@{batch_size}"
+        if key in self.steps:
+            return self.steps[key], f"measured ({key})"
+        if self.achieved_flops:
+            flops = training_flops(workload, batch_size)
+            return flops / self.achieved_flops, (
+                f"estimated: {flops / 1e9:.1f} GFLOP per step (torch.utils.flop_counter) / "
+                f"{self.achieved_flops / 1e12:.2f} TFLOP/s achieved"
+            )
+        known = ", ".join(sorted(self.steps)) or "none"
+        raise BenchError(
+            f"profile {self.name!r} has no compute time for {key} (measured: {known}) and no "
+            f"achieved_flops; run `bench calibrate --workload {workload} --batch-size "
+            f"{batch_size}` on that hardware"
+        )
+
+
+def link_from(entry: dict) -> Link:
+    return Link(float(entry["alpha_s"]), float(entry["bandwidth_Bps"]))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A shipped profile by name (``bench sim --list-profiles``) or a JSON file path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.json"
+    if not path.exists():
+        known = ", ".join(shipped_profiles())
+        raise BenchError(f"no profile {name_or_path!r}; shipped: {known}, or give a JSON path")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BenchError(f"profile {path} is not readable JSON: {exc}") from None
+    return Profile.from_dict(data)
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+@cache
+def training_flops(workload: str, batch_size: int) -> float:
+    """FLOPs of one training step (forward + backward) of the workload's real model at its
+    dataset's input size, counted by torch.utils.flop_counter on the meta device."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from suite.registry import WORKLOADS, load_builtins
+    from workloads.datasets import dataset_spec
+
+    load_builtins()
+    wl = WORKLOADS.get(workload).factory()
+    spec = dataset_spec(wl.dataset)
+    with torch.device("meta"):
+        model = wl.build_model(spec)
+        x = torch.empty(batch_size, spec.in_chans, spec.image_size, spec.image_size)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(x).sum().backward()
+    return float(counter.get_total_flops())

@@ -1,0 +1,436 @@
+"""Simulated runs: a method's own step code, with collectives priced instead of issued.
+
+One process plays global rank 0 (node 0's leader) of an N-rank job on ``gpus_per_node``-rank
+nodes. The method is built exactly as in a real run, from the workload's real model (so every
+buffer has its real size), and its ``step`` runs unchanged; what differs is underneath it:
+
+* ``SimCommunicator`` prices each collective with the alpha-beta models of
+  :mod:`suite.sim.costmodel` on the profile's links, attributes its bytes with the real
+  communicator's ring model, and hands back what N identical replicas would get (a SUM is the
+  tensor times n, a gather n copies), so the method's math and control flow stay valid;
+* ``SimLoader`` has the real shard's steps per epoch but yields tiny stand-in batches (4x4
+  images), because only the shapes of parameters and gradients matter to the schedule;
+* ``SimRecorder`` charges each local step the profile's compute time (measured or estimated),
+  lets collectives issued during the backward pass (DDP's bucket hooks) hide behind up to the
+  profile's backward share of it, and scales the host-measured time of the methods' own
+  elementwise phases (projection, pack, compress, ...) by host / device memory bandwidth.
+
+Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
+ones, so its bytes are the leader's event log re-attributed with that rank's topology. The
+first ``replay`` iterations run for real; later ones repeat the last replayed schedule, which
+is stationary once PruneX's masks are frozen (the manifest says whether they were).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from suite.comm import Communicator, nbytes
+from suite.config import RunConfig
+from suite.errors import BenchError
+from suite.method import RunContext
+from suite.recorder import Recorder
+from suite.registry import METHODS, WORKLOADS, load_builtins
+from suite.results import RunFolder, git_revision, make_run_id, versions, write_json, write_table
+from suite.runner import count_iterations, resolve_recipe
+from suite.sim.costmodel import Link, collective_time
+from suite.sim.profile import Profile
+from suite.summary import summarize
+from suite.topology import CommGroup, Topology, check_layout
+from workloads.datasets import dataset_spec, split_sizes
+
+STAND_IN_SIZE = 4  # spatial size of the stand-in images: every model here pools globally
+STAND_IN_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
+DEFAULT_REPLAY = 10
+UNSUPPORTED = {
+    "localsgd-hier": "torch's model averager builds its own subgroups, which a one-process "
+    "replay cannot stand in for",
+}
+
+
+class SimLoader:
+    """The real shard's ``steps_per_epoch`` and ``batch_size``; stand-in batches."""
+
+    def __init__(self, spec, train_samples: int, world_size: int, batch_size: int, seed: int):
+        shard = train_samples // world_size
+        if shard == 0:
+            raise BenchError(f"{train_samples} training samples cannot fill {world_size} shards")
+        self.batch_size = min(batch_size, shard)
+        self.steps_per_epoch = shard // self.batch_size
+        self.step = 0
+        generator = torch.Generator().manual_seed(seed)
+        shape = (STAND_IN_BATCH, spec.in_chans, STAND_IN_SIZE, STAND_IN_SIZE)
+        self.images = torch.randn(shape, generator=generator)
+        self.labels = torch.randint(spec.num_classes, (STAND_IN_BATCH,), generator=generator)
+
+    def __iter__(self) -> SimLoader:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.step += 1
+        return self.images, self.labels
+
+
+def sim_topology(world_size: int, gpus_per_node: int, rank: int, pg=None) -> Topology:
+    """The topology rank ``rank`` would build, with every group backed by ``pg``."""
+    num_nodes = check_layout(world_size, gpus_per_node)
+    node_ranks = [list(range(n * gpus_per_node, (n + 1) * gpus_per_node)) for n in range(num_nodes)]
+    node, local = divmod(rank, gpus_per_node)
+    leaders = tuple(r[0] for r in node_ranks)
+    return Topology(
+        rank=rank,
+        world_size=world_size,
+        gpus_per_node=gpus_per_node,
+        num_nodes=num_nodes,
+        emulated=True,
+        node_ranks=node_ranks,
+        world=CommGroup("world", tuple(range(world_size)), pg),
+        intra=CommGroup("intra", tuple(node_ranks[node]), pg),
+        inter=CommGroup("inter", leaders, pg) if local == 0 else None,
+        peers=CommGroup("peers", tuple(r[local] for r in node_ranks), pg),
+        hostnames=["simulated"] * world_size,
+    )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One priced collective, as every rank of the job would issue it."""
+
+    kind: str
+    group: str  # world | intra | inter | peers
+    size: int
+    src_position: int | None
+    phase: str
+    seconds: float
+
+
+class SimCommunicator(Communicator):
+    def __init__(self, topology: Topology, recorder: Recorder, device, profile: Profile):
+        super().__init__(topology, recorder, device)
+        self.profile = profile
+        self.events: list[Event] = []
+
+    def link(self, group: CommGroup) -> Link:
+        """The link that paces a ring over ``group``, shared by its concurrent siblings."""
+        nodes = {self.topology.node_of(r) for r in group.ranks}
+        if len(nodes) == 1:
+            return self.profile.intra
+        # sharded leaders: the P peer groups cross each node's interface at the same time
+        flows = self.topology.gpus_per_node if group.name == "peers" else 1
+        return self.profile.inter.shared(flows)
+
+    def price(self, kind: str, group: CommGroup, size: int, *, src=None, phase: str) -> None:
+        Communicator.account(self, kind, group, size, src=src)
+        seconds = collective_time(kind, size, group.size, self.link(group))
+        self.recorder.add_time(phase, seconds)
+        position = None if src is None else group.position(src)
+        self.events.append(Event(kind, group.name, size, position, phase, seconds))
+
+    def account(self, kind: str, group: CommGroup, size: int, *, src: int | None = None) -> None:
+        """Collectives issued inside torch's comm hooks (16-bit DDP, PowerSGD)."""
+        self.price(kind, group, size, src=src, phase="allreduce")
+
+    def all_reduce(self, tensor, group, *, phase, op=dist.ReduceOp.SUM):
+        self.price("all_reduce", group, nbytes(tensor), phase=phase)
+        if op == dist.ReduceOp.SUM:
+            tensor.mul_(group.size)  # n identical replicas
+        return tensor
+
+    def all_reduce_async(self, tensor, group, *, phase):
+        self.all_reduce(tensor, group, phase=phase)
+        future = torch.futures.Future()
+        future.set_result(tensor)
+        return future
+
+    def all_gather(self, tensor, group, *, phase):
+        self.price("all_gather", group, nbytes(tensor), phase=phase)
+        return tensor.unsqueeze(0).expand(group.size, *tensor.shape).clone()
+
+    def broadcast(self, tensor, group, *, src, phase):
+        self.price("broadcast", group, nbytes(tensor), src=src, phase=phase)
+        return tensor
+
+
+class SimRecorder(Recorder):
+    """Prices an iteration: compute from the profile, collectives from the cost model."""
+
+    def __init__(
+        self,
+        rank: int,
+        device,
+        loader: SimLoader,
+        *,
+        step_seconds: float,
+        backward_fraction: float,
+        host_scale: float,
+    ):
+        super().__init__(rank, device)
+        self.loader = loader
+        self.step_seconds = step_seconds
+        self.backward_fraction = backward_fraction
+        self.host_scale = host_scale
+        self._compute_depth = 0
+        self._overlappable = 0.0
+        self._steps_at_start = 0
+
+    def begin_iteration(self, iteration: int) -> None:
+        super().begin_iteration(iteration)
+        self._overlappable = 0.0
+        self._steps_at_start = self.loader.step
+
+    @contextmanager
+    def phase(self, name: str):
+        if name == "local_compute":  # priced per step in iteration_seconds
+            self._compute_depth += 1
+            try:
+                yield
+            finally:
+                self._compute_depth -= 1
+        else:
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.add_time(name, (time.perf_counter() - start) * self.host_scale)
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        super().add_time(phase, seconds)
+        if self._compute_depth and phase != "local_compute":
+            self._overlappable += seconds  # issued during backward (DDP bucket hooks)
+
+    @property
+    def steps_this_iteration(self) -> int:
+        return self.loader.step - self._steps_at_start
+
+    def iteration_seconds(self) -> float:
+        compute = self.steps_this_iteration * self.step_seconds
+        self._seconds["local_compute"] = compute
+        hidden = min(self._overlappable, self.backward_fraction * compute)
+        return sum(self._seconds.values()) - hidden
+
+
+def rank_rows(leader_row: dict, events: list[Event], world: int, gpus_per_node: int) -> list[dict]:
+    """Every rank's row of one iteration: the leader's, with bytes and collective times
+    re-derived from the event log on each rank's own groups (leaders-only ones skipped)."""
+    comm_phases = {e.phase for e in events}
+    rows = []
+    for rank in range(world):
+        topo = sim_topology(world, gpus_per_node, rank)
+        recorder = Recorder(rank, torch.device("cpu"))
+        accountant = Communicator(topo, recorder, torch.device("cpu"))
+        recorder.begin_iteration(leader_row["iteration"])
+        seconds = dict.fromkeys(comm_phases, 0.0)
+        for event in events:
+            group = getattr(topo, event.group)
+            if group is None:
+                continue  # the leaders' group: this rank is a follower
+            src = None if event.src_position is None else group.ranks[event.src_position]
+            accountant.account(event.kind, group, event.size, src=src)
+            seconds[event.phase] += event.seconds
+        counted = recorder.end_iteration()
+        row = dict(leader_row, rank=rank)
+        row.update(bytes_intra=counted["bytes_intra"], bytes_inter=counted["bytes_inter"])
+        if rank:
+            row.update({f"t_{phase}": s for phase, s in seconds.items()})
+        rows.append(row)
+    return rows
+
+
+def measure_host_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of a large copy on this host with the current torch thread count (read +
+    write counted), the best of ``repeats``."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes(src) / best
+
+
+def ensure_single_process_group() -> None:
+    """A one-rank gloo world for torch code under the methods (DDP, comm hooks)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+@dataclass
+class Borrowed:
+    """Accuracy a simulated run takes from a named real run."""
+
+    run_id: str
+    final_accuracy: float | None
+    best_accuracy: float | None
+
+
+def borrowed_accuracy(run_dir: str | None) -> Borrowed | None:
+    if run_dir is None:
+        return None
+    summary = RunFolder(run_dir).summary()
+    if summary is None or summary.get("status") != "ok":
+        raise BenchError(f"--accuracy-from {run_dir}: not a finished run folder (no ok summary)")
+    if summary.get("simulated"):
+        raise BenchError(f"--accuracy-from {run_dir}: a simulated run has no accuracy to lend")
+    return Borrowed(
+        summary.get("run_id", Path(run_dir).name),
+        summary.get("final_accuracy"),
+        summary.get("best_accuracy"),
+    )
+
+
+def simulate_run(
+    config: RunConfig,
+    profile: Profile,
+    *,
+    replay: int = DEFAULT_REPLAY,
+    accuracy: Borrowed | None = None,
+    host_memory_bandwidth: float | None = None,
+) -> Path:
+    """Simulate ``config`` (one method, one GPU count) and write its run folder."""
+    if config.method in UNSUPPORTED:
+        why = UNSUPPORTED[config.method]
+        raise BenchError(f"the simulator cannot replay {config.method}: {why}")
+    load_builtins()
+    workload = WORKLOADS.get(config.workload).factory()
+    method_entry = METHODS.get(config.method)
+    gpn = config.gpus_per_node or profile.gpus_per_node
+    num_nodes = check_layout(config.gpus, gpn)
+    dataset = config.dataset or workload.dataset
+    spec = dataset_spec(dataset)
+    train_samples, test_samples = split_sizes(dataset, config.synthetic_size)
+    recipe = resolve_recipe(workload, config)
+    step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
+    host_bw = host_memory_bandwidth or measure_host_memory_bandwidth()
+
+    ensure_single_process_group()
+    device = torch.device("cpu")
+    topology = sim_topology(config.gpus, gpn, rank=0, pg=dist.group.WORLD)
+    loader = SimLoader(spec, train_samples, config.gpus, recipe.batch_size, config.seed)
+    recorder = SimRecorder(
+        0,
+        device,
+        loader,
+        step_seconds=step_seconds,
+        backward_fraction=profile.backward_fraction,
+        host_scale=host_bw / profile.memory_bandwidth,
+    )
+    comm = SimCommunicator(topology, recorder, device, profile)
+    torch.manual_seed(config.seed)
+    model = workload.build_model(spec)
+    ctx = RunContext(config, topology, comm, recorder, workload, recipe, model, loader, device)
+    method = method_entry.factory(ctx)
+    iterations = count_iterations(config, loader, method, recipe)
+
+    rows: list[dict] = []
+    last: list[dict] = []
+    replayed = 0
+    for it in range(iterations):
+        epoch = (it + 1) * method.steps_per_iteration / loader.steps_per_epoch
+        if it < replay:
+            recorder.begin_iteration(it)
+            comm.events.clear()
+            info = method.step(it)
+            extra = {k: v for k, v in info.items() if k not in ("loss", "samples", "converged")}
+            leader = recorder.end_iteration(
+                loss=math.nan,  # the stand-in batches' loss means nothing
+                samples=recorder.steps_this_iteration * loader.batch_size,
+                epoch=epoch,
+                **extra,
+            )
+            last = rank_rows(leader, comm.events, config.gpus, gpn)
+            replayed += 1
+        else:
+            last = [dict(row, iteration=it, epoch=epoch) for row in last]
+        rows.extend(last)
+
+    if config.run_id is None:
+        config.run_id = "sim-" + make_run_id(config.method, config.workload, config.gpus)
+    folder = RunFolder(Path(config.results_dir) / config.run_id)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    stationary = replayed == iterations or (
+        rows[-1].get("frozen", True) is not False and _same_schedule(rows, config.gpus, replayed)
+    )
+    manifest = {
+        "run_id": config.run_id,
+        "config": {**config.__dict__, "dataset": dataset},
+        "recipe": recipe.__dict__,
+        "planned_iterations": iterations,
+        "steps_per_iteration": method.steps_per_iteration,
+        "steps_per_epoch": loader.steps_per_epoch,
+        "train_samples": train_samples,
+        "test_samples": test_samples,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "device": "simulated",
+        "backend": "simulated",
+        "topology": {
+            "world_size": config.gpus,
+            "num_nodes": num_nodes,
+            "gpus_per_node": gpn,
+            "emulated_nodes": False,
+            "node_ranks": topology.node_ranks,
+            "leaders": topology.leaders,
+        },
+        "versions": versions(),
+        "git_revision": git_revision(),
+        "simulated": True,
+        "simulation": {
+            "profile": profile.raw,
+            "step_seconds": step_seconds,
+            "step_seconds_source": step_source,
+            "host_memory_bandwidth_Bps": host_bw,
+            "replayed_iterations": replayed,
+            "stationary_after_replay": stationary,
+            "accuracy_from": accuracy.run_id if accuracy else None,
+        },
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(folder.path / "manifest.json", manifest)
+    frame = _frame(rows)
+    write_table(folder.path / "iterations.parquet", frame)
+    if recorder.layers:
+        write_table(folder.path / "layers.parquet", recorder.layers)
+    summary = summarize(
+        config=config,
+        manifest=manifest,
+        dataset=dataset,
+        iterations_done=iterations,
+        iterations=frame,
+        evals=None,
+        wall_seconds=float(frame.groupby("iteration")["t_iteration"].max().sum()),
+        time_to_target=None,
+        converged=False,
+    )
+    if accuracy is not None:
+        summary.update(
+            final_accuracy=accuracy.final_accuracy,
+            best_accuracy=accuracy.best_accuracy,
+            accuracy_from=accuracy.run_id,
+        )
+    folder.write_summary(summary)
+    return folder.path
+
+
+def _same_schedule(rows: list[dict], world: int, replayed: int) -> bool:
+    """Whether the last two replayed iterations moved the same bytes (a stationary schedule)."""
+    if replayed < 2:
+        return False
+    end = replayed * world
+    a, b = rows[end - 2 * world : end - world], rows[end - world : end]
+    return all(
+        x["bytes_inter"] == y["bytes_inter"] and x["bytes_intra"] == y["bytes_intra"]
+        for x, y in zip(a, b)
+    )
+
+
+def _frame(rows: list[dict]):
+    import pandas as pd
+
+    return pd.DataFrame(rows).sort_values(["iteration", "rank"], kind="stable")
