@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -232,6 +233,93 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
     )
 
 
+@main.command("calibrate")
+@click.option("--workload", default="cnn-fmnist", show_default=True, help="comma list")
+@click.option("--batch-size", type=int, default=None, help="per-rank batch (default: recipe's)")
+@click.option("--gpus", type=int, default=4, show_default=True, help="ranks to measure with")
+@click.option("--gpus-per-node", type=int, default=None, help="default: gpus/2 (two nodes)")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
+@click.option("--sizes", type=IntList(), default=None, help="all-reduce sizes in bytes")
+@click.option("--steps", type=int, default=10, show_default=True, help="timed steps")
+@click.option("--repeats", type=int, default=5, show_default=True, help="timed collectives")
+@click.option("--name", default=None, help="profile name (default: derived from the host)")
+@click.option("--description", default=None)
+@click.option("-o", "--output", default=None, help="profile file (default: profiles/NAME.json)")
+@click.option(
+    "--links-from",
+    default=None,
+    help="profile whose links to use where this layout cannot measure them (one GPU here)",
+)
+def calibrate_cmd(**kwargs) -> None:
+    """Measure compute per step, link latency/bandwidth and memory bandwidth here, and write a
+    hardware profile for `bench sim --profile FILE`."""
+    import socket
+
+    import torch
+
+    from suite.calibrate import build_profile, calibration_plan, run_local, world_check
+    from suite.registry import WORKLOADS, load_builtins
+    from suite.sim.profile import load_profile
+    from suite.topology import check_layout
+
+    try:
+        load_builtins()
+        workloads = [w for w in kwargs["workload"].split(",") if w]
+        batch = kwargs["batch_size"] or WORKLOADS.get(workloads[0]).factory().recipe.batch_size
+        for w in workloads:
+            WORKLOADS.get(w)
+        gpus = kwargs["gpus"]
+        gpn = kwargs["gpus_per_node"] or max(1, gpus // 2)
+        check_layout(gpus, gpn)
+        device = kwargs["device"]
+        if device == "auto":
+            device = "cuda" if torch.cuda.device_count() >= gpus else "cpu"
+        name = kwargs["name"] or f"{socket.gethostname()}-{device}-{gpus // gpn}x{gpn}"
+        plan = calibration_plan(
+            workloads=workloads,
+            batch_size=batch,
+            gpus=gpus,
+            gpus_per_node=gpn,
+            device=device,
+            sizes=kwargs["sizes"],
+            steps=kwargs["steps"],
+            repeats=kwargs["repeats"],
+        )
+        links_from = load_profile(kwargs["links_from"]).raw if kwargs["links_from"] else None
+        output = Path(kwargs["output"] or f"profiles/{name}.json")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        raw_path = output.with_suffix(".raw.json")
+        run_local(plan, raw_path)
+        raw = json.loads(raw_path.read_text())
+        profile = build_profile(
+            raw,
+            plan,
+            name=name,
+            description=kwargs["description"] or f"bench calibrate on {raw['hostname']}",
+            command="bench " + " ".join(sys.argv[1:]),
+            links_from=links_from,
+        )
+        output.write_text(json.dumps(profile, indent=2) + "\n")
+        raw_path.unlink()
+    except BenchError as exc:
+        fail(exc)
+    for link in ("intra", "inter"):
+        entry = profile["links"][link]
+        click.echo(
+            f"{link:<6} alpha {entry['alpha_s'] * 1e6:9.1f} us   "
+            f"bandwidth {entry['bandwidth_Bps'] * 8 / 1e9:8.3f} Gbit/s"
+        )
+    for key, entry in profile["compute"]["steps"].items():
+        click.echo(f"step   {key:<28} {entry['seconds'] * 1e3:9.2f} ms")
+    click.echo(f"memory {profile['memory_bandwidth']['bandwidth_Bps'] / 1e9:9.2f} GB/s")
+    for size, measured, predicted in world_check(profile, gpus):
+        click.echo(
+            f"world all-reduce {size:>9} B: measured {measured * 1e3:8.2f} ms, "
+            f"model {predicted * 1e3:8.2f} ms"
+        )
+    click.echo(f"profile: {output}")
+
+
 @main.command("sim")
 @click.option("--method", default="prunex,ddp,topk", show_default=True, help="comma list")
 @click.option("--workload", default="resnet152-cifar10", show_default=True)
@@ -302,9 +390,7 @@ def run_simulations(
                 validate(config, check_data=False)
                 configs.append(config)
         for config in configs:
-            path = simulate_run(
-                config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy
-            )
+            path = simulate_run(config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
             summary = json.loads((path / "summary.json").read_text())
             click.echo(
                 f"{config.method:<12} {config.gpus:>4} GPUs  "

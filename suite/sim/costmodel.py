@@ -12,10 +12,9 @@ operations in MPICH", IJHPCA 2005; Patarasuk and Yuan 2009 for the ring all-redu
 * the hierarchical all-reduce (PruneX's leader pattern): intra ring all-reduce, inter ring
   all-reduce among the leaders, intra broadcast.
 
-A ring whose ranks span nodes is paced by its slowest edge, the inter-node one; a node's
-network interface is shared by the concurrent rings that cross it (``sharing``), e.g. the P
-peer groups of sharded leaders each get 1/P of it. A flat ring over contiguous node blocks
-crosses each node's interface once per direction, so ``sharing`` is 1 there.
+A ring whose ranks span nodes is paced by its slowest edge, the inter-node one (which link a
+group's ring gets, and how concurrent rings share a node's interfaces, is decided by the
+simulator's communicator, ``suite.sim.replay.SimCommunicator.link``).
 """
 
 from __future__ import annotations
@@ -29,9 +28,6 @@ class Link:
 
     alpha: float
     bandwidth: float
-
-    def shared(self, flows: int) -> Link:
-        return Link(self.alpha, self.bandwidth / max(1, flows))
 
 
 def ring_allreduce(size: float, n: int, link: Link) -> float:

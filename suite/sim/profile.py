@@ -6,7 +6,8 @@ machine) or a published spec (document, table). Keys:
 
 * ``gpus_per_node``: the node size the profile describes (the default for ``bench sim``);
 * ``links.intra`` / ``links.inter``: ``alpha_s`` (per-message latency) and ``bandwidth_Bps``
-  (per rank for intra, per node interface for inter);
+  (per rank for intra, per network interface for inter), and ``links.inter.rails``, the
+  interfaces per node (1; 8 on rail-optimized nodes with a NIC per GPU);
 * ``memory_bandwidth_Bps``: device memory bandwidth, used to price the methods' elementwise
   phases (projection, pack, unpack, dual update, compress) that a replay measures on the host;
 * ``compute``: seconds per local step (forward, backward, optimizer) measured per
@@ -35,6 +36,7 @@ class Profile:
     intra: Link
     inter: Link
     memory_bandwidth: float
+    rails: int = 1  # network interfaces per node (multi-rail nodes: one NIC per GPU)
     backward_fraction: float = 2 / 3
     achieved_flops: float | None = None
     steps: dict[str, float] = field(default_factory=dict)  # "workload@batch" -> seconds
@@ -52,6 +54,7 @@ class Profile:
                 intra=link_from(links["intra"]),
                 inter=link_from(links["inter"]),
                 memory_bandwidth=float(data["memory_bandwidth"]["bandwidth_Bps"]),
+                rails=int(links["inter"].get("rails", 1)),
                 backward_fraction=float(compute.get("backward_fraction", 2 / 3)),
                 achieved_flops=(
                     float(compute["achieved_flops"]["value"])

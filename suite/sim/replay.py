@@ -118,13 +118,18 @@ class SimCommunicator(Communicator):
         self.events: list[Event] = []
 
     def link(self, group: CommGroup) -> Link:
-        """The link that paces a ring over ``group``, shared by its concurrent siblings."""
+        """The link that paces a ring over ``group``: the intra link inside a node, else the
+        node's network interfaces, as many rails as the group has ranks on a node can use,
+        shared by the concurrent sibling rings of sharded leaders."""
         nodes = {self.topology.node_of(r) for r in group.ranks}
         if len(nodes) == 1:
             return self.profile.intra
-        # sharded leaders: the P peer groups cross each node's interface at the same time
-        flows = self.topology.gpus_per_node if group.name == "peers" else 1
-        return self.profile.inter.shared(flows)
+        inter, rails = self.profile.inter, self.profile.rails
+        if group.name == "peers":  # sharded leaders: P concurrent rings share the node's rails
+            procs = self.topology.gpus_per_node
+            return Link(inter.alpha, inter.bandwidth * min(rails, procs) / procs)
+        # one ring (NCCL: one channel per rail) with group.size / nodes ranks on each node
+        return Link(inter.alpha, inter.bandwidth * min(rails, group.size // len(nodes)))
 
     def price(self, kind: str, group: CommGroup, size: int, *, src=None, phase: str) -> None:
         Communicator.account(self, kind, group, size, src=src)

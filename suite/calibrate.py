@@ -1,0 +1,290 @@
+"""``bench calibrate``: measure this hardware and write a simulator profile.
+
+What it measures, on the ranks a real run would have (same launcher, same placement):
+
+* compute: seconds per local step (forward, loss, backward, SGD step) of each workload's real
+  model at the given per-rank batch on synthetic inputs of the dataset's shape, with every
+  rank stepping at once (so CPU ranks sharing cores are measured sharing them), and the
+  backward pass's share of it (what DDP can hide its bucket all-reduces behind);
+* links: all-reduce time over the intra-node groups (all nodes at once) and over the leaders'
+  group, at several buffer sizes; alpha and bandwidth come from a least-squares fit (relative
+  error) of the ring formula ``T = 2(n-1) alpha + 2(n-1)/n S / B``. A flat world all-reduce is
+  measured too and printed beside the model's prediction for it, as a check;
+* memory bandwidth of a large copy on the device.
+
+The profile records every raw measurement and how each number was obtained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from suite.errors import BenchError
+from suite.recorder import synchronize
+from suite.sim.costmodel import Link, ring_allreduce
+
+DEFAULT_SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)  # bytes
+
+
+def step_timings(workload: str, batch_size: int, device: torch.device, steps: int, warmup: int):
+    """Median seconds of (forward+loss, backward, optimizer step) over ``steps`` steps."""
+    from suite.registry import WORKLOADS, load_builtins
+    from workloads.datasets import dataset_spec
+
+    load_builtins()
+    wl = WORKLOADS.get(workload).factory()
+    spec = dataset_spec(wl.dataset)
+    torch.manual_seed(0)
+    model = wl.build_model(spec).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(batch_size, spec.in_chans, spec.image_size, spec.image_size, device=device)
+    y = torch.randint(spec.num_classes, (batch_size,), device=device)
+    loss_fn = nn.CrossEntropyLoss()
+    samples = []
+    for i in range(warmup + steps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        synchronize(device)
+        t1 = time.perf_counter()
+        loss.backward()
+        synchronize(device)
+        t2 = time.perf_counter()
+        optimizer.step()
+        synchronize(device)
+        t3 = time.perf_counter()
+        if i >= warmup:
+            samples.append((t1 - t0, t2 - t1, t3 - t2))
+    return [statistics.median(s[k] for s in samples) for k in range(3)]
+
+
+def memory_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of a large device copy (read + write), the best of ``repeats``."""
+    src = torch.ones(megabytes * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
+
+
+def time_allreduce(group, size: int, device, repeats: int, warmup: int = 2) -> float:
+    tensor = torch.ones(size // 4, device=device)
+    times = []
+    for i in range(warmup + repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def calibration_rank(plan_json: str, out_path: str) -> None:
+    """One rank's part (elastic_launch target and ``python -m suite.calibrate`` entry)."""
+    from suite.topology import build_topology
+
+    plan = json.loads(plan_json)
+    cuda = plan["device"] == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    try:
+        topo = build_topology(plan["gpus_per_node"])
+        result = {"hostname": socket.gethostname(), "compute": {}, "links": {}}
+        for workload in plan["workloads"]:
+            dist.barrier()
+            fwd, bwd, opt = step_timings(
+                workload, plan["batch_size"], device, plan["steps"], plan["warmup"]
+            )
+            mine = torch.tensor([fwd, bwd, opt], dtype=torch.float64, device=device)
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank paces a step
+            result["compute"][workload] = mine.tolist()
+        result["memory_bandwidth"] = memory_bandwidth(device)
+        for name in ("intra", "inter", "world"):
+            group = {"intra": topo.intra, "inter": topo.inter, "world": topo.world}[name]
+            rows = []
+            for size in plan["sizes"]:
+                dist.barrier()
+                seconds = float("nan")
+                if group is not None and group.size > 1:
+                    seconds = time_allreduce(group.pg, size, device, plan["repeats"])
+                rows.append([size, seconds])
+            result["links"][name] = {"n": group.size if group else 0, "times": rows}
+        if topo.rank == 0:
+            Path(out_path).write_text(json.dumps(result))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def fit_ring(times: list[list[float]], n: int) -> tuple[Link, float]:
+    """alpha and bandwidth of the ring all-reduce formula, fitted to (size, seconds) pairs by
+    least squares on relative error; returns the link and the worst relative residual."""
+    sizes = np.array([s for s, t in times if np.isfinite(t)], dtype=float)
+    secs = np.array([t for s, t in times if np.isfinite(t)], dtype=float)
+    if len(sizes) < 2:
+        raise BenchError("need at least two buffer sizes to fit a link")
+    slope, intercept = np.polyfit(sizes, secs, 1, w=1 / secs)
+    steps = 2 * (n - 1)
+    alpha = max(float(intercept), 0.0) / steps
+    bandwidth = steps / n / float(slope)
+    link = Link(alpha, bandwidth)
+    predicted = np.array([ring_allreduce(s, n, link) for s in sizes])
+    return link, float(np.max(np.abs(predicted - secs) / secs))
+
+
+def build_profile(
+    raw: dict,
+    plan: dict,
+    *,
+    name: str,
+    description: str,
+    command: str,
+    links_from: dict | None = None,
+) -> dict:
+    """The profile JSON from the ranks' raw measurements; links that cannot be measured with
+    this layout (one node, or one rank per node) are taken from ``links_from``."""
+    stamp = time.strftime("%Y-%m-%d")
+    where = f"`{command}` on {raw['hostname']} ({plan['device']}), {stamp}"
+    links = {}
+    for link_name in ("intra", "inter"):
+        entry = raw["links"][link_name]
+        if entry["n"] < 2:
+            if links_from is None:
+                raise BenchError(
+                    f"cannot measure {link_name}-node links with {plan['gpus']} ranks at "
+                    f"{plan['gpus_per_node']} per node (need 2+ nodes of 2+ ranks); give "
+                    "--links-from PROFILE to take them from a published profile"
+                )
+            links[link_name] = dict(links_from["links"][link_name])
+            links[link_name]["source"] = (
+                f"from profile {links_from['name']!r}: " + links[link_name]["source"]
+            )
+            continue
+        link, worst = fit_ring(entry["times"], entry["n"])
+        links[link_name] = {
+            "alpha_s": link.alpha,
+            "bandwidth_Bps": link.bandwidth,
+            "source": f"measured: fit of all-reduce times over {entry['n']} ranks, worst "
+            f"relative residual {worst:.1%}; {where}",
+            "measurements": entry["times"],
+        }
+    steps = {}
+    backward = []
+    for workload, (fwd, bwd, opt) in raw["compute"].items():
+        total = fwd + bwd + opt
+        backward.append(bwd / total)
+        steps[f"{workload}@{plan['batch_size']}"] = {
+            "seconds": total,
+            "forward_s": fwd,
+            "backward_s": bwd,
+            "optimizer_s": opt,
+            "source": f"measured: median of {plan['steps']} steps, slowest of "
+            f"{plan['gpus']} ranks stepping at once; {where}",
+        }
+    return {
+        "name": name,
+        "description": description,
+        "gpus_per_node": (links_from or {}).get("gpus_per_node", plan["gpus_per_node"])
+        if plan["gpus"] == 1
+        else plan["gpus_per_node"],
+        "links": links,
+        "memory_bandwidth": {
+            "bandwidth_Bps": raw["memory_bandwidth"],
+            "source": f"measured: 256 MiB device copy, read + write; {where}",
+        },
+        "compute": {
+            "backward_fraction": float(np.mean(backward)),
+            "backward_fraction_source": "measured: backward / step time, mean over workloads",
+            "steps": steps,
+        },
+        "world_check": raw["links"]["world"],
+        "network": plan.get("network", {"mode": "loopback"}),
+    }
+
+
+def world_check(profile: dict, gpus: int) -> list[tuple[int, float, float]]:
+    """(size, measured, predicted) for the flat world all-reduce, priced like the simulator
+    prices DDP's: a ring paced by the inter-node link."""
+    inter = Link(profile["links"]["inter"]["alpha_s"], profile["links"]["inter"]["bandwidth_Bps"])
+    return [
+        (int(size), seconds, ring_allreduce(size, gpus, inter))
+        for size, seconds in profile["world_check"]["times"]
+        if seconds == seconds  # NaN: not measurable with this layout
+    ]
+
+
+def calibration_plan(
+    *,
+    workloads: list[str],
+    batch_size: int,
+    gpus: int,
+    gpus_per_node: int,
+    device: str,
+    sizes: list[int] | None = None,
+    steps: int = 10,
+    warmup: int = 3,
+    repeats: int = 5,
+) -> dict:
+    return {
+        "workloads": workloads,
+        "batch_size": batch_size,
+        "gpus": gpus,
+        "gpus_per_node": gpus_per_node,
+        "device": device,
+        "sizes": list(sizes or DEFAULT_SIZES),
+        "steps": steps,
+        "warmup": warmup,
+        "repeats": repeats,
+    }
+
+
+def run_local(plan: dict, out_path: Path) -> None:
+    """Run the calibration ranks on this machine through torch's elastic launcher."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from suite.launch import quiet_launcher_logs
+
+    if plan["device"] == "cpu":
+        os.environ["OMP_NUM_THREADS"] = "1"
+    quiet_launcher_logs()
+    launch = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=plan["gpus"],
+        run_id=f"calibrate-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    elastic_launch(launch, calibration_rank)(json.dumps(plan), str(out_path))
+
+
+if __name__ == "__main__":  # a rank under torchrun (emulated network namespaces)
+    import sys
+
+    calibration_rank(Path(sys.argv[1]).read_text(), sys.argv[2])
