@@ -31,6 +31,11 @@ METHOD_OPTIONS: dict[str, tuple[object, str, tuple | None]] = {
     "--rho-max": (float, "[prunex*] cap on adaptive penalties (10)", POSITIVE),
     "--freeze-round": (int, "[prunex*] freeze masks after this round", AT_LEAST_1),
     "--freeze-patience": (int, "[prunex*] freeze after N unchanged rounds (3)", AT_LEAST_1),
+    "--masks-from": (
+        click.Path(exists=True),
+        "[prunex*] start from the masks of a PruneX run folder (or masks.pt), frozen",
+        None,
+    ),
     "--bucket-mb": (float, "[prunex] inter-node packing bucket size in MiB (32)", POSITIVE),
     "--eps-abs": (float, "[prunex*] stop once Boyd's residual tests pass (never)", POSITIVE),
     "--eps-rel": (float, "[prunex*] relative residual tolerance (1e-3)", POSITIVE),

@@ -47,6 +47,32 @@ DEFAULT_CHANNEL_KEEP = 0.5  # paper sec. 5.1.5
 DEFAULT_FREEZE_PATIENCE = 3
 
 
+def load_masks(path: str, blocks, constrained: list[int], device) -> dict[int, StructuredMask]:
+    """The structured masks a PruneX run saved (its folder's masks.pt, or the file itself)."""
+    from pathlib import Path
+
+    file = Path(path) / "masks.pt" if Path(path).is_dir() else Path(path)
+    try:
+        saved = torch.load(file, map_location=device, weights_only=True)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise BenchError(f"--masks-from {path}: cannot read {file} ({exc})") from None
+    masks = {}
+    for i in constrained:
+        entry = saved.get(blocks[i].name)
+        if entry is None:
+            raise BenchError(f"--masks-from {file} has no mask for layer {blocks[i].name}")
+        mask = StructuredMask(
+            entry["filters"].bool(), entry["channels"].bool(), entry["shape"].bool()
+        )
+        if mask.weight_shape != tuple(blocks[i].shape):
+            raise BenchError(
+                f"--masks-from {file}: layer {blocks[i].name} has shape {mask.weight_shape}, "
+                f"this model's is {tuple(blocks[i].shape)}"
+            )
+        masks[i] = mask
+    return masks
+
+
 class PruneX:
     def __init__(self, ctx: RunContext, *, hierarchical: bool):
         self.ctx = ctx
@@ -115,6 +141,11 @@ class PruneX:
         )
         self.batches = iter(ctx.loader)
         self.loss_fn = nn.CrossEntropyLoss()
+        masks_from = opt("masks_from", None)
+        if masks_from is not None:  # retrain a known structure: frozen from round 0
+            self.masks = load_masks(masks_from, self.blocks, self.constrained, ctx.device)
+            self.frozen = True
+            self.restrict_to_support()
 
     # ------------------------------------------------------------------ round phases
     def local_compute(self) -> tuple[float, int]:

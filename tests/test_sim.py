@@ -1,0 +1,182 @@
+"""The simulator: cost models against step-by-step executions of the algorithms they price,
+the link each group is priced on, DDP's overlap rule, and simulated bytes equal to the bytes
+real 2 x 2 runs of the same methods record."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from suite.sim.costmodel import (
+    Link,
+    chain_broadcast,
+    hierarchical_allreduce,
+    ring_allgather,
+    ring_allreduce,
+)
+from suite.sim.profile import Profile
+from suite.sim.replay import SimCommunicator, sim_topology
+
+BENCH = [sys.executable, "-m", "suite.cli"]
+SLOW_LINK = Link(alpha=1e-4, bandwidth=1e8)
+
+
+def bench(*args):
+    env = {**os.environ, "PRUNEX_PROGRESS": "0"}
+    return subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def stepwise_ring_allreduce(values: torch.Tensor, link: Link) -> tuple[torch.Tensor, float]:
+    """Run a ring all-reduce chunk by chunk on real data (reduce-scatter, then all-gather),
+    every rank sending one chunk to its successor per step; returns the result and the time
+    (a step costs alpha plus the chunk over the link: all ranks send at once)."""
+    n = values.shape[0]
+    chunks = list(values.clone().chunk(n, dim=1))  # chunks[c][rank]
+    elapsed = 0.0
+    for step in range(n - 1):  # reduce-scatter
+        sent = [(r, (r - step) % n) for r in range(n)]
+        payload = {(r, c): chunks[c][r].clone() for r, c in sent}
+        for r, c in sent:
+            chunks[c][(r + 1) % n] += payload[(r, c)]
+        elapsed += link.alpha + chunks[0][0].numel() * 4 / link.bandwidth
+    for step in range(n - 1):  # all-gather of the reduced chunks
+        sent = [(r, (r + 1 - step) % n) for r in range(n)]
+        payload = {(r, c): chunks[c][r].clone() for r, c in sent}
+        for r, c in sent:
+            chunks[c][(r + 1) % n] = payload[(r, c)]
+        elapsed += link.alpha + chunks[0][0].numel() * 4 / link.bandwidth
+    return torch.cat(chunks, dim=1), elapsed
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_ring_allreduce_matches_a_stepwise_ring(n):
+    values = torch.randn(n, 64 * n)  # row r: rank r's buffer of 64n fp32 values
+    reduced, elapsed = stepwise_ring_allreduce(values, SLOW_LINK)
+    assert torch.allclose(reduced, values.sum(0).expand(n, -1), atol=1e-5)
+    assert ring_allreduce(values[0].numel() * 4, n, SLOW_LINK) == pytest.approx(elapsed)
+
+
+def test_allgather_broadcast_and_hierarchy_closed_forms():
+    piece, n = 1000.0, 5
+    assert ring_allgather(piece, n, SLOW_LINK) == pytest.approx(4 * (1e-4 + piece / 1e8))
+    # pipelined chain: k chunks through n-1 hops take (n - 2 + k) chunk-steps; alpha = 0 and
+    # many chunks approach the closed form's bandwidth term S/B
+    size, k = 1e6, 10_000
+    chunked = (n - 2 + k) * (size / k) / SLOW_LINK.bandwidth
+    assert chain_broadcast(size, n, Link(0.0, 1e8)) == pytest.approx(chunked, rel=1e-3)
+    assert chain_broadcast(size, 1, SLOW_LINK) == 0.0
+    fast = Link(1e-6, 1e10)
+    assert hierarchical_allreduce(size, 4, 3, fast, SLOW_LINK) == pytest.approx(
+        ring_allreduce(size, 4, fast)
+        + ring_allreduce(size, 3, SLOW_LINK)
+        + chain_broadcast(size, 4, fast)
+    )
+
+
+def test_groups_are_priced_on_their_links():
+    intra, inter = Link(1e-6, 1e11), Link(1e-5, 1e10)
+    profile = Profile("t", "", 4, intra, inter, memory_bandwidth=1e11, rails=2)
+    topo = sim_topology(16, 4, rank=0)
+    comm = SimCommunicator(topo, recorder=None, device=torch.device("cpu"), profile=profile)
+    assert comm.link(topo.intra) == intra
+    assert comm.link(topo.inter) == inter  # one leader per node: one rail
+    assert comm.link(topo.world) == Link(1e-5, 2e10)  # 4 ranks per node use both rails
+    assert comm.link(topo.peers) == Link(1e-5, 1e10 * 2 / 4)  # 4 rings share 2 rails
+
+
+def write_profile(tmp_path, inter_bandwidth: float) -> str:
+    profile = {
+        "name": "test",
+        "gpus_per_node": 2,
+        "links": {
+            "intra": {"alpha_s": 1e-6, "bandwidth_Bps": 1e10},
+            "inter": {"alpha_s": 1e-5, "bandwidth_Bps": inter_bandwidth},
+        },
+        "memory_bandwidth": {"bandwidth_Bps": 1e10},
+        "compute": {"backward_fraction": 0.5, "steps": {"cnn-fmnist@8": {"seconds": 0.1}}},
+    }
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    return str(path)
+
+
+SMALL = ["--workload", "cnn-fmnist", "--dataset", "synthetic", "--batch-size", "8"]
+
+
+def simulate(tmp_path, profile, *args) -> pd.DataFrame:
+    out = tmp_path / "sim"
+    proc = bench("sim", *SMALL, "--profile", profile, "--results-dir", str(out), *args)
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["simulated"] is True and summary["final_accuracy"] is None
+    return pd.read_parquet(folder / "iterations.parquet")
+
+
+def test_ddp_buckets_hide_behind_backward_up_to_its_share(tmp_path):
+    """t_iteration = compute + allreduce - min(allreduce, backward share of compute)."""
+    for bandwidth in (1e10, 1e6):  # comm shorter, then longer, than the backward pass
+        rows = simulate(
+            tmp_path / str(bandwidth),
+            write_profile(tmp_path, bandwidth),
+            "--method",
+            "ddp",
+            "--gpus",
+            "4",
+            "--gpus-per-node",
+            "2",
+            "--iterations",
+            "2",
+        )
+        row = rows.iloc[0]
+        hidden = min(row.t_allreduce, 0.5 * row.t_local_compute)
+        assert row.t_local_compute == pytest.approx(0.1)
+        assert row.t_iteration == pytest.approx(0.1 + row.t_allreduce - hidden)
+    assert row.t_allreduce > 0.05  # the slow link could not hide
+
+
+def real_run(tmp_path, *args) -> tuple[pd.DataFrame, str]:
+    out = tmp_path / "real"
+    proc = bench(
+        "run", *SMALL, "--gpus", "4", "--gpus-per-node", "2", "--results-dir", str(out), *args
+    )
+    assert proc.returncode == 0, proc.stderr
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    return pd.read_parquet(folder / "iterations.parquet"), str(folder)
+
+
+BYTES = ["iteration", "rank", "bytes_intra", "bytes_inter"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "method, extra",
+    [("ddp", []), ("topk-hier", []), ("prunex", ["--local-steps", "2", "--freeze-round", "2"])],
+)
+def test_simulated_bytes_equal_a_real_2x2_run(tmp_path, method, extra):
+    real, folder = real_run(tmp_path, "--method", method, "--iterations", "4", *extra)
+    sim_args = ["--method", method, "--gpus", "4", "--gpus-per-node", "2", "--iterations", "4"]
+    if method == "prunex":  # the real masks froze after round 2; replay with them
+        sim_args += ["--local-steps", "2", "--masks-from", folder]
+        real = real[real.iteration >= 2]
+    sim = simulate(tmp_path, write_profile(tmp_path, 1e9), *sim_args)
+    sim = sim[sim.iteration.isin(real.iteration.unique())]
+    pd.testing.assert_frame_equal(
+        real[BYTES].reset_index(drop=True), sim[BYTES].reset_index(drop=True), check_dtype=False
+    )
+    assert real.bytes_inter.sum() > 0
+
+
+def test_bad_simulator_input_is_one_line(tmp_path):
+    for args, expected in [
+        (["--profile", "nope"], "no profile 'nope'"),
+        (["--method", "localsgd-hier"], "cannot replay localsgd-hier"),
+        (["--gpus", "6", "--gpus-per-node", "4"], "not divisible"),
+    ]:
+        proc = bench("sim", *SMALL, "--results-dir", str(tmp_path), "--iterations", "1", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
