@@ -152,6 +152,15 @@ def add_method_options(func):
     help="auto: torchrun inside a torchrun/SLURM job, else local; sim: the calibrated "
     "simulator (no training, see `bench sim`)",
 )
+@click.option(
+    "--network",
+    type=click.Choice(["loopback", "emulated"]),
+    default="loopback",
+    show_default=True,
+    help="emulated: each node in its own network namespace, inter-node links rate-limited "
+    "to --inter-bw with tc (Linux, root, iproute2)",
+)
+@click.option("--inter-bw", default=None, help="[emulated] inter-node link rate, e.g. 1gbit")
 @click.option("--profile", default=None, help="[sim] hardware profile name or JSON file")
 @click.option("--replay", type=int, default=None, help="[sim] iterations replayed (10)")
 @click.option("--accuracy-from", default=None, help="[sim] real run folder lending its accuracy")
@@ -175,7 +184,12 @@ def run_cmd(**kwargs) -> None:
     Method options are tagged with the methods that read them; [prunex*] means prunex and
     prunex-flat.
     """
-    from suite.launch import default_local_gpus_per_node, launch_in_job, launch_local
+    from suite.launch import (
+        default_local_gpus_per_node,
+        launch_emulated,
+        launch_in_job,
+        launch_local,
+    )
 
     options = {option_key(flag): kwargs.pop(option_key(flag)) for flag in METHOD_OPTIONS}
     sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from")}
@@ -199,7 +213,12 @@ def run_cmd(**kwargs) -> None:
         if launcher == "local" and config.gpus_per_node is None:
             config.gpus_per_node = default_local_gpus_per_node(config.gpus)
         validate(config)
-        if launcher == "local":
+        if config.network == "emulated":
+            if launcher != "local":
+                raise BenchError("--network emulated runs with --launcher local")
+            path = launch_emulated(config)
+            click.echo(f"results: {path}")
+        elif launcher == "local":
             path = launch_local(config)
             click.echo(f"results: {path}")
         else:
@@ -219,6 +238,17 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
     workload = WORKLOADS.get(config.workload).factory()
     if config.gpus_per_node is not None:
         check_layout(config.gpus, config.gpus_per_node)
+    if config.inter_bw is not None and config.network != "emulated":
+        raise BenchError("--inter-bw needs --network emulated")
+    if config.network == "emulated":
+        from suite.netemu import check_privileges, parse_rate
+
+        if config.inter_bw is None:
+            raise BenchError("--network emulated needs --inter-bw, e.g. 1gbit or 200mbit")
+        parse_rate(config.inter_bw)
+        if config.gpus_per_node is None or config.gpus // config.gpus_per_node < 2:
+            raise BenchError("--network emulated needs at least two nodes (--gpus-per-node)")
+        check_privileges()
     for flag, (_, _, valid) in METHOD_OPTIONS.items():
         value = config.options.get(option_key(flag))
         if valid is not None and value is not None and not valid[0](value):
@@ -236,6 +266,17 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
         seed=config.seed,
         synthetic_size=config.synthetic_size,
     )
+
+
+@main.command("net-cleanup")
+def net_cleanup_cmd() -> None:
+    """Delete network namespaces left by an emulated run whose parent was killed (SIGKILL
+    cannot be caught; every other ending cleans up by itself)."""
+    from suite.netemu import delete_namespaces, leftover_namespaces
+
+    left = leftover_namespaces()
+    delete_namespaces(left)
+    click.echo(f"removed {len(left)} namespace(s)" + (f": {' '.join(left)}" if left else ""))
 
 
 @main.command("calibrate")

@@ -33,6 +33,9 @@ class RunConfig:
     momentum: float | None = None
     weight_decay: float | None = None
     synthetic_size: tuple[int, int] = (4096, 1024)
+    # loopback, or emulated nodes with rate-limited inter-node links (suite.netemu)
+    network: str = "loopback"
+    inter_bw: str | None = None
     # method options, keyed by option name (e.g. "channel_keep"); methods read what they use
     options: dict = field(default_factory=dict)
 

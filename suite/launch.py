@@ -8,6 +8,7 @@ process is one of them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -84,20 +85,55 @@ def launch_local(config: RunConfig) -> Path:
     try:
         elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
     except (ChildFailedError, KeyboardInterrupt) as exc:
-        reason = first_rank_error(folder) or (
-            "interrupted" if isinstance(exc, KeyboardInterrupt) else "a rank exited abnormally"
-        )
-        folder.mark_failed(
-            reason,
-            run_id=config.run_id,
-            method=config.method,
-            workload=config.workload,
-            gpus=config.gpus,
-            gpus_per_node=config.gpus_per_node,
-            options=config.options,
-        )
-        raise BenchError(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
+        fail_run(folder, config, interrupted=isinstance(exc, KeyboardInterrupt))
     return folder.path
+
+
+def launch_emulated(config: RunConfig) -> Path:
+    """Spawn the ranks in emulated nodes (network namespaces) whose links are rate-limited;
+    the namespaces exist only for the run's duration (see suite.netemu)."""
+    from suite.netemu import check_privileges, emulated_cluster, parse_rate, run_module_in_cluster
+
+    rate = parse_rate(config.inter_bw)
+    check_privileges()
+    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
+    config.device = "cpu"  # gloo over the emulated links
+    folder = RunFolder(Path(config.results_dir) / config.run_id).create()
+    nodes = config.gpus // config.gpus_per_node
+    try:
+        with emulated_cluster(nodes, rate, config.run_id) as cluster:
+            (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
+            config_file = folder.path / "config.json"
+            config_file.write_text(config.to_json())
+            code = run_module_in_cluster(
+                cluster,
+                config.gpus_per_node,
+                "suite.rank_entry",
+                [str(config_file), str(folder.path)],
+                folder.path / "launcher",
+            )
+    except KeyboardInterrupt:
+        fail_run(folder, config, interrupted=True)
+    if code:
+        fail_run(folder, config, interrupted=False)
+    return folder.path
+
+
+def fail_run(folder: RunFolder, config: RunConfig, *, interrupted: bool) -> None:
+    """Mark the run failed with the first rank's reason (keeping every flushed row), raise."""
+    reason = first_rank_error(folder) or (
+        "interrupted" if interrupted else "a rank exited abnormally"
+    )
+    folder.mark_failed(
+        reason,
+        run_id=config.run_id,
+        method=config.method,
+        workload=config.workload,
+        gpus=config.gpus,
+        gpus_per_node=config.gpus_per_node,
+        options=config.options,
+    )
+    raise BenchError(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
 
 
 def quiet_launcher_logs() -> None:

@@ -37,6 +37,7 @@ from suite.results import (
 )
 from suite.summary import summarize
 from suite.topology import Topology, build_topology
+from suite.wire import WireCounters
 from workloads.base import TensorData
 from workloads.datasets import load_data
 from workloads.sharding import ShardedLoader, eval_slice
@@ -169,6 +170,7 @@ class Run:
     manifest: dict
     iterations: int
     eval_every: int
+    wire: WireCounters | None = None  # node's shaped interface, read on local rank 0
 
 
 @dataclass
@@ -228,12 +230,18 @@ def setup(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
         "git_revision": git_revision(),
         "hardware": hardware(),
         "simulated": False,
+        "network": network_description(folder, config),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if rank == 0:
         write_json(folder.path / "manifest.json", manifest)
         folder.write_summary({"run_id": manifest["run_id"], "status": "running"})
     eval_every = config.eval_every or max(1, iterations // 10)
+    wire = None
+    if config.network == "emulated" and topology.local_rank == 0:
+        from suite.netemu import INTERFACE
+
+        wire = WireCounters(INTERFACE)
     return Run(
         config,
         device,
@@ -246,7 +254,17 @@ def setup(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
         manifest,
         iterations,
         eval_every,
+        wire,
     )
+
+
+def network_description(folder: RunFolder, config: RunConfig) -> dict:
+    """What the links were: loopback, or the emulated cluster's rates (written by the
+    launcher beside the run)."""
+    described = folder.path / "network.json"
+    if config.network == "emulated" and described.exists():
+        return {**json.loads(described.read_text()), "inter_bw": config.inter_bw}
+    return {"mode": config.network}
 
 
 def agree(
@@ -288,9 +306,13 @@ def training_loop(run: Run) -> LoopResult:
     try:
         for it in range(run.iterations):
             recorder.begin_iteration(it)
+            if run.wire is not None:
+                run.wire.start()
             info = method.step(it)
+            wire = run.wire.stop() if run.wire is not None else {}
             loss = float(info["loss"])
             row = recorder.end_iteration(
+                **wire,
                 loss=loss,
                 samples=int(info["samples"]),
                 epoch=loader.step / loader.steps_per_epoch,

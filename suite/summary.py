@@ -62,6 +62,12 @@ def summarize(
             iteration_seconds=float(slowest.mean()),
             phase_seconds=phase_means(iterations),
         )
+        if "wire_tx_bytes" in iterations.columns:  # emulated links: what crossed the wire
+            wire = float(iterations["wire_tx_bytes"].sum())
+            summary.update(
+                wire_inter_bytes_total=wire,
+                wire_to_algorithmic_ratio=wire / inter if inter else None,
+            )
     if evals is not None and len(evals):
         summary["final_accuracy"] = float(evals["accuracy"].iloc[-1])
         summary["best_accuracy"] = float(evals["accuracy"].max())

@@ -1,0 +1,31 @@
+"""Wire truth: the byte counters of the interface a rank's node sends inter-node traffic on.
+
+Inside an emulated node's namespace, /sys/class/net/<iface>/statistics counts every frame
+that crossed the shaped link (headers included), which is what the communicator's
+algorithmic byte model is checked against.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class WireCounters:
+    def __init__(self, interface: str):
+        self.stats = Path("/sys/class/net") / interface / "statistics"
+        self._start = (0, 0)
+
+    def read(self) -> tuple[int, int]:
+        tx = int((self.stats / "tx_bytes").read_text())
+        rx = int((self.stats / "rx_bytes").read_text())
+        return tx, rx
+
+    def start(self) -> None:
+        self._start = self.read()
+
+    def stop(self) -> dict[str, float]:
+        tx, rx = self.read()
+        return {
+            "wire_tx_bytes": float(tx - self._start[0]),
+            "wire_rx_bytes": float(rx - self._start[1]),
+        }
