@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import statistics
 import time
@@ -37,8 +38,8 @@ from suite.sim.costmodel import Link, ring_allreduce
 DEFAULT_SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)  # bytes
 
 
-def step_timings(workload: str, batch_size: int, device: torch.device, steps: int, warmup: int):
-    """Median seconds of (forward+loss, backward, optimizer step) over ``steps`` steps."""
+def training_setup(workload: str, batch_size: int, device: torch.device):
+    """The workload's real model, its optimizer and one synthetic batch of its input shape."""
     from suite.registry import WORKLOADS, load_builtins
     from workloads.datasets import dataset_spec
 
@@ -50,7 +51,12 @@ def step_timings(workload: str, batch_size: int, device: torch.device, steps: in
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(batch_size, spec.in_chans, spec.image_size, spec.image_size, device=device)
     y = torch.randint(spec.num_classes, (batch_size,), device=device)
-    loss_fn = nn.CrossEntropyLoss()
+    return model, optimizer, x, y, nn.CrossEntropyLoss()
+
+
+def step_timings(workload: str, batch_size: int, device: torch.device, steps: int, warmup: int):
+    """Median seconds of (forward+loss, backward, optimizer step) over ``steps`` steps."""
+    model, optimizer, x, y, loss_fn = training_setup(workload, batch_size, device)
     samples = []
     for i in range(warmup + steps):
         synchronize(device)
@@ -68,6 +74,33 @@ def step_timings(workload: str, batch_size: int, device: torch.device, steps: in
         if i >= warmup:
             samples.append((t1 - t0, t2 - t1, t3 - t2))
     return [statistics.median(s[k] for s in samples) for k in range(3)]
+
+
+def overlap_timings(workload, batch_size, device, group, steps: int, warmup: int):
+    """Median seconds of an all-reduce of the model's gradient size over ``group`` alone, and
+    of a training step with that all-reduce running during its backward pass (as DDP's
+    bucket all-reduces do): how much communication the hardware really hides."""
+    model, optimizer, x, y, loss_fn = training_setup(workload, batch_size, device)
+    buffer = torch.ones(sum(p.numel() for p in model.parameters()), device=device)
+    alone, together = [], []
+    for i in range(warmup + steps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(buffer, group=group)
+        synchronize(device)
+        t1 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+        loss.backward()
+        optimizer.step()
+        work.wait()
+        synchronize(device)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            alone.append(t1 - t0)
+            together.append(t2 - t1)
+    return statistics.median(alone), statistics.median(together)
 
 
 def memory_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
@@ -112,13 +145,25 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
     try:
         topo = build_topology(plan["gpus_per_node"])
-        result = {"hostname": socket.gethostname(), "compute": {}, "links": {}}
+        result = {
+            "hostname": socket.gethostname(),
+            "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor(),
+            "torch": torch.__version__,
+            "compute": {},
+            "links": {},
+        }
         for workload in plan["workloads"]:
             dist.barrier()
             fwd, bwd, opt = step_timings(
                 workload, plan["batch_size"], device, plan["steps"], plan["warmup"]
             )
-            mine = torch.tensor([fwd, bwd, opt], dtype=torch.float64, device=device)
+            comm = together = float("nan")
+            if topo.world_size > 1:
+                comm, together = overlap_timings(
+                    workload, plan["batch_size"], device, topo.world.pg, plan["steps"],
+                    plan["warmup"],
+                )  # fmt: skip
+            mine = torch.tensor([fwd, bwd, opt, comm, together], dtype=torch.float64, device=device)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank paces a step
             result["compute"][workload] = mine.tolist()
         result["memory_bandwidth"] = memory_bandwidth(device)
@@ -167,7 +212,8 @@ def build_profile(
     """The profile JSON from the ranks' raw measurements; links that cannot be measured with
     this layout (one node, or one rank per node) are taken from ``links_from``."""
     stamp = time.strftime("%Y-%m-%d")
-    where = f"`{command}` on {raw['hostname']} ({plan['device']}), {stamp}"
+    device = raw.get("device_name") or plan["device"]
+    where = f"`{command}` on {raw['hostname']} ({device}, torch {raw.get('torch', '?')}), {stamp}"
     links = {}
     for link_name in ("intra", "inter"):
         entry = raw["links"][link_name]
@@ -192,10 +238,13 @@ def build_profile(
             "measurements": entry["times"],
         }
     steps = {}
-    backward = []
-    for workload, (fwd, bwd, opt) in raw["compute"].items():
+    backward, overlap = [], []
+    for workload, (fwd, bwd, opt, comm, together) in raw["compute"].items():
         total = fwd + bwd + opt
         backward.append(bwd / total)
+        if comm == comm:  # measured: the share of min(comm, backward) that was hidden
+            hidden = (total + comm - together) / min(comm, bwd)
+            overlap.append(min(1.0, max(0.0, hidden)))
         steps[f"{workload}@{plan['batch_size']}"] = {
             "seconds": total,
             "forward_s": fwd,
@@ -218,6 +267,13 @@ def build_profile(
         "compute": {
             "backward_fraction": float(np.mean(backward)),
             "backward_fraction_source": "measured: backward / step time, mean over workloads",
+            "overlap_efficiency": float(np.mean(overlap)) if overlap else 1.0,
+            "overlap_efficiency_source": (
+                "measured: (step + all-reduce - both at once) / min(all-reduce, backward), "
+                "all-reduce of the gradient size over the world during backward"
+                if overlap
+                else "not measurable with one rank; assumed 1 (full overlap)"
+            ),
             "steps": steps,
         },
         "world_check": raw["links"]["world"],
@@ -282,6 +338,29 @@ def run_local(plan: dict, out_path: Path) -> None:
         start_method="spawn",
     )
     elastic_launch(launch, calibration_rank)(json.dumps(plan), str(out_path))
+
+
+def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:
+    """Run the calibration ranks in emulated nodes whose links are shaped to ``inter_bw``."""
+    from suite.netemu import emulated_cluster, parse_rate, run_module_in_cluster
+
+    if inter_bw is None:
+        raise BenchError("--network emulated needs --inter-bw, e.g. 1gbit or 200mbit")
+    if plan["device"] != "cpu":
+        raise BenchError("--network emulated calibrates CPU ranks (gloo); use --device cpu")
+    rate = parse_rate(inter_bw)
+    nodes = plan["gpus"] // plan["gpus_per_node"]
+    plan_file = out_path.with_suffix(".plan.json")
+    with emulated_cluster(nodes, rate, f"calibrate-{out_path.name}") as cluster:
+        plan["network"] = {**cluster.describe(), "inter_bw": inter_bw}
+        plan_file.write_text(json.dumps(plan))
+        code = run_module_in_cluster(
+            cluster, plan["gpus_per_node"], "suite.calibrate", [str(plan_file), str(out_path)],
+            out_path.parent / "calibrate-logs",
+        )  # fmt: skip
+    plan_file.unlink()
+    if code or not out_path.exists():
+        raise BenchError(f"calibration ranks failed; see {out_path.parent / 'calibrate-logs'}")
 
 
 if __name__ == "__main__":  # a rank under torchrun (emulated network namespaces)

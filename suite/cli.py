@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -71,6 +72,9 @@ class IntList(click.ParamType):
 
     name = "N[,N...]"
 
+    def __init__(self, minimum: int = 1):
+        self.minimum = minimum
+
     def convert(self, value, param, ctx):
         if isinstance(value, list):
             return value
@@ -78,8 +82,8 @@ class IntList(click.ParamType):
             numbers = [int(v) for v in str(value).split(",") if v.strip()]
         except ValueError:
             self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
-        if not numbers or min(numbers) < 1:
-            self.fail(f"{value!r}: give positive integers", param, ctx)
+        if not numbers or min(numbers) < self.minimum:
+            self.fail(f"{value!r}: give integers of at least {self.minimum}", param, ctx)
         return numbers
 
 
@@ -146,12 +150,16 @@ def add_method_options(func):
 )
 @click.option(
     "--launcher",
-    type=click.Choice(["auto", "local", "torchrun", "sim"]),
+    type=click.Choice(["auto", "local", "torchrun", "slurm", "sim"]),
     default="auto",
     show_default=True,
-    help="auto: torchrun inside a torchrun/SLURM job, else local; sim: the calibrated "
-    "simulator (no training, see `bench sim`)",
+    help="auto: torchrun inside a torchrun/SLURM job, else local; slurm: write and sbatch a "
+    "job script; sim: the calibrated simulator (no training, see `bench sim`)",
 )
+@click.option("--dry-run", is_flag=True, help="[slurm] print the sbatch script, submit nothing")
+@click.option("--slurm-partition", default=None, help="[slurm] #SBATCH --partition")
+@click.option("--slurm-account", default=None, help="[slurm] #SBATCH --account")
+@click.option("--slurm-time", default="02:00:00", show_default=True, help="[slurm] time limit")
 @click.option(
     "--network",
     type=click.Choice(["loopback", "emulated"]),
@@ -193,6 +201,9 @@ def run_cmd(**kwargs) -> None:
 
     options = {option_key(flag): kwargs.pop(option_key(flag)) for flag in METHOD_OPTIONS}
     sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from")}
+    slurm = {
+        k: kwargs.pop(k) for k in ("dry_run", "slurm_partition", "slurm_account", "slurm_time")
+    }
     gpus = kwargs.pop("gpus")
     options = {k: v for k, v in options.items() if v is not None}
     if kwargs["launcher"] == "sim":
@@ -205,6 +216,9 @@ def run_cmd(**kwargs) -> None:
     config = RunConfig(options=options, gpus=gpus[0], **kwargs)
     try:
         launcher = config.launcher
+        if launcher == "slurm":
+            submit_slurm(config, **slurm)
+            return
         if launcher == "auto":
             from suite.launch import adopt_slurm_environment
 
@@ -268,6 +282,162 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
     )
 
 
+def submit_slurm(config: RunConfig, *, dry_run, slurm_partition, slurm_account, slurm_time):
+    """Generate the job script for ``config``; print it (--dry-run) or sbatch it."""
+    from suite.slurm import sbatch_script, submit
+
+    if config.gpus_per_node is None:
+        raise BenchError("--launcher slurm needs --gpus-per-node (GPUs on each cluster node)")
+    config.run_id = config.run_id or make_id(config)
+    validate(config, check_data=False)
+    flags = {option_key(flag): flag for flag in METHOD_OPTIONS}
+    script = sbatch_script(
+        config, flags, partition=slurm_partition, account=slurm_account, time_limit=slurm_time
+    )
+    if dry_run:
+        click.echo(script, nl=False)
+    else:
+        click.echo(submit(script, Path(config.results_dir) / config.run_id))
+
+
+def make_id(config: RunConfig) -> str:
+    from suite.results import make_run_id
+
+    return make_run_id(config.method, config.workload, config.gpus)
+
+
+def list_option(kind, flag: str):
+    """Parse ``a,b,c`` into a list of ``kind`` values (for sweep grids)."""
+
+    def convert(ctx, param, value):
+        if value is None:
+            return None
+        items = [v.strip() for v in str(value).split(",") if v.strip()]
+        try:
+            if isinstance(kind, click.ParamType):
+                return [kind.convert(v, param, ctx) for v in items]
+            return [kind(v) for v in items]
+        except (ValueError, click.BadParameter) as exc:
+            raise click.BadParameter(f"{value!r}: {exc}") from None
+
+    return convert
+
+
+def add_sweep_options(func):
+    for flag, (kind, help_text, _) in reversed(METHOD_OPTIONS.items()):
+        key = option_key(flag)
+        if kind is bool:
+            func = click.option(flag, key, default=None, help=help_text)(func)
+        else:
+            func = click.option(
+                flag, key, default=None, callback=list_option(kind, flag),
+                help=help_text + " (comma list)",
+            )(func)  # fmt: skip
+    return func
+
+
+@main.command("sweep")
+@click.option("--method", default="prunex,prunex-flat,ddp,topk", show_default=True,
+              help="comma list")  # fmt: skip
+@click.option("--workload", default="cnn-fmnist", show_default=True)
+@click.option("--dataset", default=None)
+@click.option("--data-dir", default=None)
+@click.option("--gpus", default="4,8", show_default=True, type=IntList())
+@click.option("--gpus-per-node", type=int, default=None, help="default: as bench run")
+@click.option("--seed", default="0", show_default=True, type=IntList(0), help="seeds (repeats)")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
+@click.option("--iterations", type=int, default=None)
+@click.option("--epochs", type=float, default=None)
+@click.option("--eval-every", type=int, default=None)
+@click.option("--target-accuracy", type=float, default=None)
+@click.option("--batch-size", type=int, default=None)
+@click.option("--lr", type=float, default=None)
+@click.option("--network", type=click.Choice(["loopback", "emulated"]), default="loopback")
+@click.option("--inter-bw", default=None, help="[emulated] inter-node link rate")
+@click.option("--results-dir", default="results", show_default=True)
+@click.option("--dry-run", is_flag=True, help="list the cells and exit")
+@add_sweep_options
+def sweep_cmd(**kwargs) -> None:
+    """Run a grid of (method x GPUs x seed x method-option values) into one results
+    directory; re-running it skips the cells already done. Exits 1 if a cell failed."""
+    from suite.launch import default_local_gpus_per_node, launch_emulated, launch_local
+    from suite.sweep import expand, run_cells, summary_lines
+
+    lists = {option_key(f): kwargs.pop(option_key(f)) for f in METHOD_OPTIONS}
+    fixed = {k: v for k, v in lists.items() if v is not None and not isinstance(v, list)}
+    grid = {k: v for k, v in lists.items() if isinstance(v, list)}
+    methods = [m for m in kwargs.pop("method").split(",") if m]
+    gpus, seeds = kwargs.pop("gpus"), kwargs.pop("seed")
+    dry_run = kwargs.pop("dry_run")
+    base = RunConfig(options=fixed, launcher="local", **kwargs)
+    help_text = {option_key(f): h for f, (_, h, _) in METHOD_OPTIONS.items()}
+    cells = expand(base, methods, gpus, seeds, grid, help_text)
+    try:
+        for cell in cells:
+            config = cell.config
+            config.gpus_per_node = config.gpus_per_node or default_local_gpus_per_node(config.gpus)
+            validate(config)
+    except BenchError as exc:
+        fail(exc)
+    if dry_run:
+        for cell in cells:
+            click.echo(f"{cell.run_id}  {cell.config.options}")
+        return
+    launch = launch_emulated if base.network == "emulated" else launch_local
+    run_cells(cells, Path(base.results_dir), launch)
+    for line in summary_lines(cells):
+        click.echo(line)
+    if any(cell.status == "failed" for cell in cells):
+        sys.exit(1)
+
+
+@main.command("compare")
+@click.argument("baseline")
+@click.argument("new")
+@click.option("--max-regression", default="5%", show_default=True,
+              help="allowed worsening per metric, relative (5% or 0.05)")  # fmt: skip
+@click.option("--metric", multiple=True,
+              help="metrics to compare (repeat or comma list): final_accuracy (accuracy), "
+              "iteration_seconds (time), time_to_target_seconds (time-to-target), "
+              "inter_node_bytes_per_iteration (bytes); default: all")  # fmt: skip
+def compare_cmd(baseline, new, max_regression, metric) -> None:
+    """Compare two sets of runs; exit 1 on a regression beyond --max-regression, 2 on bad
+    input. Runs are matched by (method, workload, gpus, options)."""
+    from suite.compare import compare, format_table, load_summaries, parse_metrics, parse_threshold
+
+    try:
+        threshold = parse_threshold(max_regression)
+        metrics = parse_metrics(metric)
+        base, warn_base = load_summaries(baseline)
+        new_runs, warn_new = load_summaries(new)
+    except BenchError as exc:
+        fail(exc)
+    for line in warn_base + warn_new:
+        click.echo(f"warning: {line}", err=True)
+    table, unmatched = compare(base, new_runs, metrics, threshold)
+    click.echo(format_table(table))
+    for side, keys in unmatched.items():
+        for key in keys:
+            click.echo(f"unmatched ({side}): {key}")
+    regressions = table[table.verdict.str.startswith("REGRESSION")] if len(table) else table
+    click.echo(f"{len(regressions)} regression(s) beyond {threshold:.1%}")
+    sys.exit(1 if len(regressions) else 0)
+
+
+@main.command("report")
+@click.argument("results_dir")
+@click.option("-o", "--output", default="reports/latest", show_default=True, help="report folder")
+def report_cmd(results_dir, output) -> None:
+    """Figures (PNG + SVG), report.md and a self-contained report.html from run folders."""
+    from suite.report.render import render
+
+    try:
+        path = render(results_dir, output, echo=click.echo)
+    except BenchError as exc:
+        fail(exc)
+    click.echo(f"report: {path}")
+
+
 @main.command("net-cleanup")
 def net_cleanup_cmd() -> None:
     """Delete network namespaces left by an emulated run whose parent was killed (SIGKILL
@@ -296,6 +466,8 @@ def net_cleanup_cmd() -> None:
     default=None,
     help="profile whose links to use where this layout cannot measure them (one GPU here)",
 )
+@click.option("--network", type=click.Choice(["loopback", "emulated"]), default="loopback")
+@click.option("--inter-bw", default=None, help="[emulated] inter-node link rate, e.g. 1gbit")
 def calibrate_cmd(**kwargs) -> None:
     """Measure compute per step, link latency/bandwidth and memory bandwidth here, and write a
     hardware profile for `bench sim --profile FILE`."""
@@ -303,7 +475,13 @@ def calibrate_cmd(**kwargs) -> None:
 
     import torch
 
-    from suite.calibrate import build_profile, calibration_plan, run_local, world_check
+    from suite.calibrate import (
+        build_profile,
+        calibration_plan,
+        run_emulated,
+        run_local,
+        world_check,
+    )
     from suite.registry import WORKLOADS, load_builtins
     from suite.sim.profile import load_profile
     from suite.topology import check_layout
@@ -335,14 +513,17 @@ def calibrate_cmd(**kwargs) -> None:
         output = Path(kwargs["output"] or f"profiles/{name}.json")
         output.parent.mkdir(parents=True, exist_ok=True)
         raw_path = output.with_suffix(".raw.json")
-        run_local(plan, raw_path)
+        if kwargs["network"] == "emulated":
+            run_emulated(plan, raw_path, kwargs["inter_bw"])
+        else:
+            run_local(plan, raw_path)
         raw = json.loads(raw_path.read_text())
         profile = build_profile(
             raw,
             plan,
             name=name,
             description=kwargs["description"] or f"bench calibrate on {raw['hostname']}",
-            command="bench " + " ".join(sys.argv[1:]),
+            command=shlex.join(["bench", *sys.argv[1:]]),
             links_from=links_from,
         )
         output.write_text(json.dumps(profile, indent=2) + "\n")

@@ -12,7 +12,9 @@ machine) or a published spec (document, table). Keys:
   phases (projection, pack, unpack, dual update, compress) that a replay measures on the host;
 * ``compute``: seconds per local step (forward, backward, optimizer) measured per
   ``workload@batch``, else estimated from the model's FLOPs and ``achieved_flops``; and
-  ``backward_fraction``, the share of a step that DDP can overlap with its bucket all-reduces.
+  ``backward_fraction``, the share of a step that DDP can overlap with its bucket all-reduces,
+  and ``overlap_efficiency``, how much of that overlap the hardware delivers (measured; CPU
+  ranks sharing cores with gloo's threads hide far less than GPUs with NCCL).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Profile:
     memory_bandwidth: float
     rails: int = 1  # network interfaces per node (multi-rail nodes: one NIC per GPU)
     backward_fraction: float = 2 / 3
+    overlap_efficiency: float = 1.0  # share of min(comm, backward) that really hides
     achieved_flops: float | None = None
     steps: dict[str, float] = field(default_factory=dict)  # "workload@batch" -> seconds
     raw: dict = field(default_factory=dict, repr=False)
@@ -56,6 +59,7 @@ class Profile:
                 memory_bandwidth=float(data["memory_bandwidth"]["bandwidth_Bps"]),
                 rails=int(links["inter"].get("rails", 1)),
                 backward_fraction=float(compute.get("backward_fraction", 2 / 3)),
+                overlap_efficiency=float(compute.get("overlap_efficiency", 1.0)),
                 achieved_flops=(
                     float(compute["achieved_flops"]["value"])
                     if "achieved_flops" in compute

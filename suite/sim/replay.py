@@ -11,9 +11,10 @@ buffer has its real size), and its ``step`` runs unchanged; what differs is unde
 * ``SimLoader`` has the real shard's steps per epoch but yields tiny stand-in batches (4x4
   images), because only the shapes of parameters and gradients matter to the schedule;
 * ``SimRecorder`` charges each local step the profile's compute time (measured or estimated),
-  lets collectives issued during the backward pass (DDP's bucket hooks) hide behind up to the
-  profile's backward share of it, and scales the host-measured time of the methods' own
-  elementwise phases (projection, pack, compress, ...) by host / device memory bandwidth.
+  lets collectives issued during the backward pass (DDP's bucket hooks) hide behind the
+  profile's backward share of it as far as its measured overlap efficiency allows, and
+  scales the host-measured time of the methods' own elementwise phases (projection, pack,
+  compress, ...) by host / device memory bandwidth.
 
 Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
 ones, so its bytes are the leader's event log re-attributed with that rank's topology. The
@@ -174,12 +175,14 @@ class SimRecorder(Recorder):
         *,
         step_seconds: float,
         backward_fraction: float,
+        overlap_efficiency: float,
         host_scale: float,
     ):
         super().__init__(rank, device)
         self.loader = loader
         self.step_seconds = step_seconds
         self.backward_fraction = backward_fraction
+        self.overlap_efficiency = overlap_efficiency
         self.host_scale = host_scale
         self._compute_depth = 0
         self._overlappable = 0.0
@@ -217,7 +220,7 @@ class SimRecorder(Recorder):
     def iteration_seconds(self) -> float:
         compute = self.steps_this_iteration * self.step_seconds
         self._seconds["local_compute"] = compute
-        hidden = min(self._overlappable, self.backward_fraction * compute)
+        hidden = self.overlap_efficiency * min(self._overlappable, self.backward_fraction * compute)
         return sum(self._seconds.values()) - hidden
 
 
@@ -325,6 +328,7 @@ def simulate_run(
         loader,
         step_seconds=step_seconds,
         backward_fraction=profile.backward_fraction,
+        overlap_efficiency=profile.overlap_efficiency,
         host_scale=host_bw / profile.memory_bandwidth,
     )
     comm = SimCommunicator(topology, recorder, device, profile)

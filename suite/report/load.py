@@ -1,0 +1,100 @@
+"""Run folders under a results directory, read once, with their tables on demand."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from suite.errors import BenchError
+
+
+@dataclass
+class Run:
+    folder: Path
+    summary: dict
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        return self.summary.get("run_id") or self.folder.name
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.summary.get("simulated"))
+
+    @property
+    def label(self) -> str:
+        """method, GPUs, the options that were set, and (sim) for simulated runs."""
+        s = self.summary
+        options = ",".join(
+            f"{k.replace('_', '-')}={v}" for k, v in sorted((s.get("options") or {}).items())
+        )
+        text = f"{s['method']} {s['gpus']}g" + (f" [{options}]" if options else "")
+        return text + (" (sim)" if self.simulated else "")
+
+    @property
+    def series(self) -> str:
+        """The line a run belongs to in scaling plots: everything but the GPU count."""
+        options = json.dumps(self.summary.get("options") or {}, sort_keys=True)
+        return f"{self.summary['method']} {options if options != '{}' else ''}".strip() + (
+            " (sim)" if self.simulated else ""
+        )
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        return self._tables.get(name)
+
+    @cached_property
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        tables = {}
+        for name in ("iterations", "evals", "layers"):
+            path = self.folder / f"{name}.parquet"
+            if path.exists():
+                try:
+                    tables[name] = pd.read_parquet(path)
+                except (OSError, ValueError):
+                    pass
+        return tables
+
+    @property
+    def epochs(self) -> float | None:
+        return self.summary.get("epochs")
+
+
+def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
+    """Finished (status ok) runs anywhere under ``results_dir``, and a line per run skipped."""
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise BenchError(f"{root} is not a directory of run folders")
+    runs, skipped = [], []
+    for path in sorted(root.rglob("summary.json")):
+        folder = path.parent
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            skipped.append(f"{folder}: unreadable summary.json ({exc.__class__.__name__})")
+            continue
+        if summary.get("status") != "ok":
+            skipped.append(f"{folder}: status {summary.get('status')!r}")
+            continue
+        manifest = {}
+        if (folder / "manifest.json").exists():
+            try:
+                manifest = json.loads((folder / "manifest.json").read_text())
+            except json.JSONDecodeError:
+                pass
+        runs.append(Run(folder, summary, manifest))
+    if not runs:
+        raise BenchError(f"no finished run folders under {root}")
+    return runs, skipped
+
+
+def final_density_of(run: Run) -> float:
+    """Density of the pruned layers at the end (PruneX); 1.0 for dense methods."""
+    frame = run.table("iterations")
+    if frame is not None and "density" in frame and frame["density"].notna().any():
+        return float(frame["density"].dropna().iloc[-1])
+    return 1.0

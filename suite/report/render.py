@@ -1,0 +1,91 @@
+"""report.md and a self-contained report.html around the figures, with the tables behind
+them (also as CSV) and the run ids each one came from."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from suite.report.figures import FIGURES, Skipped
+from suite.report.load import Run, final_density_of, load_runs
+
+
+def summary_table(runs: list[Run]) -> pd.DataFrame:
+    """The report's main table: one row per run."""
+    rows = []
+    for run in runs:
+        s = run.summary
+        epochs = s.get("epochs") or float("nan")
+        rows.append({
+            "run_id": run.run_id,
+            "method": s["method"],
+            "workload": s["workload"],
+            "gpus": s["gpus"],
+            "nodes": s.get("nodes"),
+            "options": ",".join(f"{k}={v}" for k, v in sorted((s.get("options") or {}).items())),
+            "final_acc": s.get("final_accuracy"),
+            "best_acc": s.get("best_accuracy"),
+            "epochs": epochs,
+            "s_per_iter": s.get("iteration_seconds"),
+            "train_s": s.get("train_seconds"),
+            "inter_MB_per_epoch": (s.get("inter_node_bytes_total") or 0) / 1e6 / epochs,
+            "inter_MB_per_iter": (s.get("inter_node_bytes_per_iteration") or 0) / 1e6,
+            "density": final_density_of(run),
+            "simulated": bool(s.get("simulated")),
+        })  # fmt: skip
+    return pd.DataFrame(rows).sort_values(["workload", "method", "gpus"], kind="stable")
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g")
+
+
+def render(results_dir: str | Path, out: str | Path, echo=print) -> Path:
+    """Draw every figure whose data exists into ``out``; returns the report.md path."""
+    runs, skipped_runs = load_runs(results_dir)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for line in skipped_runs:
+        echo(f"skipped run {line}")
+    summary = summary_table(runs)
+    summary.to_csv(out / "summary.csv", index=False)
+    results = [draw(runs, out) for draw in FIGURES]
+    md = [f"# prunex-bench report: {Path(results_dir)}", "",
+          f"{len(runs)} runs. Every number below comes from these run folders.", "",
+          "## Summary", "", _markdown(summary), ""]  # fmt: skip
+    page = [f"<h1>prunex-bench report: {html.escape(str(results_dir))}</h1>",
+            "<h2>Summary</h2>", summary.to_html(index=False, float_format="%.4g")]  # fmt: skip
+    for result in results:
+        if isinstance(result, Skipped):
+            line = f"Skipped: {result.title} ({result.name}): {result.reason}"
+            echo(line)
+            md += [f"## {result.title}", "", line, ""]
+            page += [f"<h2>{html.escape(result.title)}</h2>", f"<p>{html.escape(line)}</p>"]
+            continue
+        result.table.to_csv(out / f"{result.name}.csv", index=False)
+        runs_line = "Runs: " + ", ".join(result.run_ids)
+        md += [f"## {result.title}", "", f"![{result.title}]({result.files[0].name})", "",
+               runs_line + (f". {result.note}." if result.note else ""), "",
+               f"Data: [{result.name}.csv]({result.name}.csv)", "",
+               _markdown(result.table.head(40)), ""]  # fmt: skip
+        png = base64.b64encode(result.files[0].read_bytes()).decode()
+        caption = html.escape(runs_line + (f". {result.note}." if result.note else ""))
+        page += [f"<h2>{html.escape(result.title)}</h2>",
+                 f'<img alt="{result.name}" src="data:image/png;base64,{png}">',
+                 f"<p>{caption}</p>",
+                 result.table.head(40).to_html(index=False, float_format="%.4g")]  # fmt: skip
+    if skipped_runs:
+        md += ["## Runs not included", "", *[f"- {line}" for line in skipped_runs], ""]
+    (out / "report.md").write_text("\n".join(md))
+    style = (
+        "body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:100%}"
+        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
+    )
+    (out / "report.html").write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>prunex-bench report</title>"
+        f"<style>{style}</style></head><body>{''.join(page)}</body></html>"
+    )
+    return out / "report.md"

@@ -1,0 +1,115 @@
+"""``bench run --launcher slurm``: an sbatch script that runs the same ``bench run`` on a
+cluster: N/G nodes, one task per node, each task a torchrun agent for G ranks with c10d
+rendezvous on the allocation's first node. Inside the job every rank is ``bench run
+--launcher torchrun``; nodes are discovered from the hostnames, not emulated."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from suite.config import RunConfig
+from suite.errors import BenchError
+
+RDZV_PORT = 29500
+# RunConfig field -> bench run flag, for the fields a rank must see again
+FLAGS = {
+    "method": "--method",
+    "workload": "--workload",
+    "dataset": "--dataset",
+    "data_dir": "--data-dir",
+    "gpus": "--gpus",
+    "device": "--device",
+    "iterations": "--iterations",
+    "epochs": "--epochs",
+    "eval_every": "--eval-every",
+    "target_accuracy": "--target-accuracy",
+    "seed": "--seed",
+    "results_dir": "--results-dir",
+    "run_id": "--run-id",
+    "tag": "--tag",
+    "batch_size": "--batch-size",
+    "lr": "--lr",
+    "momentum": "--momentum",
+    "weight_decay": "--weight-decay",
+}
+
+
+def rank_arguments(config: RunConfig, method_flags: dict[str, str]) -> list[str]:
+    """``bench run`` arguments that recreate ``config`` on every rank of the job.
+
+    ``method_flags``: option key -> CLI flag (``--adaptive-rho/--fixed-rho`` for booleans).
+    """
+    args = ["run", "--launcher", "torchrun"]
+    for field, flag in FLAGS.items():
+        value = getattr(config, field)
+        if value is not None:
+            args += [flag, str(Path(value).resolve()) if field == "results_dir" else str(value)]
+    if config.download:
+        args.append("--download")
+    for key, value in sorted(config.options.items()):
+        flag = method_flags[key]
+        if "/" in flag:
+            on, off = flag.split("/")
+            args.append(on if value else off)
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def sbatch_script(
+    config: RunConfig,
+    method_flags: dict[str, str],
+    *,
+    partition: str | None = None,
+    account: str | None = None,
+    time_limit: str = "02:00:00",
+    cpus_per_task: int | None = None,
+) -> str:
+    gpn = config.gpus_per_node
+    nodes = config.gpus // gpn
+    run_dir = Path(config.results_dir).resolve() / str(config.run_id)
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=prunex-{config.method}-{config.gpus}g",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpn}",
+        f"#SBATCH --cpus-per-task={cpus_per_task or 8 * gpn}",
+        f"#SBATCH --time={time_limit}",
+        f"#SBATCH --output={run_dir}/slurm-%j.out",
+    ]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if account:
+        lines.append(f"#SBATCH --account={account}")
+    bench = shlex.join(["-m", "suite.cli", *rank_arguments(config, method_flags)])
+    lines += [
+        "",
+        f"# {config.gpus} ranks: {nodes} nodes x {gpn} GPUs, one torchrun agent per node",
+        "set -euo pipefail",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, (cpus_per_task or 8 * gpn) // gpn)}}}",
+        "srun --kill-on-bad-exit=1 python -m torch.distributed.run \\",
+        f'  --nnodes "$SLURM_NNODES" --nproc-per-node {gpn} \\',
+        f'  --rdzv-backend c10d --rdzv-endpoint "$head_node:{RDZV_PORT}" \\',
+        '  --rdzv-id "$SLURM_JOB_ID" \\',
+        f"  {bench}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def submit(script: str, run_dir: Path) -> str:
+    """Write the script beside the run and hand it to sbatch; returns sbatch's reply."""
+    if shutil.which("sbatch") is None:
+        raise BenchError("sbatch not found on PATH; use --dry-run to print the script")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "job.sbatch"
+    path.write_text(script)
+    proc = subprocess.run(["sbatch", str(path)], capture_output=True, text=True)
+    if proc.returncode:
+        raise BenchError(f"sbatch {path} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()

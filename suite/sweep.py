@@ -1,0 +1,150 @@
+"""``bench sweep``: a grid of runs into one results directory, resumable.
+
+Cells are the product of methods, GPU counts, seeds and the values of every method option
+given as a list, except that an option fans out only the methods that read it (the tag in its
+help text: ``--channel-keep 0.3,0.5`` with ``--method prunex,ddp`` is two prunex cells and
+one ddp cell). A cell's run id is derived from its full configuration, so re-running the same
+sweep skips cells whose folder says ``ok``; a failed or interrupted cell's folder is kept,
+renamed ``<id>.failed-<n>``, and the cell runs again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from suite.config import RunConfig
+from suite.errors import BenchError
+from suite.results import RunFolder, write_json
+
+
+def option_readers(help_text: str) -> list[str] | None:
+    """Methods named in an option's help tag, e.g. ``[prunex*]`` -> ["prunex*"]; None if
+    untagged (then every method is assumed to read it)."""
+    match = re.match(r"\s*\[([^\]]+)\]", help_text)
+    return [m.strip() for m in match.group(1).split(",")] if match else None
+
+
+def reads(method: str, readers: list[str] | None) -> bool:
+    if readers is None:
+        return True
+    return any(method == r or (r.endswith("*") and method.startswith(r[:-1])) for r in readers)
+
+
+@dataclass
+class Cell:
+    config: RunConfig
+    status: str = "pending"  # pending | done | skipped | failed
+    reason: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return str(self.config.run_id)
+
+
+def cell_id(config: RunConfig) -> str:
+    described = json.loads(config.to_json())
+    for volatile in ("run_id", "results_dir", "launcher", "tag"):
+        described.pop(volatile, None)
+    digest = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{config.method}-{config.workload}-{config.gpus}g-{digest}"
+
+
+def expand(
+    base: RunConfig,
+    methods: list[str],
+    gpus: list[int],
+    seeds: list[int],
+    option_values: dict[str, list],
+    option_help: dict[str, str],
+) -> list[Cell]:
+    """The grid's cells, in a stable order (method, then GPUs, then seeds, then options)."""
+    cells, seen = [], set()
+    for method in methods:
+        mine = {
+            k: v for k, v in option_values.items() if reads(method, option_readers(option_help[k]))
+        }
+        keys = sorted(mine)
+        for n, seed, values in itertools.product(
+            gpus, seeds, itertools.product(*(mine[k] for k in keys))
+        ):
+            options = {**base.options, **dict(zip(keys, values))}
+            config = replace(base, method=method, gpus=n, seed=seed, options=options, run_id=None)
+            config.run_id = cell_id(config)
+            if config.run_id not in seen:
+                seen.add(config.run_id)
+                cells.append(Cell(config))
+    return cells
+
+
+def prepare(cell: Cell, results_dir: Path) -> bool:
+    """True when the cell must run; a finished one is skipped, a broken one moved aside."""
+    folder = RunFolder(results_dir / cell.run_id)
+    if not folder.path.exists():
+        return True
+    summary = None
+    try:
+        summary = folder.summary()
+    except (OSError, ValueError):
+        pass
+    if summary and summary.get("status") == "ok":
+        cell.status, cell.reason = "skipped", "already done"
+        return False
+    n = 1
+    while folder.path.with_name(f"{cell.run_id}.failed-{n}").exists():
+        n += 1
+    folder.path.rename(folder.path.with_name(f"{cell.run_id}.failed-{n}"))
+    return True
+
+
+def run_cells(cells: list[Cell], results_dir: Path, launch) -> None:
+    """Run every pending cell with ``launch(config)``; failures are recorded, not raised."""
+    from tqdm import tqdm
+
+    os.environ.setdefault("PRUNEX_PROGRESS", "0")  # one bar: over cells
+    results_dir.mkdir(parents=True, exist_ok=True)
+    with tqdm(cells, desc="sweep", unit="cell", dynamic_ncols=True) as bar:
+        for cell in bar:
+            bar.set_postfix_str(cell.run_id)
+            if not prepare(cell, results_dir):
+                continue
+            try:
+                launch(cell.config)
+                cell.status = "done"
+            except BenchError as exc:
+                cell.status, cell.reason = "failed", str(exc)
+            write_record(cells, results_dir)
+    write_record(cells, results_dir)
+
+
+def write_record(cells: list[Cell], results_dir: Path) -> None:
+    write_json(
+        results_dir / "sweep.json",
+        {
+            "cells": [
+                {
+                    "run_id": c.run_id,
+                    "method": c.config.method,
+                    "gpus": c.config.gpus,
+                    "options": c.config.options,
+                    "seed": c.config.seed,
+                    "status": c.status,
+                    "reason": c.reason,
+                }
+                for c in cells
+            ]
+        },  # fmt: skip
+    )
+
+
+def summary_lines(cells: list[Cell]) -> list[str]:
+    width = max(len(c.run_id) for c in cells)
+    lines = [f"{c.run_id:<{width}}  {c.status:<8} {c.reason}".rstrip() for c in cells]
+    counts = {s: sum(c.status == s for c in cells) for s in ("done", "skipped", "failed")}
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+    return lines

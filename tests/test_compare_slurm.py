@@ -1,0 +1,102 @@
+"""`bench compare` gates regressions direction-aware; `--launcher slurm` writes a job script
+that asks for the right allocation and launches every rank."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = [sys.executable, "-m", "suite.cli"]
+BASE = {"status": "ok", "workload": "cnn-fmnist", "options": {}, "final_accuracy": 0.80,
+        "iteration_seconds": 0.10, "time_to_target_seconds": None,
+        "inter_node_bytes_per_iteration": 1e6}  # fmt: skip
+
+
+def bench(*args):
+    env = {**os.environ, "PRUNEX_PROGRESS": "0"}
+    return subprocess.run([*BENCH, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def write_set(root, runs):
+    for i, changes in enumerate(runs):
+        folder = root / f"run{i}"
+        folder.mkdir(parents=True)
+        summary = {**BASE, "run_id": f"run{i}", **changes}
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return str(root)
+
+
+RUNS = [{"method": "ddp", "gpus": 4}, {"method": "prunex", "gpus": 4,
+                                       "options": {"channel_keep": 0.5}}]  # fmt: skip
+
+
+def test_identical_sets_pass(tmp_path):
+    base = write_set(tmp_path / "a", RUNS)
+    proc = bench("compare", base, write_set(tmp_path / "b", RUNS))
+    assert proc.returncode == 0, proc.stdout
+    assert "0 regression(s)" in proc.stdout and "n/a" in proc.stdout  # no time-to-target
+
+
+@pytest.mark.parametrize(
+    "change, code",
+    [
+        ({"final_accuracy": 0.70}, 1),  # accuracy down 12.5%
+        ({"final_accuracy": 0.90}, 0),  # up: improved
+        ({"iteration_seconds": 0.12}, 1),  # 20% slower
+        ({"iteration_seconds": 0.104}, 0),  # 4% slower: inside 5%
+        ({"inter_node_bytes_per_iteration": 0.5e6}, 0),  # fewer bytes: improved
+        ({"inter_node_bytes_per_iteration": 2e6}, 1),
+        ({"status": "failed", "error": "NonFiniteLoss: boom"}, 1),
+    ],
+)
+def test_direction_aware_regressions(tmp_path, change, code):
+    base = write_set(tmp_path / "a", RUNS)
+    new = write_set(tmp_path / "b", [RUNS[0], {**RUNS[1], **change}])
+    proc = bench("compare", base, new, "--max-regression", "5%")
+    assert proc.returncode == code, proc.stdout
+    if code:
+        assert "REGRESSION" in proc.stdout and "prunex" in proc.stdout
+
+
+def test_metric_filter_unmatched_runs_and_bad_input(tmp_path):
+    base = write_set(tmp_path / "a", RUNS)
+    new = write_set(tmp_path / "b", [{**RUNS[0], "iteration_seconds": 1.0},
+                                     {"method": "topk", "gpus": 8}])  # fmt: skip
+    proc = bench("compare", base, new, "--metric", "accuracy,bytes")
+    assert proc.returncode == 0, proc.stdout  # the slower time is not compared
+    assert "unmatched (only in baseline): prunex" in proc.stdout
+    assert "unmatched (only in new): topk" in proc.stdout
+    bad = bench("compare", base, new, "--max-regression", "lots")
+    assert bad.returncode == 2 and "not a fraction or percentage" in bad.stderr
+    missing = bench("compare", base, str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_sbatch_script_for_64_gpus_at_4_per_node(tmp_path):
+    proc = bench("run", "--launcher", "slurm", "--dry-run", "--gpus", "64", "--gpus-per-node",
+                 "4", "--method", "prunex", "--workload", "resnet152-cifar10", "--channel-keep",
+                 "0.3", "--results-dir", str(tmp_path), "--run-id", "r64")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout
+    assert "#SBATCH --nodes=16" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "#SBATCH --gpus-per-node=4" in script and "--nproc-per-node 4" in script
+    assert "--rdzv-backend c10d" in script
+    rank_args = script.split("-m suite.cli ")[1]
+    assert "--launcher torchrun" in rank_args and "--gpus 64" in rank_args
+    assert "--channel-keep 0.3" in rank_args and f"--results-dir {tmp_path}" in rank_args
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    # 16 agents x 4 ranks = 64 ranks
+    nodes = int(script.split("--nodes=")[1].split()[0])
+    assert nodes * int(script.split("--nproc-per-node ")[1].split()[0]) == 64
+
+
+def test_slurm_without_sbatch_is_one_line(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}
+    proc = subprocess.run([*BENCH, "run", "--launcher", "slurm", "--gpus", "8",
+                           "--gpus-per-node", "4", "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert proc.returncode == 2 and "sbatch not found on PATH; use --dry-run" in proc.stderr

@@ -1,0 +1,100 @@
+"""A tiny sweep (2 methods x 2 GPU counts) resumes, and `bench report` draws every figure its
+data allows, naming the run ids, and says why it skips the others."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+BENCH = [sys.executable, "-m", "suite.cli"]
+SWEEP = ["sweep", "--method", "prunex,ddp", "--gpus", "2,4", "--dataset", "synthetic",
+         "--iterations", "3", "--batch-size", "8", "--local-steps", "2"]  # fmt: skip
+DRAWN = ["fig09_scaling", "fig12_pareto", "fig05_time_to_accuracy", "fig07_comm_latency",
+         "fig08_phase_breakdown", "fig06_inter_node_volume", "fig10_residuals", "fig11_rho",
+         "fig13_masks"]  # fmt: skip
+
+
+def bench(*args, **kwargs):
+    env = {**os.environ, "PRUNEX_PROGRESS": "0"}
+    return subprocess.run([*BENCH, *args], capture_output=True, text=True, env=env,
+                          timeout=600, **kwargs)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    results = tmp_path_factory.mktemp("sweep")
+    proc = bench(*SWEEP, "--results-dir", str(results))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return results
+
+
+def run_ids(results):
+    return sorted(json.loads(p.read_text())["run_id"] for p in results.glob("*/summary.json"))
+
+
+@pytest.mark.slow
+def test_sweep_runs_cells_once_and_resumes(swept):
+    ids = run_ids(swept)
+    assert len(ids) == 4 and {i.split("-cnn")[0] for i in ids} == {"prunex", "ddp"}
+    again = bench(*SWEEP, "--results-dir", str(swept))
+    assert again.returncode == 0 and "0 done, 4 skipped, 0 failed" in again.stdout
+    # a broken cell is moved aside (its rows kept) and run again; the rest are skipped
+    broken = swept / ids[0]
+    summary = json.loads((broken / "summary.json").read_text())
+    (broken / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
+    rerun = bench(*SWEEP, "--results-dir", str(swept))
+    assert "1 done, 3 skipped, 0 failed" in rerun.stdout, rerun.stdout
+    assert (swept / f"{ids[0]}.failed-1" / "iterations.parquet").exists()
+    shutil.rmtree(swept / f"{ids[0]}.failed-1")
+
+
+def test_option_lists_fan_out_only_the_methods_that_read_them(tmp_path):
+    grid = ["--method", "prunex,ddp", "--channel-keep", "0.3,0.5", "--gpus", "4,8"]
+    proc = bench(
+        "sweep", "--dry-run", *grid, "--dataset", "synthetic", "--results-dir", str(tmp_path)
+    )
+    cells = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(cells) == 6, proc.stdout
+    assert sum(c.startswith("prunex") for c in cells) == 4
+    assert sum("channel_keep" in c for c in cells) == 4
+
+
+@pytest.mark.slow
+def test_report_draws_every_figure_and_names_runs(swept, tmp_path):
+    out = tmp_path / "report"
+    proc = bench("report", str(swept), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for name in DRAWN:
+        assert (out / f"{name}.png").stat().st_size > 5000, name
+        assert (out / f"{name}.svg").exists() and (out / f"{name}.csv").exists()
+    md = (out / "report.md").read_text()
+    for run_id in run_ids(swept):
+        assert run_id in md
+    assert md.count("Runs: ") == len(DRAWN)
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_report_skips_missing_data_and_bad_runs_with_a_reason(swept, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(swept, copy)
+    for folder in copy.iterdir():
+        for name in ("layers.parquet", "masks.pt"):
+            (folder / name).unlink(missing_ok=True)
+    broken = sorted(p for p in copy.iterdir() if p.is_dir())[0]
+    (broken / "summary.json").write_text("{not json")
+    proc = bench("report", str(copy), "-o", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    assert "Skipped: Primal residuals per layer (fig10_residuals): no PruneX run" in proc.stdout
+    assert "Skipped: Learned structured masks" in proc.stdout
+    assert f"skipped run {broken}: unreadable summary.json" in proc.stdout
+    assert (tmp_path / "r" / "fig09_scaling.png").exists()
+
+
+def test_report_of_nothing_is_one_line(tmp_path):
+    proc = bench("report", str(tmp_path / "missing"), "-o", str(tmp_path / "r"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "is not a directory of run folders" in proc.stderr
