@@ -1,6 +1,8 @@
 """nox sessions. They run in the current environment (python=False): the pinned torch
 build is large, and a fresh virtualenv per session would reinstall it every time."""
 
+import os
+
 import nox
 
 nox.options.sessions = ["tests"]
@@ -19,23 +21,39 @@ def lint(session):
 
 @nox.session(python=False)
 def smoke(session):
-    """A tiny end-to-end run on synthetic data."""
+    """A tiny end-to-end run on synthetic data, and its report."""
     tmp = session.create_tmp()
-    session.run(
-        "bench",
-        "run",
-        "--method",
-        "ddp",
-        "--workload",
-        "cnn-fmnist",
-        "--dataset",
-        "synthetic",
-        "--gpus",
-        "4",
-        "--gpus-per-node",
-        "2",
-        "--iterations",
-        "4",
-        "--results-dir",
-        tmp,
-    )
+    results, report = f"{tmp}/results", f"{tmp}/report"
+    for method in ("ddp", "prunex"):
+        session.run("bench", "run", "--method", method, "--workload", "cnn-fmnist",
+                    "--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2",
+                    "--iterations", "4", "--local-steps", "2", "--results-dir",
+                    results)  # fmt: skip
+    session.run("bench", "report", results, "-o", report)
+
+
+ALL_METHODS = "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier"
+REFERENCE = "results/reference"
+NIGHTLY = ["--workload", "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--epochs", "0.25"]
+
+
+@nox.session(python=False)
+def nightly(session):
+    """Every method on a quarter epoch of Fashion-MNIST (4 ranks, 2 per node; CUDA when
+    there are 4 devices, else CPU), a report, and a regression check against the committed
+    reference set. The reference was recorded on CPU ranks: timings compare only when
+    NIGHTLY_COMPARE_TIME=1 (same kind of machine); accuracy and inter-node bytes always.
+    NIGHTLY_DIR sets where results and the report go (default .nox/nightly)."""
+    out = os.environ.get("NIGHTLY_DIR", ".nox/nightly")
+    results, report = f"{out}/results", f"{out}/report"
+    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--results-dir", results)
+    session.run("bench", "report", results, "-o", report)
+    metrics = "accuracy,bytes" + (",time" if os.environ.get("NIGHTLY_COMPARE_TIME") else "")
+    session.run("bench", "compare", REFERENCE, results, "--max-regression", "5%",
+                "--metric", metrics)  # fmt: skip
+
+
+@nox.session(python=False)
+def reference(session):
+    """Re-record results/reference (after an intended change of numbers; commit the diff)."""
+    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--results-dir", REFERENCE)

@@ -70,7 +70,7 @@ def main() -> None:
             calibrate = ["calibrate", "--network", "emulated", "--inter-bw", rate,
                          "--gpus", str(gpus), "--gpus-per-node", str(per_node),
                          "--name", profile.stem, "-o", str(profile),
-                         "--sizes", "65536,1048576,4194304,16777216"]  # fmt: skip
+                         "--sizes", "65536,1048576,4194304,16777216", "--steps", "40"]  # fmt: skip
             if per_node == 1:  # no intra-node link to measure: take the 2x2 one
                 calibrate += ["--links-from", str(out / "profiles" / f"cpu-2x2-{rate}.json")]
             bench(*calibrate)

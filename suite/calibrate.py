@@ -39,9 +39,12 @@ DEFAULT_SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)  # bytes
 
 
 def training_setup(workload: str, batch_size: int, device: torch.device):
-    """The workload's real model, its optimizer and one synthetic batch of its input shape."""
+    """The workload's real model, its optimizer and loss, and batches drawn the way a run
+    draws them (a ShardedLoader over in-memory data of the dataset's shape)."""
     from suite.registry import WORKLOADS, load_builtins
+    from workloads.base import TensorData
     from workloads.datasets import dataset_spec
+    from workloads.sharding import ShardedLoader
 
     load_builtins()
     wl = WORKLOADS.get(workload).factory()
@@ -49,18 +52,22 @@ def training_setup(workload: str, batch_size: int, device: torch.device):
     torch.manual_seed(0)
     model = wl.build_model(spec).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(batch_size, spec.in_chans, spec.image_size, spec.image_size, device=device)
-    y = torch.randint(spec.num_classes, (batch_size,), device=device)
-    return model, optimizer, x, y, nn.CrossEntropyLoss()
+    shape = (4 * batch_size, spec.in_chans, spec.image_size, spec.image_size)
+    data = TensorData(torch.randn(shape), torch.randint(spec.num_classes, (4 * batch_size,)))
+    return model, optimizer, ShardedLoader(data, 0, 1, batch_size, 0), nn.CrossEntropyLoss()
 
 
 def step_timings(workload: str, batch_size: int, device: torch.device, steps: int, warmup: int):
-    """Median seconds of (forward+loss, backward, optimizer step) over ``steps`` steps."""
-    model, optimizer, x, y, loss_fn = training_setup(workload, batch_size, device)
+    """Mean seconds of (batch + forward + loss, backward, optimizer step) over ``steps``
+    steps (the mean: a round lasts the sum of its steps), and the steps' standard deviation
+    (ranks drift apart by it, and a collective waits for the slowest)."""
+    model, optimizer, batches, loss_fn = training_setup(workload, batch_size, device)
     samples = []
     for i in range(warmup + steps):
         synchronize(device)
         t0 = time.perf_counter()
+        x, y = next(batches)
+        x, y = x.to(device), y.to(device)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         synchronize(device)
@@ -69,19 +76,22 @@ def step_timings(workload: str, batch_size: int, device: torch.device, steps: in
         synchronize(device)
         t2 = time.perf_counter()
         optimizer.step()
+        loss.item()
         synchronize(device)
         t3 = time.perf_counter()
         if i >= warmup:
             samples.append((t1 - t0, t2 - t1, t3 - t2))
-    return [statistics.median(s[k] for s in samples) for k in range(3)]
+    means = [statistics.fmean(s[k] for s in samples) for k in range(3)]
+    return [*means, statistics.stdev(sum(s) for s in samples)]
 
 
 def overlap_timings(workload, batch_size, device, group, steps: int, warmup: int):
     """Median seconds of an all-reduce of the model's gradient size over ``group`` alone, and
     of a training step with that all-reduce running during its backward pass (as DDP's
     bucket all-reduces do): how much communication the hardware really hides."""
-    model, optimizer, x, y, loss_fn = training_setup(workload, batch_size, device)
+    model, optimizer, batches, loss_fn = training_setup(workload, batch_size, device)
     buffer = torch.ones(sum(p.numel() for p in model.parameters()), device=device)
+    x, y = (t.to(device) for t in next(batches))
     alone, together = [], []
     for i in range(warmup + steps):
         synchronize(device)
@@ -100,7 +110,7 @@ def overlap_timings(workload, batch_size, device, group, steps: int, warmup: int
         if i >= warmup:
             alone.append(t1 - t0)
             together.append(t2 - t1)
-    return statistics.median(alone), statistics.median(together)
+    return statistics.fmean(alone), statistics.fmean(together)
 
 
 def memory_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
@@ -154,7 +164,7 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
         }
         for workload in plan["workloads"]:
             dist.barrier()
-            fwd, bwd, opt = step_timings(
+            fwd, bwd, opt, jitter = step_timings(
                 workload, plan["batch_size"], device, plan["steps"], plan["warmup"]
             )
             comm = together = float("nan")
@@ -163,7 +173,9 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
                     workload, plan["batch_size"], device, topo.world.pg, plan["steps"],
                     plan["warmup"],
                 )  # fmt: skip
-            mine = torch.tensor([fwd, bwd, opt, comm, together], dtype=torch.float64, device=device)
+            mine = torch.tensor(
+                [fwd, bwd, opt, comm, together, jitter], dtype=torch.float64, device=device
+            )
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank paces a step
             result["compute"][workload] = mine.tolist()
         result["memory_bandwidth"] = memory_bandwidth(device)
@@ -239,7 +251,7 @@ def build_profile(
         }
     steps = {}
     backward, overlap = [], []
-    for workload, (fwd, bwd, opt, comm, together) in raw["compute"].items():
+    for workload, (fwd, bwd, opt, comm, together, jitter) in raw["compute"].items():
         total = fwd + bwd + opt
         backward.append(bwd / total)
         if comm == comm:  # measured: the share of min(comm, backward) that was hidden
@@ -250,7 +262,8 @@ def build_profile(
             "forward_s": fwd,
             "backward_s": bwd,
             "optimizer_s": opt,
-            "source": f"measured: median of {plan['steps']} steps, slowest of "
+            "jitter_s": jitter,
+            "source": f"measured: mean of {plan['steps']} steps, slowest of "
             f"{plan['gpus']} ranks stepping at once; {where}",
         }
     return {
@@ -300,7 +313,7 @@ def calibration_plan(
     gpus_per_node: int,
     device: str,
     sizes: list[int] | None = None,
-    steps: int = 10,
+    steps: int = 20,
     warmup: int = 3,
     repeats: int = 5,
 ) -> dict:

@@ -456,7 +456,7 @@ def net_cleanup_cmd() -> None:
 @click.option("--gpus-per-node", type=int, default=None, help="default: gpus/2 (two nodes)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto")
 @click.option("--sizes", type=IntList(), default=None, help="all-reduce sizes in bytes")
-@click.option("--steps", type=int, default=10, show_default=True, help="timed steps")
+@click.option("--steps", type=int, default=20, show_default=True, help="timed steps")
 @click.option("--repeats", type=int, default=5, show_default=True, help="timed collectives")
 @click.option("--name", default=None, help="profile name (default: derived from the host)")
 @click.option("--description", default=None)

@@ -184,3 +184,12 @@ def test_bad_simulator_input_is_one_line(tmp_path):
         proc = bench("sim", *SMALL, "--results-dir", str(tmp_path), "--iterations", "1", *args)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("n", [2, 4, 16, 64])
+def test_straggler_wait_is_the_expected_maximum_of_normals(n):
+    from suite.sim.replay import expected_max_of_normals
+
+    sampled = torch.randn(200_000, n, generator=torch.Generator().manual_seed(0)).amax(1).mean()
+    assert expected_max_of_normals(n) == pytest.approx(float(sampled), rel=0.03)
+    assert expected_max_of_normals(1) == 0.0

@@ -14,7 +14,9 @@ machine) or a published spec (document, table). Keys:
   ``workload@batch``, else estimated from the model's FLOPs and ``achieved_flops``; and
   ``backward_fraction``, the share of a step that DDP can overlap with its bucket all-reduces,
   and ``overlap_efficiency``, how much of that overlap the hardware delivers (measured; CPU
-  ranks sharing cores with gloo's threads hide far less than GPUs with NCCL).
+  ranks sharing cores with gloo's threads hide far less than GPUs with NCCL); per workload,
+  ``jitter_s``, the standard deviation of a step, from which the simulator prices the wait
+  for the slowest rank at each synchronization.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Profile:
     overlap_efficiency: float = 1.0  # share of min(comm, backward) that really hides
     achieved_flops: float | None = None
     steps: dict[str, float] = field(default_factory=dict)  # "workload@batch" -> seconds
+    jitter: dict[str, float] = field(default_factory=dict)  # "workload@batch" -> step std
     raw: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -66,10 +69,17 @@ class Profile:
                     else None
                 ),
                 steps={k: float(v["seconds"]) for k, v in compute.get("steps", {}).items()},
+                jitter={
+                    k: float(v.get("jitter_s", 0.0)) for k, v in compute.get("steps", {}).items()
+                },
                 raw=data,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BenchError(f"profile {data.get('name', '?')!r} is malformed: {exc!r}") from None
+
+    def step_jitter(self, workload: str, batch_size: int) -> float:
+        """Standard deviation of a step's time (0 where not measured)."""
+        return self.jitter.get(f"{workload}@{batch_size}", 0.0)
 
     def step_seconds(self, workload: str, batch_size: int) -> tuple[float, str]:
         """Seconds of one local step, and how the number was obtained."""

@@ -14,7 +14,9 @@ buffer has its real size), and its ``step`` runs unchanged; what differs is unde
   lets collectives issued during the backward pass (DDP's bucket hooks) hide behind the
   profile's backward share of it as far as its measured overlap efficiency allows, and
   scales the host-measured time of the methods' own elementwise phases (projection, pack,
-  compress, ...) by host / device memory bandwidth.
+  compress, ...) by host / device memory bandwidth; where the profile measured how much a
+  step's time varies, each iteration also waits for the slowest rank (``straggler_wait``:
+  the expected maximum of N ranks' H-step sums above their mean).
 
 Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
 ones, so its bytes are the leader's event log re-attributed with that rank's topology. The
@@ -29,6 +31,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 import torch
 import torch.distributed as dist
@@ -177,12 +180,15 @@ class SimRecorder(Recorder):
         backward_fraction: float,
         overlap_efficiency: float,
         host_scale: float,
+        jitter: float = 0.0,
+        world_size: int = 1,
     ):
         super().__init__(rank, device)
         self.loader = loader
         self.step_seconds = step_seconds
         self.backward_fraction = backward_fraction
         self.overlap_efficiency = overlap_efficiency
+        self.slowest_of_world = jitter * expected_max_of_normals(world_size)
         self.host_scale = host_scale
         self._compute_depth = 0
         self._overlappable = 0.0
@@ -222,6 +228,13 @@ class SimRecorder(Recorder):
         self._seconds["local_compute"] = compute
         hidden = self.overlap_efficiency * min(self._overlappable, self.backward_fraction * compute)
         return sum(self._seconds.values()) - hidden
+
+
+def expected_max_of_normals(n: int) -> float:
+    """E[max of n standard normals] (Blom's approximation; 0 for one rank)."""
+    if n < 2:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def rank_rows(leader_row: dict, events: list[Event], world: int, gpus_per_node: int) -> list[dict]:
@@ -330,6 +343,8 @@ def simulate_run(
         backward_fraction=profile.backward_fraction,
         overlap_efficiency=profile.overlap_efficiency,
         host_scale=host_bw / profile.memory_bandwidth,
+        jitter=profile.step_jitter(config.workload, recipe.batch_size),
+        world_size=config.gpus,
     )
     comm = SimCommunicator(topology, recorder, device, profile)
     torch.manual_seed(config.seed)
