@@ -81,7 +81,7 @@ def test_report_draws_every_figure_and_names_runs(swept, tmp_path):
 def test_report_skips_missing_data_and_bad_runs_with_a_reason(swept, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(swept, copy)
-    for folder in copy.iterdir():
+    for folder in (p for p in copy.iterdir() if p.is_dir()):
         for name in ("layers.parquet", "masks.pt"):
             (folder / name).unlink(missing_ok=True)
     broken = sorted(p for p in copy.iterdir() if p.is_dir())[0]
