@@ -439,12 +439,14 @@ def report_cmd(results_dir, output) -> None:
 
 
 @main.command("net-cleanup")
-def net_cleanup_cmd() -> None:
+@click.option("--all", "everything", is_flag=True, help="also those of runs still alive")
+def net_cleanup_cmd(everything) -> None:
     """Delete network namespaces left by an emulated run whose parent was killed (SIGKILL
-    cannot be caught; every other ending cleans up by itself)."""
+    cannot be caught; every other ending cleans up by itself). Namespaces of live runs are
+    kept unless --all."""
     from suite.netemu import delete_namespaces, leftover_namespaces
 
-    left = leftover_namespaces()
+    left = leftover_namespaces(dead_owner_only=not everything)
     delete_namespaces(left)
     click.echo(f"removed {len(left)} namespace(s)" + (f": {' '.join(left)}" if left else ""))
 

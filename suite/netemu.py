@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +31,11 @@ PREFIX = "pxb-"
 INTERFACE = "vnic"
 SUBNET = "10.77.0"
 MTU = 9000
+# One counted packet = one frame (no segmentation offload: veth would otherwise count one
+# header per 64 KiB super-packet), and no IPv6 link-local chatter in the counters.
+FRAMES = ("gso_max_segs", "1", "addrgenmode", "none")
+# Names this module gives: pxb-<creating pid>x<4 hex>-br | -n<i>; others are never touched.
+OURS = re.compile(rf"^{re.escape(PREFIX)}(\d+)x[0-9a-f]{{4}}-(br|n\d+)$")
 MASTER_PORT = 29500
 UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 
@@ -64,9 +70,22 @@ def _tc(namespace: str, *args: str) -> None:
         raise BenchError(f"tc -n {namespace} {' '.join(args)}: {proc.stderr.strip()}")
 
 
-def leftover_namespaces() -> list[str]:
+def leftover_namespaces(*, dead_owner_only: bool = False) -> list[str]:
+    """Namespaces of emulated clusters; with ``dead_owner_only``, those whose creating
+    process no longer runs (left by a parent killed with SIGKILL)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    names = [line.split()[0] for line in out.splitlines() if OURS.match(line.split()[0] or "")]
+    return [n for n in names if not (dead_owner_only and _alive(int(OURS.match(n).group(1))))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def delete_namespaces(names: list[str]) -> None:
@@ -80,7 +99,8 @@ class EmulatedCluster:
     def __init__(self, num_nodes: int, rate: int, tag: str):
         self.num_nodes = num_nodes
         self.rate = rate
-        self.tag = hashlib.sha1(f"{tag}-{os.getpid()}".encode()).hexdigest()[:8]
+        digest = hashlib.sha1(f"{tag}-{time.time_ns()}".encode()).hexdigest()[:4]
+        self.tag = f"{os.getpid()}x{digest}"  # the pid tells net-cleanup if the run is alive
         self.bridge = f"{PREFIX}{self.tag}-br"
         self.nodes = [f"{PREFIX}{self.tag}-n{i}" for i in range(num_nodes)]
         self.created: list[str] = []
@@ -107,15 +127,26 @@ class EmulatedCluster:
         try:
             self._add_namespace(self.bridge)
             _ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.bridge, "link", "set", "br0", "mtu", str(MTU), "up")
+            _ip(
+                "-n",
+                self.bridge,
+                "link",
+                "set",
+                "br0",
+                "mtu",
+                str(MTU),
+                "addrgenmode",
+                "none",
+                "up",
+            )
             for i, ns in enumerate(self.nodes):
                 self._add_namespace(ns)
                 port = f"p{i}"
                 _ip("link", "add", INTERFACE, "netns", ns, "mtu", str(MTU), "type", "veth",
                     "peer", "name", port, "netns", self.bridge, "mtu", str(MTU))  # fmt: skip
                 _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", INTERFACE)
-                _ip("-n", ns, "link", "set", INTERFACE, "up")
-                _ip("-n", self.bridge, "link", "set", port, "master", "br0", "up")
+                _ip("-n", ns, "link", "set", INTERFACE, *FRAMES, "up")
+                _ip("-n", self.bridge, "link", "set", port, "master", "br0", *FRAMES, "up")
                 _tc(ns, "qdisc", "replace", "dev", INTERFACE, "root", *self.qdisc)
                 _tc(self.bridge, "qdisc", "replace", "dev", port, "root", *self.qdisc)
         except BaseException:
@@ -168,6 +199,9 @@ def run_module_in_cluster(
     env = {
         "GLOO_SOCKET_IFNAME": INTERFACE,  # else gloo resolves the hostname to 127.0.0.1
         "OMP_NUM_THREADS": "1",
+        "TORCH_CPP_LOG_LEVEL": os.environ.get(
+            "TORCH_CPP_LOG_LEVEL", "ERROR"
+        ),  # no hostname warnings
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }
     procs, files = [], []

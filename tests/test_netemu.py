@@ -123,3 +123,19 @@ def test_without_root_it_is_one_line(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda tool: f"/usr/sbin/{tool}")
     with pytest.raises(BenchError, match="needs root and iproute2 .*not running as root"):
         check_privileges()
+
+
+@needs_root
+def test_net_cleanup_removes_only_namespaces_of_dead_runs():
+    dead, live = "pxb-4194302x0000-br", f"pxb-{os.getpid()}xabcd-br"  # pid 4194302: unused
+    for name in (dead, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        proc = bench("net-cleanup", timeout=60)
+        assert proc.returncode == 0 and dead in proc.stdout
+        assert leftover_namespaces() == [live]
+        assert live in bench("net-cleanup", "--all", timeout=60).stdout
+        assert not leftover_namespaces()
+    finally:
+        for name in (dead, live):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
