@@ -43,8 +43,8 @@ class Skipped:
 def _save(fig, out: Path, name: str) -> list[Path]:
     files = [out / f"{name}.png", out / f"{name}.svg"]
     fig.tight_layout()
-    fig.savefig(files[0], dpi=120)
-    fig.savefig(files[1])
+    fig.savefig(files[0], dpi=120, bbox_inches="tight")
+    fig.savefig(files[1], bbox_inches="tight")
     plt.close(fig)
     return files
 
@@ -197,41 +197,38 @@ def comm_latency(runs: list[Run], out: Path) -> Figure | Skipped:
 
 
 def phase_breakdown(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 8: mean seconds per iteration in each phase (mean over ranks), stacked."""
-    name, title = "fig08_phase_breakdown", "Phase breakdown per iteration"
-    rows = {}
+    """Fig. 8: mean seconds per local step in each phase (mean over ranks), stacked, so
+    methods that synchronize every step and once per round compare; and each phase's share
+    of the communication time."""
+    name, title = "fig08_phase_breakdown", "Phase breakdown per local step"
+    rows, ids = {}, {}
     for run in runs:
         phases = run.summary.get("phase_seconds") or {}
         if phases:
-            rows[run.label] = {**phases, "run_id": run.run_id}
+            steps = run.summary.get("steps_per_iteration") or 1
+            rows[run.label] = {k: v / steps for k, v in phases.items()}
+            ids[run.label] = run.run_id
     if not rows:
         return Skipped(name, title, "no run recorded phase timings")
-    frame = pd.DataFrame(rows).T
-    ids = frame.pop("run_id")
-    frame = frame.astype(float).fillna(0.0)
+    frame = pd.DataFrame(rows).T.astype(float).fillna(0.0)
     frame = frame[frame.sum().sort_values(ascending=False).index]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(frame) + 2), sharey=True)
-    frame.plot.barh(stacked=True, ax=axes[0], colormap="tab20", legend=False)
-    axes[0].set_xlabel("seconds per iteration")
+    palette = dict(zip(frame.columns, sns.color_palette("tab20", len(frame.columns))))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.45 * len(frame) + 2), sharey=True)
+    frame.plot.barh(stacked=True, ax=axes[0], color=palette, legend=False)
+    axes[0].set_xlabel("seconds per local step (an iteration / its local steps)")
     comm = frame[[c for c in frame.columns if any(w in c for w in COMM_WORDS)]]
     if comm.shape[1]:
         share = comm.div(comm.sum(axis=1).where(comm.sum(axis=1) > 0), axis=0)
-        share.plot.barh(stacked=True, ax=axes[1], colormap="tab10", legend=True)
+        share.plot.barh(stacked=True, ax=axes[1], color=palette, legend=False)
         axes[1].set_xlabel("share of communication time")
-        axes[1].legend(fontsize=7, loc="lower right")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="upper center", ncol=min(6, len(labels)))
-    fig.subplots_adjust(top=0.8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[c]) for c in frame.columns]
+    axes[1].legend(handles, list(frame.columns), fontsize=7, bbox_to_anchor=(1.02, 1),
+                   loc="upper left")  # fmt: skip
     files = _save(fig, out, name)
-    table = frame.assign(run_id=ids).reset_index(names="run")
-    return Figure(
-        name,
-        title,
-        files,
-        table,
-        sorted(ids),
-        "mean over ranks; DDP's all-reduce overlaps its backward (local_compute)",
-    )
+    table = frame.assign(run_id=[ids[label] for label in frame.index]).reset_index(names="run")
+    return Figure(name, title, files, table, sorted(ids.values()),
+                  "mean over ranks, per local step; DDP's all-reduce overlaps its backward "
+                  "(inside local_compute)")  # fmt: skip
 
 
 def message_volume(runs: list[Run], out: Path) -> Figure | Skipped:
