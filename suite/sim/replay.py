@@ -36,6 +36,7 @@ from statistics import NormalDist
 import torch
 import torch.distributed as dist
 
+from suite.calibrate import memory_bandwidth
 from suite.comm import Communicator, nbytes
 from suite.config import RunConfig
 from suite.errors import BenchError
@@ -266,19 +267,6 @@ def rank_rows(leader_row: dict, events: list[Event], world: int, gpus_per_node: 
     return rows
 
 
-def measure_host_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
-    """Bytes/s of a large copy on this host with the current torch thread count (read +
-    write counted), the best of ``repeats``."""
-    src = torch.ones(megabytes * 2**20 // 4)
-    dst = torch.empty_like(src)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * nbytes(src) / best
-
-
 def ensure_single_process_group() -> None:
     """A one-rank gloo world for torch code under the methods (DDP, comm hooks)."""
     if not dist.is_initialized():
@@ -331,7 +319,7 @@ def simulate_run(
     train_samples, test_samples = split_sizes(dataset, config.synthetic_size)
     recipe = resolve_recipe(workload, config)
     step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
-    host_bw = host_memory_bandwidth or measure_host_memory_bandwidth()
+    host_bw = host_memory_bandwidth or memory_bandwidth(torch.device("cpu"))
 
     ensure_single_process_group()
     device = torch.device("cpu")
