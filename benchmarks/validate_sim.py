@@ -1,12 +1,19 @@
 """Simulator vs emulated cluster: predicted and measured time per iteration and per phase.
 
 For each layout (2 nodes x 2 ranks, 4 nodes x 1 rank) and link rate (200 Mbit, 1 Gbit):
-calibrate a CPU profile on the emulated cluster (`bench calibrate --network emulated`), run
-prunex, prunex-flat, ddp and topk on it for real (`bench run --network emulated`), simulate
-the same runs with the profile (`bench sim`), and print predicted vs measured seconds per
-iteration (slowest rank, first iteration dropped: DDP rebuilds its buckets there) and per
-phase (mean over ranks). Needs root and iproute2; takes ~15 minutes on 2 cores. Run it alone:
-anything else on the CPU changes the measured times.
+calibrate a CPU profile on the emulated cluster (`bench calibrate --network emulated`); then,
+for each of prunex, prunex-flat, ddp and topk, re-time the compute on the same ranks
+(`--compute-only`) right before and right after the method runs for real (`bench run
+--network emulated`), simulate the same run with the mean of the two (`bench sim`), and
+print predicted vs measured
+seconds per iteration (slowest rank, first iteration dropped: DDP rebuilds its buckets there)
+and per phase (mean over ranks).
+
+Compute is re-timed next to each run because this machine's speed drifts by 10-25% over
+minutes (4 ranks share 2 cores of a VM); a profile calibrated a few minutes earlier carries
+that drift into the comparison, and the speed during the run lies between the two bracketing
+calibrations more often than at either end. Needs root and iproute2; takes ~40 minutes on 2
+cores. Run it alone: anything else on the CPU changes the measured times.
 
     python benchmarks/validate_sim.py --out benchmarks/results/validation
 """
@@ -26,10 +33,10 @@ import pandas as pd
 LAYOUTS = {"2x2": (4, 2), "4x1": (4, 1)}
 RATES = ("200mbit", "1gbit")
 METHODS = {
-    "prunex": ["--local-steps", "8", "--iterations", "5"],
-    "prunex-flat": ["--local-steps", "8", "--iterations", "5"],
-    "ddp": ["--iterations", "30"],
-    "topk": ["--iterations", "30"],
+    "prunex": ["--local-steps", "8", "--iterations", "9"],
+    "prunex-flat": ["--local-steps", "8", "--iterations", "9"],
+    "ddp": ["--iterations", "60"],
+    "topk": ["--iterations", "60"],
 }
 PHASES = ("local_compute", "allreduce", "intra_allreduce", "inter_allreduce", "broadcast",
           "allgather", "compress")  # fmt: skip
@@ -58,6 +65,22 @@ def timings(folder: Path) -> dict[str, float]:
     return out
 
 
+def average_compute(before: Path, after: Path, out: Path) -> None:
+    """``before`` with every compute number replaced by its mean with ``after``'s."""
+    first, second = (json.loads(p.read_text()) for p in (before, after))
+    one, two = first["compute"], second["compute"]
+    for key in ("backward_fraction", "overlap_efficiency"):
+        one[key] = (one[key] + two[key]) / 2
+    for name, step in one["steps"].items():
+        other = two["steps"][name]
+        for key in ("seconds", "forward_s", "backward_s", "optimizer_s", "jitter_s"):
+            step[key] = (step[key] + other[key]) / 2
+        for key in ("sync_wait_s", "block_step_s"):
+            step[key] = [[k, (x + y) / 2] for (k, x), (_, y) in zip(step[key], other[key])]
+        step["source"] = f"mean of calibrations before and after the run; {step['source']}"
+    out.write_text(json.dumps(first, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/validation")
@@ -66,22 +89,28 @@ def main() -> None:
     records = []
     for rate in RATES:
         for layout, (gpus, per_node) in LAYOUTS.items():
-            profile = out / "profiles" / f"cpu-{layout}-{rate}.json"
-            calibrate = ["calibrate", "--network", "emulated", "--inter-bw", rate,
-                         "--gpus", str(gpus), "--gpus-per-node", str(per_node),
-                         "--name", profile.stem, "-o", str(profile),
+            emulated = ["--network", "emulated", "--inter-bw", rate, "--gpus", str(gpus),
+                        "--gpus-per-node", str(per_node)]  # fmt: skip
+            links = out / "profiles" / f"cpu-{layout}-{rate}.json"
+            calibrate = ["calibrate", *emulated, "--name", links.stem, "-o", str(links),
                          "--sizes", "65536,1048576,4194304,16777216", "--steps", "40"]  # fmt: skip
             if per_node == 1:  # no intra-node link to measure: take the 2x2 one
                 calibrate += ["--links-from", str(out / "profiles" / f"cpu-2x2-{rate}.json")]
             bench(*calibrate)
             for method, extra in METHODS.items():
                 cell = out / "runs" / f"{layout}-{rate}" / method
+                shutil.rmtree(cell, ignore_errors=True)
+                profile = cell / "profile.json"
+                retime = ["calibrate", *emulated, "--compute-only", "--links-from", str(links),
+                          "--steps", "10", "--sync-blocks", "1,2,4,8", "--name",
+                          f"{links.stem}-{method}"]  # fmt: skip
                 common = ["--method", method, "--workload", "cnn-fmnist", "--gpus", str(gpus),
                           "--gpus-per-node", str(per_node), *extra]  # fmt: skip
-                if not (cell / "real").exists():  # measured once; the prediction every time
-                    bench("run", *common, "--network", "emulated", "--inter-bw", rate,
-                          "--eval-every", "1000", "--results-dir", str(cell / "real"))  # fmt: skip
-                shutil.rmtree(cell / "sim", ignore_errors=True)
+                bench(*retime, "-o", str(cell / "before.json"))
+                bench("run", *common, "--network", "emulated", "--inter-bw", rate,
+                      "--eval-every", "1000", "--results-dir", str(cell / "real"))  # fmt: skip
+                bench(*retime, "-o", str(cell / "after.json"))
+                average_compute(cell / "before.json", cell / "after.json", profile)
                 bench("sim", *common, "--profile", str(profile), "--replay", "1000",
                       "--results-dir", str(cell / "sim"))  # fmt: skip
                 measured = timings(only_run(cell / "real"))

@@ -3,13 +3,20 @@
 What it measures, on the ranks a real run would have (same launcher, same placement):
 
 * compute: seconds per local step (forward, loss, backward, SGD step) of each workload's real
-  model at the given per-rank batch on synthetic inputs of the dataset's shape, with every
-  rank stepping at once (so CPU ranks sharing cores are measured sharing them), and the
-  backward pass's share of it (what DDP can hide its bucket all-reduces behind);
-* links: all-reduce time over the intra-node groups (all nodes at once) and over the leaders'
-  group, at several buffer sizes; alpha and bandwidth come from a least-squares fit (relative
-  error) of the ring formula ``T = 2(n-1) alpha + 2(n-1)/n S / B``. A flat world all-reduce is
-  measured too and printed beside the model's prediction for it, as a check;
+  model at the given per-rank batch on this rank's shard of the workload's real dataset (random
+  inputs of its shape where it is not on disk; the profile says which), and the
+  backward pass's share of it (what DDP can hide its bucket all-reduces behind). The step
+  time comes from synchronized blocks, as a run has them: all ranks leave a model-sized all-reduce, take k
+  local steps each (k = 1, 2, 4, ... 32) and are timed; the mean over ranks and blocks is the
+  step time, and the mean of (slowest rank - mean rank) per block size is the wait for the
+  slowest rank that a synchronization after k steps costs (CPU ranks sharing cores drift
+  apart much faster than independent per-step noise would predict, so it is measured, not
+  derived from a per-step deviation);
+* links (unless ``--compute-only``, which takes them from ``--links-from``): all-reduce
+  time over the intra-node groups (all nodes at once) and over the leaders' group, at several
+  buffer sizes; alpha and bandwidth come from a least-squares fit (relative error) of the
+  ring formula ``T = 2(n-1) alpha + 2(n-1)/n S / B``. A flat world all-reduce is measured too
+  and printed beside the model's prediction for it, as a check;
 * memory bandwidth of a large copy on the device.
 
 The profile records every raw measurement and how each number was obtained.
@@ -24,6 +31,7 @@ import socket
 import statistics
 import time
 from datetime import timedelta
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +44,39 @@ from suite.recorder import synchronize
 from suite.sim.costmodel import Link, ring_allreduce
 
 DEFAULT_SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)  # bytes
+DEFAULT_BLOCK_STEPS = (1, 2, 4, 8, 16, 32)  # local steps between synchronizations
 
 
-def training_setup(workload: str, batch_size: int, device: torch.device):
-    """The workload's real model, its optimizer and loss, and batches drawn the way a run
-    draws them (a ShardedLoader over in-memory data of the dataset's shape)."""
+def workload_dataset(workload: str) -> str:
     from suite.registry import WORKLOADS, load_builtins
+
+    load_builtins()
+    return WORKLOADS.get(workload).factory().dataset
+
+
+@cache
+def training_data(dataset: str, data_dir: str | None):
+    """The dataset's real train split (as a run loads it), or, where it cannot be loaded
+    here, random inputs of its shape; and a line saying which."""
     from workloads.base import TensorData
+    from workloads.datasets import dataset_spec, load_data
+
+    try:
+        train, _, _ = load_data(dataset, data_dir=data_dir)
+        return train, f"{dataset} train split"
+    except BenchError as exc:
+        spec = dataset_spec(dataset)
+        shape = (1024, spec.in_chans, spec.image_size, spec.image_size)
+        data = TensorData(torch.randn(shape), torch.randint(spec.num_classes, (1024,)))
+        return data, f"random stand-in inputs ({exc})"
+
+
+def training_setup(workload: str, batch_size: int, device: torch.device, data_dir=None):
+    """The workload's real model, its optimizer and loss, and batches drawn the way a run
+    draws them: this rank's shard of the real dataset through a ShardedLoader. Real data
+    matters: under 4 CPU ranks on 2 cores, random inputs made steps ~15% slower than
+    Fashion-MNIST's (measured; one rank alone saw no difference)."""
+    from suite.registry import WORKLOADS, load_builtins
     from workloads.datasets import dataset_spec
     from workloads.sharding import ShardedLoader
 
@@ -52,16 +86,19 @@ def training_setup(workload: str, batch_size: int, device: torch.device):
     torch.manual_seed(0)
     model = wl.build_model(spec).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
-    shape = (4 * batch_size, spec.in_chans, spec.image_size, spec.image_size)
-    data = TensorData(torch.randn(shape), torch.randint(spec.num_classes, (4 * batch_size,)))
-    return model, optimizer, ShardedLoader(data, 0, 1, batch_size, 0), nn.CrossEntropyLoss()
+    data, _ = training_data(wl.dataset, data_dir)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    loader = ShardedLoader(data, rank, world, batch_size, 0)
+    return model, optimizer, loader, nn.CrossEntropyLoss()
 
 
-def step_timings(workload: str, batch_size: int, device: torch.device, steps: int, warmup: int):
+def step_timings(
+    workload: str, batch_size: int, device: torch.device, steps: int, warmup: int, data_dir=None
+):
     """Mean seconds of (batch + forward + loss, backward, optimizer step) over ``steps``
     steps (the mean: a round lasts the sum of its steps), and the steps' standard deviation
     (ranks drift apart by it, and a collective waits for the slowest)."""
-    model, optimizer, batches, loss_fn = training_setup(workload, batch_size, device)
+    model, optimizer, batches, loss_fn = training_setup(workload, batch_size, device, data_dir)
     samples = []
     for i in range(warmup + steps):
         synchronize(device)
@@ -85,11 +122,66 @@ def step_timings(workload: str, batch_size: int, device: torch.device, steps: in
     return [*means, statistics.stdev(sum(s) for s in samples)]
 
 
-def overlap_timings(workload, batch_size, device, group, steps: int, warmup: int):
+def synchronized_blocks(
+    workload: str,
+    batch_size: int,
+    device,
+    block_steps: list[int],
+    repeats: int,
+    warmup: int,
+    data_dir=None,
+) -> list[list[float]]:
+    """Every rank's seconds for ``repeats`` blocks of k steps per k in ``block_steps``, each
+    block started as a round is, when a model-sized all-reduce returns: rows (k, repeat),
+    columns ranks."""
+    model, optimizer, batches, loss_fn = training_setup(workload, batch_size, device, data_dir)
+
+    def step():
+        x, y = next(batches)
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    mine = []
+    model_sized = torch.ones(sum(p.numel() for p in model.parameters()), device=device)
+    for k in block_steps:
+        for _ in range(repeats):
+            dist.all_reduce(model_sized)  # a round's end: the ranks leave it as a run's do
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(k):
+                step()
+            synchronize(device)
+            mine.append(time.perf_counter() - start)
+    local = torch.tensor(mine, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return torch.stack(gathered, dim=1).tolist()
+
+
+def block_statistics(block_steps: list[int], repeats: int, seconds: list[list[float]]):
+    """Seconds per step (mean over ranks and blocks, per step taken), the measured wait for
+    the slowest rank, [[k, mean over blocks of (max - mean over ranks)], ...], and the mean
+    seconds per step of each block size, [[k, seconds], ...]."""
+    table = np.asarray(seconds, dtype=float).reshape(len(block_steps), repeats, -1)
+    per_step = table.mean(axis=2).sum() / (repeats * sum(block_steps))
+    waits = (table.max(axis=2) - table.mean(axis=2)).mean(axis=1)
+    by_size = table.mean(axis=(1, 2)) / np.asarray(block_steps)
+    return (
+        float(per_step),
+        [[k, float(w)] for k, w in zip(block_steps, waits)],
+        [[k, float(t)] for k, t in zip(block_steps, by_size)],
+    )
+
+
+def overlap_timings(workload, batch_size, device, group, steps: int, warmup: int, data_dir=None):
     """Median seconds of an all-reduce of the model's gradient size over ``group`` alone, and
     of a training step with that all-reduce running during its backward pass (as DDP's
     bucket all-reduces do): how much communication the hardware really hides."""
-    model, optimizer, batches, loss_fn = training_setup(workload, batch_size, device)
+    model, optimizer, batches, loss_fn = training_setup(workload, batch_size, device, data_dir)
     buffer = torch.ones(sum(p.numel() for p in model.parameters()), device=device)
     x, y = (t.to(device) for t in next(batches))
     alone, together = [], []
@@ -160,27 +252,39 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
             "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor(),
             "torch": torch.__version__,
             "compute": {},
+            "blocks": {},
+            "data": {},
             "links": {},
         }
+        data_dir = plan.get("data_dir")
         for workload in plan["workloads"]:
             dist.barrier()
             fwd, bwd, opt, jitter = step_timings(
-                workload, plan["batch_size"], device, plan["steps"], plan["warmup"]
+                workload, plan["batch_size"], device, plan["steps"], plan["warmup"], data_dir
             )
+            blocks = synchronized_blocks(
+                workload, plan["batch_size"], device, plan["block_steps"], plan["block_repeats"],
+                plan["warmup"], data_dir,
+            )  # fmt: skip
             comm = together = float("nan")
             if topo.world_size > 1:
                 comm, together = overlap_timings(
                     workload, plan["batch_size"], device, topo.world.pg, plan["steps"],
-                    plan["warmup"],
+                    plan["warmup"], data_dir,
                 )  # fmt: skip
+            result["data"][workload] = training_data(workload_dataset(workload), data_dir)[1]
             mine = torch.tensor(
                 [fwd, bwd, opt, comm, together, jitter], dtype=torch.float64, device=device
             )
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank paces a step
             result["compute"][workload] = mine.tolist()
+            result["blocks"][workload] = blocks
         result["memory_bandwidth"] = memory_bandwidth(device)
         for name in ("intra", "inter", "world"):
             group = {"intra": topo.intra, "inter": topo.inter, "world": topo.world}[name]
+            if plan["compute_only"]:  # links come from --links-from
+                result["links"][name] = {"n": 0, "times": []}
+                continue
             rows = []
             for size in plan["sizes"]:
                 dist.barrier()
@@ -204,6 +308,11 @@ def fit_ring(times: list[list[float]], n: int) -> tuple[Link, float]:
     if len(sizes) < 2:
         raise BenchError("need at least two buffer sizes to fit a link")
     slope, intercept = np.polyfit(sizes, secs, 1, w=1 / secs)
+    if slope <= 0:
+        raise BenchError(
+            f"all-reduce times over {n} ranks do not grow with size ({times}); measure larger "
+            "buffers (--sizes) or more repeats (--repeats)"
+        )
     steps = 2 * (n - 1)
     alpha = max(float(intercept), 0.0) / steps
     bandwidth = steps / n / float(slope)
@@ -257,14 +366,23 @@ def build_profile(
         if comm == comm:  # measured: the share of min(comm, backward) that was hidden
             hidden = (total + comm - together) / min(comm, bwd)
             overlap.append(min(1.0, max(0.0, hidden)))
+        per_step, waits, by_size = block_statistics(
+            plan["block_steps"], plan["block_repeats"], raw["blocks"][workload]
+        )
         steps[f"{workload}@{plan['batch_size']}"] = {
-            "seconds": total,
+            "seconds": per_step,
             "forward_s": fwd,
             "backward_s": bwd,
             "optimizer_s": opt,
             "jitter_s": jitter,
-            "source": f"measured: mean of {plan['steps']} steps, slowest of "
-            f"{plan['gpus']} ranks stepping at once; {where}",
+            "sync_wait_s": waits,
+            "sync_wait_ranks": plan["gpus"],
+            "block_step_s": by_size,
+            "source": f"measured: mean over {plan['gpus']} ranks and {plan['block_repeats']} "
+            f"round-started blocks of each of {plan['block_steps']} steps; forward/backward/"
+            f"optimizer split from {plan['steps']} free-running steps (slowest rank); "
+            f"sync_wait_s: mean (slowest - mean rank) per block size; inputs: "
+            f"{raw.get('data', {}).get(workload, 'random stand-in inputs')}; {where}",
         }
     return {
         "name": name,
@@ -316,6 +434,10 @@ def calibration_plan(
     steps: int = 20,
     warmup: int = 3,
     repeats: int = 5,
+    block_steps: list[int] | None = None,
+    block_repeats: int = 5,
+    compute_only: bool = False,
+    data_dir: str | None = None,
 ) -> dict:
     return {
         "workloads": workloads,
@@ -327,6 +449,10 @@ def calibration_plan(
         "steps": steps,
         "warmup": warmup,
         "repeats": repeats,
+        "block_steps": list(block_steps or DEFAULT_BLOCK_STEPS),
+        "block_repeats": block_repeats,
+        "compute_only": compute_only,
+        "data_dir": data_dir,
     }
 
 

@@ -460,6 +460,20 @@ def net_cleanup_cmd(everything) -> None:
 @click.option("--sizes", type=IntList(), default=None, help="all-reduce sizes in bytes")
 @click.option("--steps", type=int, default=20, show_default=True, help="timed steps")
 @click.option("--repeats", type=int, default=5, show_default=True, help="timed collectives")
+@click.option(
+    "--sync-blocks",
+    type=IntList(),
+    default="1,2,4,8,16,32",
+    show_default=True,
+    help="local steps between the barriers of the timed compute blocks",
+)
+@click.option("--block-repeats", type=int, default=5, show_default=True, help="blocks per size")
+@click.option("--data-dir", default=None, help="where the workloads' datasets are (as for run)")
+@click.option(
+    "--compute-only",
+    is_flag=True,
+    help="measure compute only; links from --links-from (re-time compute next to a run)",
+)
 @click.option("--name", default=None, help="profile name (default: derived from the host)")
 @click.option("--description", default=None)
 @click.option("-o", "--output", default=None, help="profile file (default: profiles/NAME.json)")
@@ -510,7 +524,13 @@ def calibrate_cmd(**kwargs) -> None:
             sizes=kwargs["sizes"],
             steps=kwargs["steps"],
             repeats=kwargs["repeats"],
+            block_steps=kwargs["sync_blocks"],
+            block_repeats=kwargs["block_repeats"],
+            compute_only=kwargs["compute_only"],
+            data_dir=kwargs["data_dir"],
         )
+        if kwargs["compute_only"] and not kwargs["links_from"]:
+            raise BenchError("--compute-only takes the links from --links-from PROFILE; give it")
         links_from = load_profile(kwargs["links_from"]).raw if kwargs["links_from"] else None
         output = Path(kwargs["output"] or f"profiles/{name}.json")
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -121,8 +121,10 @@ def simulate(tmp_path, profile, *args) -> pd.DataFrame:
     return pd.read_parquet(folder / "iterations.parquet")
 
 
-def test_ddp_buckets_hide_behind_backward_up_to_its_share(tmp_path):
-    """t_iteration = compute + allreduce - overlap * min(allreduce, backward share)."""
+def test_ddp_buckets_hide_behind_backward_as_a_pipeline(tmp_path):
+    """t_iteration = compute + allreduce - overlap * (what the bucket pipeline hides)."""
+    from suite.sim.replay import pipelined_hidden
+
     for bandwidth in (1e10, 1e6):  # comm shorter, then longer, than the backward pass
         rows = simulate(
             tmp_path / str(bandwidth),
@@ -137,10 +139,33 @@ def test_ddp_buckets_hide_behind_backward_up_to_its_share(tmp_path):
             "2",
         )
         row = rows.iloc[0]
-        hidden = 0.8 * min(row.t_allreduce, 0.5 * row.t_local_compute)
+        hidden = 0.8 * pipelined_hidden([row.t_allreduce], 0.5 * row.t_local_compute)
         assert row.t_local_compute == pytest.approx(0.1)
         assert row.t_iteration == pytest.approx(0.1 + row.t_allreduce - hidden)
     assert row.t_allreduce > 0.05  # the slow link could not hide
+
+
+def test_bucket_pipeline_closed_forms():
+    from suite.sim.replay import pipelined_hidden
+
+    assert pipelined_hidden([0.3], 1.0) == pytest.approx(
+        0.0
+    )  # one bucket: ready when backward ends
+    assert pipelined_hidden([], 1.0) == 0.0 and pipelined_hidden([0.3], 0.0) == 0.0
+    # n equal buckets, bucket i ready at i/n of the backward pass: if each fits in its
+    # interval (t <= 1/n) only the last is exposed; if not, the wire is the bottleneck and
+    # everything after the first bucket's ready time shows beyond the backward pass
+    n, backward = 10, 1.0
+    assert pipelined_hidden([0.05] * n, backward) == pytest.approx(0.45)
+    t = 0.3
+    exposed = backward / n + n * t - backward
+    assert pipelined_hidden([t] * n, backward) == pytest.approx(n * t - exposed)
+    # brute force: an event-by-event walk of the same rule
+    buckets = [0.02, 0.3, 0.05, 0.2, 0.01]
+    ready, free = [backward * sum(buckets[: i + 1]) / sum(buckets) for i in range(5)], 0.0
+    for r, b in zip(ready, buckets):
+        free = max(free, r) + b
+    assert pipelined_hidden(buckets, backward) == pytest.approx(sum(buckets) - (free - backward))
 
 
 def real_run(tmp_path, *args) -> tuple[pd.DataFrame, str]:
@@ -188,8 +213,91 @@ def test_bad_simulator_input_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("n", [2, 4, 16, 64])
 def test_straggler_wait_is_the_expected_maximum_of_normals(n):
-    from suite.sim.replay import expected_max_of_normals
+    from suite.sim.profile import expected_max_of_normals
 
     sampled = torch.randn(200_000, n, generator=torch.Generator().manual_seed(0)).amax(1).mean()
     assert expected_max_of_normals(n) == pytest.approx(float(sampled), rel=0.03)
     assert expected_max_of_normals(1) == 0.0
+
+
+def test_sync_wait_follows_the_measured_curve_and_scales_with_ranks(tmp_path):
+    from suite.sim.profile import expected_max_of_normals, load_profile
+
+    data = json.loads(open(write_profile(tmp_path, 1e9)).read())
+    step = data["compute"]["steps"]["cnn-fmnist@8"]
+    step.update(jitter_s=0.01, sync_wait_s=[[1, 0.02], [4, 0.08], [16, 0.16]], sync_wait_ranks=4)
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(data))
+    profile = load_profile(str(path))
+    assert profile.sync_wait("cnn-fmnist", 8, 4, 4) == pytest.approx(0.08)
+    assert profile.sync_wait("cnn-fmnist", 8, 2, 4) == pytest.approx(0.04)  # log-log: k^1
+    assert profile.sync_wait("cnn-fmnist", 8, 8, 4) == pytest.approx(0.08 * 2**0.5)  # k^0.5
+    assert profile.sync_wait("cnn-fmnist", 8, 64, 4) == pytest.approx(0.32)  # end slope
+    ratio = expected_max_of_normals(64) / expected_max_of_normals(4)
+    assert profile.sync_wait("cnn-fmnist", 8, 4, 64) == pytest.approx(0.08 * ratio)
+    assert profile.sync_wait("cnn-fmnist", 8, 4, 1) == 0.0
+    del step["sync_wait_s"]  # only a step deviation: independent normal steps
+    path.write_text(json.dumps(data))
+    derived = load_profile(str(path)).sync_wait("cnn-fmnist", 8, 9, 4)
+    assert derived == pytest.approx(0.01 * 3 * expected_max_of_normals(4))
+
+
+def test_simulated_iterations_wait_for_the_slowest_rank(tmp_path):
+    data = json.loads(open(write_profile(tmp_path, 1e9)).read())
+    data["compute"]["steps"]["cnn-fmnist@8"].update(
+        sync_wait_s=[[1, 0.01], [4, 0.04]], sync_wait_ranks=4
+    )
+    path = tmp_path / "waits.json"
+    path.write_text(json.dumps(data))
+    args = ["--method", "prunex", "--local-steps", "4", "--gpus", "4", "--iterations", "2"]
+    rows = simulate(tmp_path, str(path), *args)
+    assert rows.t_straggler_wait.tolist() == pytest.approx([0.04] * len(rows))
+    phases = [c for c in rows.columns if c.startswith("t_") and c != "t_iteration"]
+    leader = rows[rows["rank"] == 0].iloc[-1]
+    assert leader.t_iteration == pytest.approx(leader[phases].sum(), rel=1e-6)
+
+
+def test_block_statistics():
+    from suite.calibrate import block_statistics
+
+    # 2 block sizes x 2 repeats, 2 ranks
+    seconds = [[0.1, 0.3], [0.2, 0.2], [0.8, 1.2], [1.0, 1.0]]
+    per_step, waits, by_size = block_statistics([1, 4], 2, seconds)
+    assert per_step == pytest.approx((0.2 + 0.2 + 1.0 + 1.0) / 10)
+    assert waits == [[1, pytest.approx(0.05)], [4, pytest.approx(0.1)]]
+    assert by_size == [[1, pytest.approx(0.2)], [4, pytest.approx(0.25)]]
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_profile_the_simulator_runs_with(tmp_path):
+    """A real 2 x 2 calibration on loopback: fitted links, measured compute and waits. The sizes
+    lie 256x apart so that scheduling noise of 4 ranks on 2 cores cannot hide the slope."""
+    out = tmp_path / "cpu.json"
+    proc = bench(
+        "calibrate", "--gpus", "4", "--gpus-per-node", "2", "--workload", "cnn-fmnist",
+        "--batch-size", "8", "--steps", "3", "--repeats", "5", "--sizes", "65536,16777216",
+        "--sync-blocks", "1,4", "--block-repeats", "2", "-o", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    profile = json.loads(out.read_text())
+    for link in ("intra", "inter"):
+        assert profile["links"][link]["bandwidth_Bps"] > 0
+        assert len(profile["links"][link]["measurements"]) == 2
+    step = profile["compute"]["steps"]["cnn-fmnist@8"]
+    assert step["seconds"] > 0 and step["sync_wait_ranks"] == 4
+    assert [k for k, _ in step["sync_wait_s"]] == [1, 4]
+    assert all(w >= 0 for _, w in step["sync_wait_s"])
+    rows = simulate(tmp_path, str(out), "--method", "ddp", "--gpus", "4", "--iterations", "2")
+    assert rows.t_local_compute.iloc[0] == pytest.approx(step["seconds"])
+    assert (rows.t_straggler_wait > 0).all()
+
+    again = tmp_path / "again.json"  # compute re-timed, links kept
+    proc = bench(
+        "calibrate", "--gpus", "4", "--workload", "cnn-fmnist", "--batch-size", "8",
+        "--steps", "3", "--sync-blocks", "2", "--block-repeats", "2", "--compute-only",
+        "--links-from", str(out), "-o", str(again),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    retimed = json.loads(again.read_text())
+    assert retimed["links"]["inter"]["bandwidth_Bps"] == profile["links"]["inter"]["bandwidth_Bps"]
+    assert [k for k, _ in retimed["compute"]["steps"]["cnn-fmnist@8"]["sync_wait_s"]] == [2]

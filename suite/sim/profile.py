@@ -15,16 +15,20 @@ machine) or a published spec (document, table). Keys:
   ``backward_fraction``, the share of a step that DDP can overlap with its bucket all-reduces,
   and ``overlap_efficiency``, how much of that overlap the hardware delivers (measured; CPU
   ranks sharing cores with gloo's threads hide far less than GPUs with NCCL); per workload,
-  ``jitter_s``, the standard deviation of a step, from which the simulator prices the wait
-  for the slowest rank at each synchronization.
+  ``sync_wait_s``, the measured wait for the slowest rank at a synchronization after k local
+  steps (``[[k, seconds], ...]``, measured with ``sync_wait_ranks`` ranks), else
+  ``jitter_s``, the standard deviation of a step, from which that wait is derived for
+  independent normal steps.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from statistics import NormalDist
 
 from suite.errors import BenchError
 from suite.sim.costmodel import Link
@@ -46,6 +50,7 @@ class Profile:
     achieved_flops: float | None = None
     steps: dict[str, float] = field(default_factory=dict)  # "workload@batch" -> seconds
     jitter: dict[str, float] = field(default_factory=dict)  # "workload@batch" -> step std
+    sync_waits: dict[str, tuple[int, list[tuple[int, float]]]] = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -72,14 +77,35 @@ class Profile:
                 jitter={
                     k: float(v.get("jitter_s", 0.0)) for k, v in compute.get("steps", {}).items()
                 },
+                sync_waits={
+                    k: (
+                        int(v["sync_wait_ranks"]),
+                        [(int(n), float(w)) for n, w in v["sync_wait_s"]],
+                    )
+                    for k, v in compute.get("steps", {}).items()
+                    if v.get("sync_wait_s")
+                },
                 raw=data,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BenchError(f"profile {data.get('name', '?')!r} is malformed: {exc!r}") from None
 
-    def step_jitter(self, workload: str, batch_size: int) -> float:
-        """Standard deviation of a step's time (0 where not measured)."""
-        return self.jitter.get(f"{workload}@{batch_size}", 0.0)
+    def sync_wait(self, workload: str, batch_size: int, steps: int, ranks: int) -> float:
+        """Expected wait for the slowest of ``ranks`` ranks at a synchronization ``steps``
+        local steps after the last one (0 where nothing was measured).
+
+        From the measured curve: interpolated linearly in log k / log wait (extrapolated
+        along its end segments) and scaled from the measured rank count to ``ranks`` by
+        E[max of n normals]. Else from the step deviation, for independent normal steps:
+        jitter * sqrt(k) * E[max of n normals]."""
+        key = f"{workload}@{batch_size}"
+        if steps < 1 or ranks < 2:
+            return 0.0
+        if key in self.sync_waits:
+            measured_ranks, curve = self.sync_waits[key]
+            scale = expected_max_of_normals(ranks) / expected_max_of_normals(measured_ranks)
+            return scale * log_log_interpolate(curve, steps)
+        return self.jitter.get(key, 0.0) * math.sqrt(steps) * expected_max_of_normals(ranks)
 
     def step_seconds(self, workload: str, batch_size: int) -> tuple[float, str]:
         """Seconds of one local step, and how the number was obtained."""
@@ -98,6 +124,30 @@ class Profile:
             f"achieved_flops; run `bench calibrate --workload {workload} --batch-size "
             f"{batch_size}` on that hardware"
         )
+
+
+def log_log_interpolate(curve: list[tuple[int, float]], x: float) -> float:
+    """y(x) through the points of ``curve``, linear in log-log, extended by its end slopes."""
+    points = sorted((k, w) for k, w in curve if k > 0 and w > 0)
+    if not points:
+        return 0.0
+    if len(points) == 1:
+        return points[0][1]
+    logs = [(math.log(k), math.log(w)) for k, w in points]
+    lx = math.log(x)
+    i = next((i for i in range(1, len(logs) - 1) if lx < logs[i][0]), len(logs) - 1)
+    (x0, y0), (x1, y1) = logs[i - 1], logs[i]
+    return math.exp(y0 + (y1 - y0) * (lx - x0) / (x1 - x0))
+
+
+@cache
+def expected_max_of_normals(n: int, points: int = 4001) -> float:
+    """E[max of n standard normals] = integral of x n phi(x) Phi(x)^(n-1) (0 for one rank)."""
+    if n < 2:
+        return 0.0
+    normal, step = NormalDist(), 16 / (points - 1)
+    xs = (-8 + i * step for i in range(points))
+    return sum(x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1) * step for x in xs)
 
 
 def link_from(entry: dict) -> Link:

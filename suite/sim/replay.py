@@ -10,13 +10,14 @@ buffer has its real size), and its ``step`` runs unchanged; what differs is unde
   tensor times n, a gather n copies), so the method's math and control flow stay valid;
 * ``SimLoader`` has the real shard's steps per epoch but yields tiny stand-in batches (4x4
   images), because only the shapes of parameters and gradients matter to the schedule;
-* ``SimRecorder`` charges each local step the profile's compute time (measured or estimated),
-  lets collectives issued during the backward pass (DDP's bucket hooks) hide behind the
-  profile's backward share of it as far as its measured overlap efficiency allows, and
-  scales the host-measured time of the methods' own elementwise phases (projection, pack,
-  compress, ...) by host / device memory bandwidth; where the profile measured how much a
-  step's time varies, each iteration also waits for the slowest rank (``straggler_wait``:
-  the expected maximum of N ranks' H-step sums above their mean).
+* ``SimRecorder`` charges each local step the profile's compute time (measured or estimated);
+  lets collectives issued during the backward pass (DDP's bucket hooks) hide behind it as a
+  pipeline does (bucket i is ready when the backward pass has produced its share of the
+  gradients, one bucket is on the wire at a time, and only what ends after the backward pass
+  shows), as far as the profile's measured overlap efficiency allows; scales the
+  host-measured time of the methods' own elementwise phases (projection, pack, compress, ...)
+  by host / device memory bandwidth; and adds ``straggler_wait``, the profile's expected wait
+  for the slowest rank at a synchronization after this iteration's local steps.
 
 Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
 ones, so its bytes are the leader's event log re-attributed with that rank's topology. The
@@ -28,10 +29,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 
 import torch
 import torch.distributed as dist
@@ -181,23 +182,22 @@ class SimRecorder(Recorder):
         backward_fraction: float,
         overlap_efficiency: float,
         host_scale: float,
-        jitter: float = 0.0,
-        world_size: int = 1,
+        sync_wait: Callable[[int], float] = lambda steps: 0.0,
     ):
         super().__init__(rank, device)
         self.loader = loader
         self.step_seconds = step_seconds
         self.backward_fraction = backward_fraction
         self.overlap_efficiency = overlap_efficiency
-        self.slowest_of_world = jitter * expected_max_of_normals(world_size)
+        self.sync_wait = sync_wait
         self.host_scale = host_scale
         self._compute_depth = 0
-        self._overlappable = 0.0
+        self._overlappable: list[float] = []
         self._steps_at_start = 0
 
     def begin_iteration(self, iteration: int) -> None:
         super().begin_iteration(iteration)
-        self._overlappable = 0.0
+        self._overlappable = []
         self._steps_at_start = self.loader.step
 
     @contextmanager
@@ -218,26 +218,38 @@ class SimRecorder(Recorder):
     def add_time(self, phase: str, seconds: float) -> None:
         super().add_time(phase, seconds)
         if self._compute_depth and phase != "local_compute":
-            self._overlappable += seconds  # issued during backward (DDP bucket hooks)
+            self._overlappable.append(seconds)  # issued during backward (DDP bucket hooks)
 
     @property
     def steps_this_iteration(self) -> int:
         return self.loader.step - self._steps_at_start
 
     def iteration_seconds(self) -> float:
-        compute = self.steps_this_iteration * self.step_seconds
+        steps = self.steps_this_iteration
+        compute = steps * self.step_seconds
         self._seconds["local_compute"] = compute
-        hidden = self.overlap_efficiency * min(self._overlappable, self.backward_fraction * compute)
+        if steps:
+            self._seconds["straggler_wait"] = self.sync_wait(steps)
+        backward = self.backward_fraction * self.step_seconds  # the last step's backward
+        hidden = self.overlap_efficiency * pipelined_hidden(self._overlappable, backward)
         return sum(self._seconds.values()) - hidden
 
 
-def expected_max_of_normals(n: int, points: int = 4001) -> float:
-    """E[max of n standard normals] = integral of x n phi(x) Phi(x)^(n-1) (0 for one rank)."""
-    if n < 2:
+def pipelined_hidden(buckets: list[float], backward: float) -> float:
+    """Seconds of the buckets' collectives that finish within the backward pass.
+
+    Bucket i is ready when the backward pass has produced its share of the gradients (the
+    buckets' shares in issue order, by their collective times, which are proportional to their
+    bytes on one link) and starts when it is ready and the previous one is done; what ends
+    after the backward pass is exposed."""
+    total = sum(buckets)
+    if total <= 0 or backward <= 0:
         return 0.0
-    normal, step = NormalDist(), 16 / (points - 1)
-    xs = (-8 + i * step for i in range(points))
-    return sum(x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1) * step for x in xs)
+    done = produced = 0.0
+    for seconds in buckets:
+        produced += seconds
+        done = max(done, backward * produced / total) + seconds
+    return max(0.0, total - max(0.0, done - backward))
 
 
 def rank_rows(leader_row: dict, events: list[Event], world: int, gpus_per_node: int) -> list[dict]:
@@ -333,8 +345,9 @@ def simulate_run(
         backward_fraction=profile.backward_fraction,
         overlap_efficiency=profile.overlap_efficiency,
         host_scale=host_bw / profile.memory_bandwidth,
-        jitter=profile.step_jitter(config.workload, recipe.batch_size),
-        world_size=config.gpus,
+        sync_wait=lambda steps: profile.sync_wait(
+            config.workload, recipe.batch_size, steps, config.gpus
+        ),
     )
     comm = SimCommunicator(topology, recorder, device, profile)
     torch.manual_seed(config.seed)
