@@ -6,12 +6,12 @@ What it measures, on the ranks a real run would have (same launcher, same placem
   model at the given per-rank batch on this rank's shard of the workload's real dataset (random
   inputs of its shape where it is not on disk; the profile says which), and the
   backward pass's share of it (what DDP can hide its bucket all-reduces behind). The step
-  time comes from synchronized blocks, as a run has them: all ranks leave a model-sized all-reduce, take k
-  local steps each (k = 1, 2, 4, ... 32) and are timed; the mean over ranks and blocks is the
-  step time, and the mean of (slowest rank - mean rank) per block size is the wait for the
-  slowest rank that a synchronization after k steps costs (CPU ranks sharing cores drift
-  apart much faster than independent per-step noise would predict, so it is measured, not
-  derived from a per-step deviation);
+  time comes from synchronized blocks, as a run has them: all ranks leave a model-sized
+  all-reduce, take k local steps each (k = 1, 2, 4, ... 32) and are timed; the mean over
+  ranks and blocks is the step time, and the mean of (slowest rank - mean rank) per block
+  size is the wait for the slowest rank that a synchronization after k steps costs (CPU
+  ranks sharing cores drift apart much faster than independent per-step noise would
+  predict, so it is measured, not derived from a per-step deviation);
 * links (unless ``--compute-only``, which takes them from ``--links-from``): all-reduce
   time over the intra-node groups (all nodes at once) and over the leaders' group, at several
   buffer sizes; alpha and bandwidth come from a least-squares fit (relative error) of the
