@@ -42,6 +42,7 @@ from torch import nn
 from suite.errors import BenchError
 from suite.recorder import synchronize
 from suite.sim.costmodel import Link, ring_allreduce
+from suite.sim.profile import link_from
 
 DEFAULT_SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)  # bytes
 DEFAULT_BLOCK_STEPS = (1, 2, 4, 8, 16, 32)  # local steps between synchronizations
@@ -219,10 +220,15 @@ def memory_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 
     return 2 * src.numel() * 4 / best
 
 
-def time_allreduce(group, size: int, device, repeats: int, warmup: int = 2) -> float:
+def time_allreduce(
+    group, size: int, device, repeats: int, warmup: int = 2, idle_s: float = 0.0
+) -> float:
+    """Median seconds of an all-reduce of ``size`` bytes, each after ``idle_s`` of quiet (a
+    shaped link's bucket refills in it, as it does during a run's compute)."""
     tensor = torch.ones(size // 4, device=device)
     times = []
     for i in range(warmup + repeats):
+        time.sleep(idle_s)
         synchronize(device)
         start = time.perf_counter()
         dist.all_reduce(tensor, group=group)
@@ -290,7 +296,9 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
                 dist.barrier()
                 seconds = float("nan")
                 if group is not None and group.size > 1:
-                    seconds = time_allreduce(group.pg, size, device, plan["repeats"])
+                    seconds = time_allreduce(
+                        group.pg, size, device, plan["repeats"], idle_s=refill_seconds(plan)
+                    )
                 rows.append([size, seconds])
             result["links"][name] = {"n": group.size if group else 0, "times": rows}
         if topo.rank == 0:
@@ -300,23 +308,35 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def fit_ring(times: list[list[float]], n: int) -> tuple[Link, float]:
-    """alpha and bandwidth of the ring all-reduce formula, fitted to (size, seconds) pairs by
-    least squares on relative error; returns the link and the worst relative residual."""
+def refill_seconds(plan: dict) -> float:
+    """Quiet time before each timed collective: twice what an emulated link's shapers take
+    to refill their bucket (0 on unshaped links)."""
+    network = plan.get("network", {})
+    burst = network.get("burst_bytes", 0)
+    return 2 * 8 * burst / network["inter_bw_bits_per_s"] if burst else 0.0
+
+
+def fit_ring(times: list[list[float]], n: int, burst: float = 0.0) -> tuple[Link, float]:
+    """alpha and bandwidth of the ring all-reduce formula ``T = 2(n-1) alpha + max(0, L -
+    burst) / B`` (L = 2(n-1)/n S, the bytes each rank sends), fitted to (size, seconds) pairs
+    by least squares on relative error; ``burst``: a shaped link's bucket, known from its
+    qdisc. Returns the link and the worst relative residual."""
     sizes = np.array([s for s, t in times if np.isfinite(t)], dtype=float)
     secs = np.array([t for s, t in times if np.isfinite(t)], dtype=float)
-    if len(sizes) < 2:
-        raise BenchError("need at least two buffer sizes to fit a link")
-    slope, intercept = np.polyfit(sizes, secs, 1, w=1 / secs)
+    paced = np.maximum(2 * (n - 1) / n * sizes - burst, 0.0)
+    if len(np.unique(paced)) < 2:
+        raise BenchError(
+            f"need at least two buffer sizes, one beyond the link's {burst:.0f}-byte burst, "
+            "to fit a link (--sizes)"
+        )
+    slope, intercept = np.polyfit(paced, secs, 1, w=1 / secs)
     if slope <= 0:
         raise BenchError(
             f"all-reduce times over {n} ranks do not grow with size ({times}); measure larger "
             "buffers (--sizes) or more repeats (--repeats)"
         )
-    steps = 2 * (n - 1)
-    alpha = max(float(intercept), 0.0) / steps
-    bandwidth = steps / n / float(slope)
-    link = Link(alpha, bandwidth)
+    alpha = max(float(intercept), 0.0) / (2 * (n - 1))
+    link = Link(alpha, 1 / float(slope), burst)
     predicted = np.array([ring_allreduce(s, n, link) for s in sizes])
     return link, float(np.max(np.abs(predicted - secs) / secs))
 
@@ -350,7 +370,8 @@ def build_profile(
                 f"from profile {links_from['name']!r}: " + links[link_name]["source"]
             )
             continue
-        link, worst = fit_ring(entry["times"], entry["n"])
+        burst = plan.get("network", {}).get("burst_bytes", 0) if link_name == "inter" else 0
+        link, worst = fit_ring(entry["times"], entry["n"], burst)
         links[link_name] = {
             "alpha_s": link.alpha,
             "bandwidth_Bps": link.bandwidth,
@@ -358,6 +379,12 @@ def build_profile(
             f"relative residual {worst:.1%}; {where}",
             "measurements": entry["times"],
         }
+        if burst:
+            links[link_name]["burst_bytes"] = burst
+            links[link_name]["source"] += (
+                f"; burst_bytes: the shapers' token bucket ({plan['network']['qdisc']}), "
+                "each collective timed after it refilled"
+            )
     steps = {}
     backward, overlap = [], []
     for workload, (fwd, bwd, opt, comm, together, jitter) in raw["compute"].items():
@@ -415,7 +442,7 @@ def build_profile(
 def world_check(profile: dict, gpus: int) -> list[tuple[int, float, float]]:
     """(size, measured, predicted) for the flat world all-reduce, priced like the simulator
     prices DDP's: a ring paced by the inter-node link."""
-    inter = Link(profile["links"]["inter"]["alpha_s"], profile["links"]["inter"]["bandwidth_Bps"])
+    inter = link_from(profile["links"]["inter"])
     return [
         (int(size), seconds, ring_allreduce(size, gpus, inter))
         for size, seconds in profile["world_check"]["times"]

@@ -37,6 +37,9 @@ FRAMES = ("gso_max_segs", "1", "addrgenmode", "none")
 # Names this module gives: pxb-<creating pid>x<4 hex>-br | -n<i>; others are never touched.
 OURS = re.compile(rf"^{re.escape(PREFIX)}(\d+)x[0-9a-f]{{4}}-(br|n\d+)$")
 MASTER_PORT = 29500
+# The shapers' bucket: tbf needs one at least as large as a timer tick's worth of bytes at the
+# rate; it lets this much through at line speed after the link idles (the simulator models it).
+BURST_BYTES = 256 * 1024
 UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 
 
@@ -110,7 +113,8 @@ class EmulatedCluster:
 
     @property
     def qdisc(self) -> list[str]:
-        return ["tbf", "rate", f"{self.rate}bit", "burst", "256kb", "latency", "50ms"]
+        burst = f"{BURST_BYTES // 1024}kb"
+        return ["tbf", "rate", f"{self.rate}bit", "burst", burst, "latency", "50ms"]
 
     def describe(self) -> dict:
         return {
@@ -120,6 +124,7 @@ class EmulatedCluster:
             "interface": INTERFACE,
             "mtu": MTU,
             "qdisc": " ".join(self.qdisc) + " (uplink and downlink)",
+            "burst_bytes": BURST_BYTES,
         }
 
     def setup(self) -> EmulatedCluster:

@@ -77,15 +77,41 @@ def test_allgather_broadcast_and_hierarchy_closed_forms():
     )
 
 
+def test_shaped_links_pass_their_burst_unpaced():
+    """A token bucket of b bytes refilling at B lets L bytes leave after max(0, L - b) / B;
+    each collective puts one rank's whole load on its interface through it."""
+    shaped = Link(alpha=1e-4, bandwidth=1e8, burst=2e5)
+    n, size = 4, 1e6
+    assert ring_allreduce(size, n, shaped) == pytest.approx(6e-4 + (1.5e6 - 2e5) / 1e8)
+    assert ring_allreduce(1e5, n, shaped) == pytest.approx(6e-4)  # inside the burst: latency
+    assert ring_allgather(1e5, n, shaped) == pytest.approx(3e-4 + (3e5 - 2e5) / 1e8)
+    assert chain_broadcast(size, n, shaped) == pytest.approx(3e-4 + (size - 2e5) / 1e8)
+    assert shaped.share(0.5) == Link(1e-4, 5e7, 1e5)
+
+
+def test_fit_recovers_a_shaped_link_that_a_plain_fit_cannot():
+    from suite.calibrate import fit_ring
+
+    truth = Link(alpha=4e-4, bandwidth=2.5e7, burst=262144)
+    sizes = [4096, 65536, 262144, 2**20, 2**22, 2**24]
+    times = [[s, ring_allreduce(s, 2, truth)] for s in sizes]
+    link, worst = fit_ring(times, 2, burst=262144)
+    assert link.alpha == pytest.approx(truth.alpha)
+    assert link.bandwidth == pytest.approx(truth.bandwidth)
+    assert link.burst == truth.burst and worst < 1e-9
+    _, worst_plain = fit_ring(times, 2)  # ignoring the bucket misprices the middle sizes
+    assert worst_plain > 0.2
+
+
 def test_groups_are_priced_on_their_links():
-    intra, inter = Link(1e-6, 1e11), Link(1e-5, 1e10)
+    intra, inter = Link(1e-6, 1e11), Link(1e-5, 1e10, burst=1e6)
     profile = Profile("t", "", 4, intra, inter, memory_bandwidth=1e11, rails=2)
     topo = sim_topology(16, 4, rank=0)
     comm = SimCommunicator(topo, recorder=None, device=torch.device("cpu"), profile=profile)
     assert comm.link(topo.intra) == intra
     assert comm.link(topo.inter) == inter  # one leader per node: one rail
-    assert comm.link(topo.world) == Link(1e-5, 2e10)  # 4 ranks per node use both rails
-    assert comm.link(topo.peers) == Link(1e-5, 1e10 * 2 / 4)  # 4 rings share 2 rails
+    assert comm.link(topo.world) == Link(1e-5, 2e10, 2e6)  # 4 ranks per node use both rails
+    assert comm.link(topo.peers) == Link(1e-5, 1e10 * 2 / 4, 1e6 * 2 / 4)  # 4 rings, 2 rails
 
 
 def write_profile(tmp_path, inter_bandwidth: float) -> str:

@@ -15,6 +15,14 @@ operations in MPICH", IJHPCA 2005; Patarasuk and Yuan 2009 for the ring all-redu
 A ring whose ranks span nodes is paced by its slowest edge, the inter-node one (which link a
 group's ring gets, and how concurrent rings share a node's interfaces, is decided by the
 simulator's communicator, ``suite.sim.replay.SimCommunicator.link``).
+
+A link shaped by a token bucket (the emulated links: tc tbf) lets ``burst`` bytes through at
+line speed before it paces at ``bandwidth``: the bucket holds ``burst`` tokens and refills at
+``bandwidth``, so L bytes sent at once leave after max(0, L - burst) / bandwidth. The bandwidth
+terms above take the bytes one rank sends over the whole collective (its load on the
+interface) through that rule, with the bucket full at the collective's start (the link was
+idle since the last one: compute, or a collective that drained less than a refill). Real
+fabrics have no such bucket: ``burst`` is 0 and the formulas are the plain ones.
 """
 
 from __future__ import annotations
@@ -24,28 +32,38 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Link:
-    """One link class: per-message latency (s) and per-rank bandwidth (bytes/s)."""
+    """One link class: per-message latency (s), per-rank bandwidth (bytes/s), and the bytes a
+    token-bucket shaper lets through unpaced (0: not shaped)."""
 
     alpha: float
     bandwidth: float
+    burst: float = 0.0
+
+    def transfer(self, load: float) -> float:
+        """Seconds to push ``load`` bytes through this link, starting with a full bucket."""
+        return max(0.0, load - self.burst) / self.bandwidth
+
+    def share(self, factor: float) -> Link:
+        """``factor`` of this link's interfaces: their bandwidth and their shapers' buckets."""
+        return Link(self.alpha, self.bandwidth * factor, self.burst * factor)
 
 
 def ring_allreduce(size: float, n: int, link: Link) -> float:
     if n < 2 or size <= 0:
         return 0.0
-    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * size / link.bandwidth
+    return 2 * (n - 1) * link.alpha + link.transfer(2 * (n - 1) / n * size)
 
 
 def ring_allgather(piece: float, n: int, link: Link) -> float:
     if n < 2 or piece <= 0:
         return 0.0
-    return (n - 1) * link.alpha + (n - 1) * piece / link.bandwidth
+    return (n - 1) * link.alpha + link.transfer((n - 1) * piece)
 
 
 def chain_broadcast(size: float, n: int, link: Link) -> float:
     if n < 2 or size <= 0:
         return 0.0
-    return (n - 1) * link.alpha + size / link.bandwidth
+    return (n - 1) * link.alpha + link.transfer(size)
 
 
 def hierarchical_allreduce(

@@ -6,8 +6,10 @@ machine) or a published spec (document, table). Keys:
 
 * ``gpus_per_node``: the node size the profile describes (the default for ``bench sim``);
 * ``links.intra`` / ``links.inter``: ``alpha_s`` (per-message latency) and ``bandwidth_Bps``
-  (per rank for intra, per network interface for inter), and ``links.inter.rails``, the
-  interfaces per node (1; 8 on rail-optimized nodes with a NIC per GPU);
+  (per rank for intra, per network interface for inter), ``burst_bytes`` where a token-bucket
+  shaper paces the link (emulated links; absent or 0 on real fabrics), and
+  ``links.inter.rails``, the interfaces per node (1; 8 on rail-optimized nodes with a NIC per
+  GPU);
 * ``memory_bandwidth_Bps``: device memory bandwidth, used to price the methods' elementwise
   phases (projection, pack, unpack, dual update, compress) that a replay measures on the host;
 * ``compute``: seconds per local step (forward, backward, optimizer) measured per
@@ -151,7 +153,9 @@ def expected_max_of_normals(n: int, points: int = 4001) -> float:
 
 
 def link_from(entry: dict) -> Link:
-    return Link(float(entry["alpha_s"]), float(entry["bandwidth_Bps"]))
+    return Link(
+        float(entry["alpha_s"]), float(entry["bandwidth_Bps"]), float(entry.get("burst_bytes", 0))
+    )
 
 
 def load_profile(name_or_path: str) -> Profile:

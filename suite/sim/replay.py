@@ -133,9 +133,9 @@ class SimCommunicator(Communicator):
         inter, rails = self.profile.inter, self.profile.rails
         if group.name == "peers":  # sharded leaders: P concurrent rings share the node's rails
             procs = self.topology.gpus_per_node
-            return Link(inter.alpha, inter.bandwidth * min(rails, procs) / procs)
+            return inter.share(min(rails, procs) / procs)
         # one ring (NCCL: one channel per rail) with group.size / nodes ranks on each node
-        return Link(inter.alpha, inter.bandwidth * min(rails, group.size // len(nodes)))
+        return inter.share(min(rails, group.size // len(nodes)))
 
     def price(self, kind: str, group: CommGroup, size: int, *, src=None, phase: str) -> None:
         Communicator.account(self, kind, group, size, src=src)
