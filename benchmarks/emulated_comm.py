@@ -1,0 +1,86 @@
+"""Inter-node communication time per iteration on emulated nodes (the paper's fig. 7 question).
+
+Runs prunex, prunex-flat, ddp and topk on 2 emulated nodes x 2 ranks whose links are shaped to
+``--inter-bw`` (cnn-fmnist on Fashion-MNIST, rounds of 8 local steps, masks frozen from round 3
+so PruneX's buffers are the retraining phase's), then reads the leaders' time in the
+collectives that cross nodes, per iteration and per local step, beside the inter-node bytes
+(all ranks). PruneX's inter-node collective is the leaders' all-reduce of the packed buckets
+(plus the mask OR while masks move); the others' are their world collectives, whose rings
+cross nodes. Times hold what a real system sees too: the first collective that crosses nodes
+also waits for the later node. Needs root and iproute2; ~3 minutes. Run it alone.
+
+    python benchmarks/emulated_comm.py --out /tmp/emulated-comm --inter-bw 200mbit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROUNDS = ["--local-steps", "8", "--iterations", "12", "--freeze-round", "3"]
+METHODS = {  # method: (extra options, phases whose collectives cross nodes)
+    "prunex": (ROUNDS, ("mask_sync", "inter_allreduce")),
+    "prunex-flat": (ROUNDS, ("allreduce",)),
+    "ddp": (["--iterations", "60"], ("allreduce",)),
+    "topk": (["--iterations", "60"], ("allgather", "allreduce")),
+}
+LEADERS = (0, 2)
+
+
+def inter_node_row(method: str, folder: Path, phases: tuple[str, ...]) -> dict:
+    rows = pd.read_parquet(folder / "iterations.parquet")
+    steady = rows[rows.frozen.astype(bool)] if "frozen" in rows else rows[rows.iteration > 0]
+    leaders = steady[steady["rank"].isin(LEADERS)]
+    columns = [f"t_{p}" for p in phases if f"t_{p}" in leaders]
+    seconds = leaders[columns].fillna(0.0).sum(axis=1).groupby(leaders.iteration).mean().mean()
+    steps = json.loads((folder / "manifest.json").read_text())["steps_per_iteration"]
+    inter_bytes = steady.groupby("iteration").bytes_inter.sum().mean()
+    return {
+        "method": method,
+        "iterations": steady.iteration.nunique(),
+        "local_steps": steps,
+        "inter_ms_per_iteration": 1e3 * seconds,
+        "inter_ms_per_step": 1e3 * seconds / steps,
+        "inter_MB_per_iteration": inter_bytes / 1e6,
+        "inter_MB_per_step": inter_bytes / 1e6 / steps,
+        "run_id": folder.name,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/emulated-comm")
+    parser.add_argument("--inter-bw", default="200mbit")
+    args = parser.parse_args()
+    out = Path(args.out)
+    env = {**os.environ, "PRUNEX_PROGRESS": "0"}
+    table = []
+    for method, (extra, phases) in METHODS.items():
+        results = out / method
+        shutil.rmtree(results, ignore_errors=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "suite.cli", "run", "--method", method, "--workload",
+             "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--network", "emulated",
+             "--inter-bw", args.inter_bw, "--eval-every", "1000", "--results-dir",
+             str(results), *extra],
+            env=env, text=True, capture_output=True,
+        )  # fmt: skip
+        if proc.returncode:
+            raise SystemExit(f"{method} failed:\n{proc.stderr}")
+        (folder,) = [p for p in results.iterdir() if p.is_dir()]
+        table.append(inter_node_row(method, folder, phases))
+    frame = pd.DataFrame(table)
+    frame.to_csv(out / "emulated_comm.csv", index=False)
+    print(f"2 nodes x 2 ranks, links shaped to {args.inter_bw}; leaders' inter-node collectives")
+    print(frame.to_markdown(index=False, floatfmt=".3f"))
+
+
+if __name__ == "__main__":
+    main()
