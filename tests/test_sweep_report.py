@@ -98,3 +98,23 @@ def test_report_of_nothing_is_one_line(tmp_path):
     proc = bench("report", str(tmp_path / "missing"), "-o", str(tmp_path / "r"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "is not a directory of run folders" in proc.stderr
+
+
+def test_runs_of_different_settings_are_different_lines(tmp_path):
+    """A scaling line never mixes simulated profiles, emulated link rates and plain runs."""
+    from suite.report.load import Run
+
+    summary = {"method": "ddp", "gpus": 8, "options": {}}
+
+    def run(manifest, simulated=False):
+        return Run(tmp_path, {**summary, "simulated": simulated}, manifest)
+
+    runs = [
+        run({"simulation": {"profile": {"name": "v100-ib100"}}}, simulated=True),
+        run({"simulation": {"profile": {"name": "v100-paper-fig7"}}}, simulated=True),
+        run({"network": {"mode": "emulated", "inter_bw": "200mbit"}}),
+        run({"network": {"mode": "emulated", "inter_bw": "1gbit"}}),
+        run({}),
+    ]
+    assert len({r.series for r in runs}) == len({r.label for r in runs}) == 5
+    assert runs[0].series == "ddp (sim v100-ib100)" and runs[-1].label == "ddp 8g"

@@ -27,21 +27,33 @@ class Run:
         return bool(self.summary.get("simulated"))
 
     @property
+    def setting(self) -> str:
+        """Where the run's times come from, unless a plain run: `` (sim PROFILE)`` or
+        `` (emulated RATE)``. Runs of different settings never share a line or a label."""
+        if self.simulated:
+            profile = (self.manifest.get("simulation") or {}).get("profile") or {}
+            return f" (sim {profile.get('name', '?')})"
+        network = self.manifest.get("network") or {}
+        if network.get("mode") == "emulated":
+            return f" (emulated {network.get('inter_bw') or network.get('inter_bw_bits_per_s')})"
+        return ""
+
+    @property
     def label(self) -> str:
-        """method, GPUs, the options that were set, and (sim) for simulated runs."""
+        """method, GPUs, the options that were set, and the setting."""
         s = self.summary
         options = ",".join(
             f"{k.replace('_', '-')}={v}" for k, v in sorted((s.get("options") or {}).items())
         )
         text = f"{s['method']} {s['gpus']}g" + (f" [{options}]" if options else "")
-        return text + (" (sim)" if self.simulated else "")
+        return text + self.setting
 
     @property
     def series(self) -> str:
         """The line a run belongs to in scaling plots: everything but the GPU count."""
         options = json.dumps(self.summary.get("options") or {}, sort_keys=True)
         return f"{self.summary['method']} {options if options != '{}' else ''}".strip() + (
-            " (sim)" if self.simulated else ""
+            self.setting
         )
 
     def table(self, name: str) -> pd.DataFrame | None:
