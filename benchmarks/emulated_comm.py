@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+from runs import bench, only_run
 
 ROUNDS = ["--local-steps", "8", "--iterations", "12", "--freeze-round", "3"]
 METHODS = {  # method: (extra options, phases whose collectives cross nodes)
@@ -31,16 +29,16 @@ METHODS = {  # method: (extra options, phases whose collectives cross nodes)
     "ddp": (["--iterations", "60"], ("allreduce",)),
     "topk": (["--iterations", "60"], ("allgather", "allreduce")),
 }
-LEADERS = (0, 2)
 
 
 def inter_node_row(method: str, folder: Path, phases: tuple[str, ...]) -> dict:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    steps = manifest["steps_per_iteration"]
     rows = pd.read_parquet(folder / "iterations.parquet")
     steady = rows[rows.frozen.astype(bool)] if "frozen" in rows else rows[rows.iteration > 0]
-    leaders = steady[steady["rank"].isin(LEADERS)]
+    leaders = steady[steady["rank"].isin(manifest["topology"]["leaders"])]
     columns = [f"t_{p}" for p in phases if f"t_{p}" in leaders]
     seconds = leaders[columns].fillna(0.0).sum(axis=1).groupby(leaders.iteration).mean().mean()
-    steps = json.loads((folder / "manifest.json").read_text())["steps_per_iteration"]
     inter_bytes = steady.groupby("iteration").bytes_inter.sum().mean()
     return {
         "method": method,
@@ -60,22 +58,14 @@ def main() -> None:
     parser.add_argument("--inter-bw", default="200mbit")
     args = parser.parse_args()
     out = Path(args.out)
-    env = {**os.environ, "PRUNEX_PROGRESS": "0"}
     table = []
     for method, (extra, phases) in METHODS.items():
         results = out / method
         shutil.rmtree(results, ignore_errors=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "suite.cli", "run", "--method", method, "--workload",
-             "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--network", "emulated",
-             "--inter-bw", args.inter_bw, "--eval-every", "1000", "--results-dir",
-             str(results), *extra],
-            env=env, text=True, capture_output=True,
-        )  # fmt: skip
-        if proc.returncode:
-            raise SystemExit(f"{method} failed:\n{proc.stderr}")
-        (folder,) = [p for p in results.iterdir() if p.is_dir()]
-        table.append(inter_node_row(method, folder, phases))
+        bench("run", "--method", method, "--workload", "cnn-fmnist", "--gpus", "4",
+              "--gpus-per-node", "2", "--network", "emulated", "--inter-bw", args.inter_bw,
+              "--eval-every", "1000", "--results-dir", str(results), *extra)  # fmt: skip
+        table.append(inter_node_row(method, only_run(results), phases))
     frame = pd.DataFrame(table)
     frame.to_csv(out / "emulated_comm.csv", index=False)
     print(f"2 nodes x 2 ranks, links shaped to {args.inter_bw}; leaders' inter-node collectives")

@@ -9,12 +9,7 @@ print predicted vs measured
 seconds per iteration (slowest rank, first iteration dropped: DDP rebuilds its buckets there)
 and per phase (mean over ranks).
 
-Phases are compared as each side books them. A real collective also holds the wait for the
-slowest rank (the first one after the local steps absorbs the ranks' drift), which the
-simulator books apart as ``straggler_wait``; so the like-for-like row is ``sync``, every
-collective phase plus that wait. DDP's real ``local_compute`` includes the part of its bucket
-all-reduces that backward does not hide (the simulator's is compute alone, the exposure is in
-its iteration total).
+The per-phase table compares phases as each side books them (``PHASE_NOTE`` says how).
 
 Compute is re-timed next to each run because this machine's speed drifts by 10-25% over
 minutes (4 ranks share 2 cores of a VM); a profile calibrated a few minutes earlier carries
@@ -29,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+from runs import bench, only_run
 
 LAYOUTS = {"2x2": (4, 2), "4x1": (4, 1)}
 RATES = ("200mbit", "1gbit")
@@ -45,21 +38,13 @@ METHODS = {
     "ddp": ["--iterations", "60"],
     "topk": ["--iterations", "60"],
 }
+PHASE_NOTE = """A real collective also holds the wait for the slowest rank (the first one after
+the local steps absorbs the ranks' drift), which the simulator books apart as `straggler_wait`;
+so the like-for-like row is `sync`, every collective phase plus that wait. DDP's real
+`local_compute` includes the part of its bucket all-reduces that backward does not hide (the
+simulator's is compute alone, the exposure is in its iteration total)."""
 COLLECTIVES = ("intra_allreduce", "mask_sync", "inter_allreduce", "broadcast", "intra_allgather",
                "allreduce", "allgather")  # fmt: skip
-
-
-def bench(*args: str) -> None:
-    env = {**os.environ, "PRUNEX_PROGRESS": "0"}
-    proc = subprocess.run([sys.executable, "-m", "suite.cli", *args], env=env, text=True,
-                          capture_output=True)  # fmt: skip
-    if proc.returncode:
-        raise SystemExit(f"bench {' '.join(args)} failed:\n{proc.stderr}")
-
-
-def only_run(directory: Path) -> Path:
-    (folder,) = [p for p in directory.iterdir() if p.is_dir()]
-    return folder
 
 
 def timings(folder: Path) -> dict[str, float]:
@@ -153,7 +138,7 @@ def tabulate(out: Path) -> None:
     per_iteration = table[table.phase == "iteration"].drop(columns="phase")
     phases = table[table.phase != "iteration"]
     text = ["## Time per iteration", per_iteration.to_markdown(index=False, floatfmt=".1f"),
-            "", "## Per phase (mean over ranks)", "", __doc__.split("\n\n")[2].strip(), "",
+            "", "## Per phase (mean over ranks)", "", PHASE_NOTE, "",
             phases.to_markdown(index=False, floatfmt=".1f")]  # fmt: skip
     (out / "validation.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))

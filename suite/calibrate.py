@@ -308,12 +308,16 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
         dist.destroy_process_group()
 
 
+def shaped_burst(plan: dict) -> int:
+    """Bytes the inter-node links' shapers let through unpaced (0: not emulated)."""
+    return plan.get("network", {}).get("burst_bytes", 0)
+
+
 def refill_seconds(plan: dict) -> float:
     """Quiet time before each timed collective: twice what an emulated link's shapers take
     to refill their bucket (0 on unshaped links)."""
-    network = plan.get("network", {})
-    burst = network.get("burst_bytes", 0)
-    return 2 * 8 * burst / network["inter_bw_bits_per_s"] if burst else 0.0
+    burst = shaped_burst(plan)
+    return 2 * 8 * burst / plan["network"]["inter_bw_bits_per_s"] if burst else 0.0
 
 
 def fit_ring(times: list[list[float]], n: int, burst: float = 0.0) -> tuple[Link, float]:
@@ -370,7 +374,7 @@ def build_profile(
                 f"from profile {links_from['name']!r}: " + links[link_name]["source"]
             )
             continue
-        burst = plan.get("network", {}).get("burst_bytes", 0) if link_name == "inter" else 0
+        burst = shaped_burst(plan) if link_name == "inter" else 0
         link, worst = fit_ring(entry["times"], entry["n"], burst)
         links[link_name] = {
             "alpha_s": link.alpha,

@@ -35,7 +35,7 @@ class Run:
             return f" (sim {profile.get('name', '?')})"
         network = self.manifest.get("network") or {}
         if network.get("mode") == "emulated":
-            return f" (emulated {network.get('inter_bw') or network.get('inter_bw_bits_per_s')})"
+            return f" (emulated {network.get('inter_bw', '?')})"
         return ""
 
     @property
