@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -22,11 +23,21 @@ from torch.nn.parallel import DistributedDataParallel
 from baselines.common import SGDBaseline
 from suite.comm import Communicator
 from suite.method import RunContext
+from suite.options import POSITIVE, option
 from suite.recorder import Recorder
 from suite.registry import METHODS
 from suite.topology import CommGroup
 
 CommHook = Callable[[object, object], torch.futures.Future]
+
+
+@dataclass
+class DDPSettings:
+    """Options of every DDP-based method (``ddp``, its 16-bit variants, ``powersgd``)."""
+
+    bucket_cap_mb: float | None = option(
+        None, "DDP gradient bucket size in MiB", check=POSITIVE, shown_default="torch's 25"
+    )
 
 
 def instrumented_allreduce_hook(comm: Communicator, group: CommGroup) -> CommHook:
@@ -74,8 +85,8 @@ class DDPMethod(SGDBaseline):
 
     def __init__(self, ctx: RunContext, hook: CommHook | None = None, state: object = None):
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        bucket_cap_mb = ctx.option("bucket_cap_mb", None)
-        kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb else {}
+        bucket_cap_mb = ctx.settings.bucket_cap_mb
+        kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}
         model = DistributedDataParallel(
             ctx.model,
             device_ids=device_ids,
@@ -97,7 +108,8 @@ class DDPMethod(SGDBaseline):
 @METHODS.register(
     "ddp",
     "Dense baseline: PyTorch DDP, ring all-reduce of full fp32 gradients every step "
-    "(paper sec. 5.1.4); --bucket-cap-mb",
+    "(paper sec. 5.1.4)",
+    settings=DDPSettings,
 )
 def make_ddp(ctx: RunContext) -> DDPMethod:
     return DDPMethod(ctx)
@@ -111,7 +123,8 @@ def make_half_precision_ddp(ctx: RunContext, torch_hook: CommHook, dtype: torch.
 @METHODS.register(
     "ddp-bf16",
     "DDP with torch's bf16_compress_hook: gradients cast to bfloat16 for the all-reduce "
-    "(half DDP's bytes), fp32 update; --bucket-cap-mb",
+    "(half DDP's bytes), fp32 update",
+    settings=DDPSettings,
 )
 def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.bf16_compress_hook, torch.bfloat16)
@@ -120,7 +133,8 @@ def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
 @METHODS.register(
     "ddp-fp16",
     "DDP with torch's fp16_compress_hook: gradients divided by N, cast to float16 for the "
-    "all-reduce (half DDP's bytes), fp32 update; --bucket-cap-mb",
+    "all-reduce (half DDP's bytes), fp32 update",
+    settings=DDPSettings,
 )
 def make_ddp_fp16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.fp16_compress_hook, torch.float16)

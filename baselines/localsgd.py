@@ -29,6 +29,7 @@ each round's end. Momentum buffers stay local, as in torch's post-local SGD.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -40,12 +41,17 @@ from torch.distributed.algorithms.model_averaging.utils import get_params_to_ave
 
 from baselines.common import SGDBaseline, broadcast_initial_state
 from suite.comm import flatten, nbytes, unflatten_into
-from suite.errors import BenchError
-from suite.method import RunContext
+from suite.method import RoundSettings, RunContext
+from suite.options import AT_LEAST_1, option
 from suite.registry import METHODS
 from suite.topology import CommGroup
 
-DEFAULT_INTRA_PERIOD = 4
+
+@dataclass
+class LocalSGDSettings(RoundSettings):
+    intra_average_period: int = option(
+        4, "average inside each node every N local steps", check=AT_LEAST_1
+    )
 
 
 class HierarchicalLocalSGD(SGDBaseline):
@@ -54,9 +60,7 @@ class HierarchicalLocalSGD(SGDBaseline):
         broadcast_initial_state(self.module)
         topo = ctx.topology
         self.steps_per_iteration = ctx.local_steps_per_round()
-        period = int(ctx.option("intra_average_period", DEFAULT_INTRA_PERIOD))
-        if period < 1:
-            raise BenchError(f"--intra-average-period must be at least 1, got {period}")
+        period = ctx.settings.intra_average_period
         levels = OrderedDict()  # averaging period -> group size, lowest level first
         if period < self.steps_per_iteration and topo.gpus_per_node > 1:
             levels[period] = topo.gpus_per_node
@@ -117,6 +121,9 @@ class HierarchicalLocalSGD(SGDBaseline):
     "Local SGD, torch's HierarchicalModelAverager: parameters and BN statistics averaged in "
     "the node every --intra-average-period (4) steps, over the world every --local-steps "
     "(PruneX's round; one iteration = one round)",
+    settings=LocalSGDSettings,
+    not_simulable="torch's model averager builds its own subgroups, which a one-process "
+    "replay cannot stand in for",
 )
 def make_localsgd_hier(ctx: RunContext) -> HierarchicalLocalSGD:
     return HierarchicalLocalSGD(ctx)

@@ -20,17 +20,28 @@ sensitive to biased gradients; 10 keeps the benchmark's short runs mostly compre
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from baselines.ddp import CommHook, DDPMethod, timed_hook
+from baselines.ddp import CommHook, DDPMethod, DDPSettings, timed_hook
 from suite.comm import Communicator, nbytes
-from suite.errors import BenchError
 from suite.method import RunContext
+from suite.options import AT_LEAST_1, at_least, option
 from suite.registry import METHODS
 from suite.topology import CommGroup
 
-DEFAULT_RANK = 2
-DEFAULT_START_ITER = 10
+
+@dataclass
+class PowerSGDSettings(DDPSettings):
+    """The two knobs of torch's ``PowerSGDState`` this benchmark exposes (rank first)."""
+
+    powersgd_rank: int = option(2, "matrix approximation rank", check=AT_LEAST_1)
+    start_powersgd_iter: int = option(
+        10,
+        "vanilla all-reduce before this iteration (torch needs 2 with error feedback)",
+        check=at_least(2),
+    )
 
 
 def recorded_powersgd_hook(comm: Communicator, group: CommGroup) -> CommHook:
@@ -56,19 +67,11 @@ def recorded_powersgd_hook(comm: Communicator, group: CommGroup) -> CommHook:
 
 class PowerSGD(DDPMethod):
     def __init__(self, ctx: RunContext):
-        rank = int(ctx.option("powersgd_rank", DEFAULT_RANK))
-        start = int(ctx.option("start_powersgd_iter", DEFAULT_START_ITER))
-        if rank < 1:
-            raise BenchError(f"--powersgd-rank must be at least 1, got {rank}")
-        if start < 2:
-            raise BenchError(
-                f"--start-powersgd-iter must be at least 2 with error feedback, got {start}"
-            )
         world = ctx.topology.world
         self.powersgd = PowerSGDState(
             process_group=world.pg,
-            matrix_approximation_rank=rank,
-            start_powerSGD_iter=start,
+            matrix_approximation_rank=ctx.settings.powersgd_rank,
+            start_powerSGD_iter=ctx.settings.start_powersgd_iter,
             use_error_feedback=True,
             warm_start=True,
             random_seed=ctx.config.seed,  # the same on every rank: Q starts identical
@@ -92,6 +95,7 @@ class PowerSGD(DDPMethod):
     "powersgd",
     "DDP with torch's PowerSGD hook: rank-2 (--powersgd-rank) P/Q all-reduces with error "
     "feedback and warm start, vanilla all-reduce before --start-powersgd-iter (10)",
+    settings=PowerSGDSettings,
 )
 def make_powersgd(ctx: RunContext) -> PowerSGD:
     return PowerSGD(ctx)

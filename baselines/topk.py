@@ -20,6 +20,7 @@ followers. Only leaders' collectives cross nodes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -27,9 +28,16 @@ from baselines.common import SGDBaseline, broadcast_initial_state
 from suite.comm import flatten, unflatten_into
 from suite.errors import BenchError
 from suite.method import RunContext
+from suite.options import FRACTION, option
 from suite.registry import METHODS
 
-DEFAULT_RATIO = 0.01
+
+@dataclass
+class TopKSettings:
+    topk_ratio: float = option(
+        0.01, "fraction of each layer's gradient entries sent (values + int32 indices)",
+        check=FRACTION,
+    )  # fmt: skip
 
 
 def pack(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -47,8 +55,6 @@ class ErrorFeedbackTopK:
     """Per-layer top-k selection over one flat fp32 gradient vector, with residual memory."""
 
     def __init__(self, numels: list[int], ratio: float):
-        if not 0 < ratio <= 1:
-            raise BenchError(f"--topk-ratio must be in (0, 1], got {ratio}")
         self.numels = numels
         self.offsets = [0]
         for n in numels:
@@ -88,8 +94,9 @@ class TopK(SGDBaseline):
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.sparse = [p for p in params if p.dim() > 1]
         self.dense = [p for p in params if p.dim() <= 1]
-        ratio = float(ctx.option("topk_ratio", DEFAULT_RATIO))
-        self.compressor = ErrorFeedbackTopK([p.numel() for p in self.sparse], ratio)
+        self.compressor = ErrorFeedbackTopK(
+            [p.numel() for p in self.sparse], ctx.settings.topk_ratio
+        )
 
     def step(self, iteration: int) -> dict:
         loss, samples = self.forward_backward()
@@ -147,6 +154,7 @@ class TopK(SGDBaseline):
     "topk",
     "Top-K 1% (--topk-ratio) per layer with error feedback; values + int32 indices all-gathered "
     "over the world; 1-D tensors (BN, biases) dense all-reduce",
+    settings=TopKSettings,
 )
 def make_topk(ctx: RunContext) -> TopK:
     return TopK(ctx, hierarchical=False)
@@ -156,6 +164,7 @@ def make_topk(ctx: RunContext) -> TopK:
     "topk-hier",
     "Hierarchical Top-K: dense intra-node all-reduce, leaders all-gather the top-k of the node "
     "mean between nodes (1-D tensors: leaders' all-reduce), then broadcast it in the node",
+    settings=TopKSettings,
 )
 def make_topk_hier(ctx: RunContext) -> TopK:
     return TopK(ctx, hierarchical=True)

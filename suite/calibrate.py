@@ -30,7 +30,6 @@ import platform
 import socket
 import statistics
 import time
-from datetime import timedelta
 from functools import cache
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from suite.errors import BenchError
+from suite.ranks import join_process_group, local_launch_config
 from suite.recorder import synchronize
 from suite.sim.costmodel import Link, ring_allreduce
 from suite.sim.profile import link_from
@@ -243,14 +243,8 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
     from suite.topology import build_topology
 
     plan = json.loads(plan_json)
-    cuda = plan["device"] == "cuda"
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(1)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    device = join_process_group(plan["device"])
+    cuda = device.type == "cuda"
     try:
         topo = build_topology(plan["gpus_per_node"])
         result = {
@@ -489,24 +483,14 @@ def calibration_plan(
 
 def run_local(plan: dict, out_path: Path) -> None:
     """Run the calibration ranks on this machine through torch's elastic launcher."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     from suite.launch import quiet_launcher_logs
 
     if plan["device"] == "cpu":
         os.environ["OMP_NUM_THREADS"] = "1"
     quiet_launcher_logs()
-    launch = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=plan["gpus"],
-        run_id=f"calibrate-{os.getpid()}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
+    launch = local_launch_config(plan["gpus"], f"calibrate-{os.getpid()}")
     elastic_launch(launch, calibration_rank)(json.dumps(plan), str(out_path))
 
 
@@ -531,6 +515,83 @@ def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:
     plan_file.unlink()
     if code or not out_path.exists():
         raise BenchError(f"calibration ranks failed; see {out_path.parent / 'calibrate-logs'}")
+
+
+def calibrate_to_file(flags: dict, *, echo) -> Path:
+    """``bench calibrate``: plan, measure (here or on emulated links), write the profile and
+    print its headline numbers; returns the profile's path."""
+    import shlex
+    import sys
+
+    from suite.registry import WORKLOADS, load_builtins
+    from suite.sim.profile import load_profile
+    from suite.topology import check_layout
+
+    load_builtins()
+    workloads = [w for w in flags["workload"].split(",") if w]
+    for w in workloads:
+        WORKLOADS.get(w)
+    batch = flags["batch_size"] or WORKLOADS.get(workloads[0]).factory().recipe.batch_size
+    gpus = flags["gpus"]
+    gpus_per_node = flags["gpus_per_node"] or max(1, gpus // 2)
+    check_layout(gpus, gpus_per_node)
+    device = flags["device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.device_count() >= gpus else "cpu"
+    name = (
+        flags["name"] or f"{socket.gethostname()}-{device}-{gpus // gpus_per_node}x{gpus_per_node}"
+    )
+    if flags["compute_only"] and not flags["links_from"]:
+        raise BenchError("--compute-only takes the links from --links-from PROFILE; give it")
+    plan = calibration_plan(
+        workloads=workloads,
+        batch_size=batch,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        device=device,
+        sizes=flags["sizes"],
+        steps=flags["steps"],
+        repeats=flags["repeats"],
+        block_steps=flags["sync_blocks"],
+        block_repeats=flags["block_repeats"],
+        compute_only=flags["compute_only"],
+        data_dir=flags["data_dir"],
+    )
+    links_from = load_profile(flags["links_from"]).raw if flags["links_from"] else None
+    output = Path(flags["output"] or f"profiles/{name}.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    raw_path = output.with_suffix(".raw.json")
+    if flags["network"] == "emulated":
+        run_emulated(plan, raw_path, flags["inter_bw"])
+    else:
+        run_local(plan, raw_path)
+    raw = json.loads(raw_path.read_text())
+    profile = build_profile(
+        raw,
+        plan,
+        name=name,
+        description=flags["description"] or f"bench calibrate on {raw['hostname']}",
+        command=shlex.join(["bench", *sys.argv[1:]]),
+        links_from=links_from,
+    )
+    output.write_text(json.dumps(profile, indent=2) + "\n")
+    raw_path.unlink()
+    for link in ("intra", "inter"):
+        entry = profile["links"][link]
+        echo(
+            f"{link:<6} alpha {entry['alpha_s'] * 1e6:9.1f} us   "
+            f"bandwidth {entry['bandwidth_Bps'] * 8 / 1e9:8.3f} Gbit/s"
+        )
+    for key, entry in profile["compute"]["steps"].items():
+        echo(f"step   {key:<28} {entry['seconds'] * 1e3:9.2f} ms")
+    echo(f"memory {profile['memory_bandwidth']['bandwidth_Bps'] / 1e9:9.2f} GB/s")
+    for size, measured, predicted in world_check(profile, gpus):
+        echo(
+            f"world all-reduce {size:>9} B: measured {measured * 1e3:8.2f} ms, "
+            f"model {predicted * 1e3:8.2f} ms"
+        )
+    echo(f"profile: {output}")
+    return output
 
 
 if __name__ == "__main__":  # a rank under torchrun (emulated network namespaces)

@@ -1,5 +1,10 @@
-"""One exception type for problems the user can fix; the CLI prints it as one line."""
+"""The exceptions the CLI prints as one line: what the user gave wrong (exit 2), and a run
+that started and failed (exit 1)."""
 
 
 class BenchError(Exception):
     """Bad input or environment: the message names the bad value and what would work."""
+
+
+class RunFailed(BenchError):
+    """A run started and then failed or was interrupted; its folder keeps what it recorded."""

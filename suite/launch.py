@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from suite.config import RunConfig
-from suite.errors import BenchError
+from suite.errors import BenchError, RunFailed
+from suite.ranks import local_launch_config
 from suite.results import RunFolder, make_run_id
 from suite.runner import rank_main
 
@@ -68,20 +69,10 @@ def launch_local(config: RunConfig) -> Path:
         os.environ["OMP_NUM_THREADS"] = "1"
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     quiet_launcher_logs()
-    launch = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=config.gpus,
-        run_id=config.run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
+    launch = local_launch_config(config.gpus, config.run_id)
     try:
         elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
     except (ChildFailedError, KeyboardInterrupt) as exc:
@@ -120,7 +111,8 @@ def launch_emulated(config: RunConfig) -> Path:
 
 
 def fail_run(folder: RunFolder, config: RunConfig, *, interrupted: bool) -> None:
-    """Mark the run failed with the first rank's reason (keeping every flushed row), raise."""
+    """Mark the run failed with the first rank's reason (keeping every flushed row), raise
+    :class:`RunFailed`."""
     reason = first_rank_error(folder) or (
         "interrupted" if interrupted else "a rank exited abnormally"
     )
@@ -133,7 +125,7 @@ def fail_run(folder: RunFolder, config: RunConfig, *, interrupted: bool) -> None
         gpus_per_node=config.gpus_per_node,
         options=config.options,
     )
-    raise BenchError(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
+    raise RunFailed(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
 
 
 def quiet_launcher_logs() -> None:
@@ -159,4 +151,9 @@ def launch_in_job(config: RunConfig) -> None:
             "use --launcher local to spawn ranks here"
         )
     config.gpus = int(os.environ["WORLD_SIZE"])
-    rank_main(config.to_json(), None)
+    try:
+        rank_main(config.to_json(), None)
+    except RunFailed:
+        raise
+    except BenchError as exc:  # the ranks had started: a failed run, not bad input
+        raise RunFailed(str(exc)) from None

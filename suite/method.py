@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -11,10 +11,43 @@ from torch import nn
 from suite.comm import Communicator
 from suite.config import RunConfig
 from suite.errors import BenchError
+from suite.options import AT_LEAST_1, POSITIVE, option
 from suite.recorder import Recorder
 from suite.topology import Topology
 from workloads.base import Recipe, Workload
 from workloads.sharding import ShardedLoader
+
+DEFAULT_MAX_LOCAL_STEPS = 32
+
+
+@dataclass
+class RoundSettings:
+    """Options of every method that trains in rounds of local steps (PruneX, local SGD), so
+    that their rounds, and so their iterations, line up."""
+
+    local_steps: int | None = option(
+        None,
+        "local SGD steps per round H",
+        check=AT_LEAST_1,
+        shown_default=f"one local epoch, at most {DEFAULT_MAX_LOCAL_STEPS}",
+    )
+    local_epochs: float | None = option(
+        None, "local epochs per round E, instead of H (paper: 5-10)", check=POSITIVE
+    )
+
+    def steps_per_round(self, steps_per_epoch: int) -> int:
+        """Local SGD steps H of one round: ``--local-steps``, else ``--local-epochs`` worth
+        of steps, else one local epoch capped at 32 steps (the paper's 5 local epochs of a
+        64-GPU CIFAR-10 shard are ~30 steps)."""
+        if self.local_steps is not None:
+            h = self.local_steps
+        elif self.local_epochs is not None:
+            h = round(self.local_epochs * steps_per_epoch)
+        else:
+            h = min(steps_per_epoch, DEFAULT_MAX_LOCAL_STEPS)
+        if h < 1:
+            raise BenchError(f"--local-steps/--local-epochs give {h} local steps; need at least 1")
+        return h
 
 
 @dataclass
@@ -28,29 +61,16 @@ class RunContext:
     model: nn.Module  # freshly built, identical on every rank (same seed)
     loader: ShardedLoader
     device: torch.device
+    settings: Any = None  # the method's settings dataclass, resolved from config.options
 
     def option(self, name: str, default):
-        value = self.config.options.get(name)
+        """A setting by name (kept for plugins written before settings classes existed)."""
+        value = getattr(self.settings, name, None)
         return default if value is None else value
 
     def local_steps_per_round(self) -> int:
-        """Local SGD steps H of one round (PruneX, local SGD), the same for every method that
-        has rounds so their iterations line up: ``--local-steps``, else ``--local-epochs``
-        worth of steps, else one local epoch capped at 32 steps (the paper's 5 local epochs
-        of a 64-GPU CIFAR-10 shard are ~30 steps)."""
-        steps, epochs = self.option("local_steps", None), self.option("local_epochs", None)
-        if steps is not None:
-            h = int(steps)
-        elif epochs is not None:
-            h = round(float(epochs) * self.loader.steps_per_epoch)
-        else:
-            h = min(self.loader.steps_per_epoch, DEFAULT_MAX_LOCAL_STEPS)
-        if h < 1:
-            raise BenchError(f"--local-steps/--local-epochs give {h} local steps; need at least 1")
-        return h
-
-
-DEFAULT_MAX_LOCAL_STEPS = 32
+        """H for a method with :class:`RoundSettings`, on this rank's shard."""
+        return self.settings.steps_per_round(self.loader.steps_per_epoch)
 
 
 class Method(Protocol):

@@ -1,7 +1,9 @@
 """Name -> factory registries for methods and workloads.
 
 Built-ins register themselves when their package is imported; third-party plugins are found
-through the entry-point groups ``prunex_bench.methods`` and ``prunex_bench.workloads``.
+through the entry-point groups ``prunex_bench.methods`` and ``prunex_bench.workloads``. A
+method registers its settings class with its factory (see :mod:`suite.options`), so its
+options reach the command line, sweeps and experiment files with no change to the suite.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from suite.errors import BenchError
+from suite.options import Option, options_of
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,12 @@ class Entry:
     name: str
     description: str
     factory: Callable[..., Any]
+    settings: type | None = None  # a dataclass of suite.options.option fields
+    not_simulable: str | None = None  # why `bench sim` cannot replay it (None: it can)
+
+    @property
+    def options(self) -> list[Option]:
+        return options_of(self.settings)
 
 
 class Registry:
@@ -28,13 +37,26 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._plugins_loaded = False
 
-    def register(self, name: str, description: str):
-        """Decorator: ``@METHODS.register("ddp", "Dense DDP ...")`` on a factory."""
+    def register(
+        self,
+        name: str,
+        description: str,
+        *,
+        settings: type | None = None,
+        not_simulable: str | None = None,
+    ):
+        """Decorator on a factory: ``@METHODS.register("topk", "...", settings=TopKSettings)``.
+
+        ``settings``: the dataclass of the method's options, built by the runner from the
+        user's values and handed to the factory as ``ctx.settings``; ``not_simulable``: the
+        reason the simulator's one-process replay cannot run this method, if it cannot.
+        """
 
         def decorate(factory):
             if name in self._entries and self._entries[name].factory is not factory:
                 raise BenchError(f"{self.kind} {name!r} is registered twice")
-            self._entries[name] = Entry(name, description, factory)
+            options_of(settings)  # a malformed declaration fails at import, not at run time
+            self._entries[name] = Entry(name, description, factory, settings, not_simulable)
             return factory
 
         return decorate
@@ -62,6 +84,34 @@ class Registry:
             known = ", ".join(self.names()) or "(none)"
             raise BenchError(f"unknown {self.kind} {name!r}; known: {known}")
         return self._entries[name]
+
+
+    def option_catalogue(self) -> dict[str, tuple[Option, list[str]]]:
+        """Every option of every entry: name -> (its declaration, the entries that read it).
+
+        One name is one flag, so entries sharing a name must agree on its type and choices;
+        the first declaration's help and default stand for the flag.
+        """
+        catalogue: dict[str, tuple[Option, list[str]]] = {}
+        for entry in self.entries():
+            for opt in entry.options:
+                if opt.name not in catalogue:
+                    catalogue[opt.name] = (opt, [entry.name])
+                    continue
+                first, readers = catalogue[opt.name]
+                if (first.kind, first.choices, first.off_flag) != (
+                    opt.kind, opt.choices, opt.off_flag,
+                ):  # fmt: skip
+                    raise BenchError(
+                        f"{self.kind} {entry.name!r} declares {opt.flag} as {opt.type_text}, "
+                        f"but {readers[0]!r} declares it as {first.type_text}"
+                    )
+                readers.append(entry.name)
+        return catalogue
+
+    def readers(self, option_name: str) -> list[str]:
+        """The entries that read ``option_name``."""
+        return self.option_catalogue().get(option_name, (None, []))[1]
 
 
 METHODS = Registry("method", "prunex_bench.methods")

@@ -14,6 +14,7 @@ from suite.config import RunConfig
 from suite.errors import BenchError
 
 RDZV_PORT = 29500
+DEFAULT_TIME_LIMIT = "02:00:00"
 # RunConfig field -> bench run flag, for the fields a rank must see again
 FLAGS = {
     "method": "--method",
@@ -37,11 +38,11 @@ FLAGS = {
 }
 
 
-def rank_arguments(config: RunConfig, method_flags: dict[str, str]) -> list[str]:
-    """``bench run`` arguments that recreate ``config`` on every rank of the job.
+def rank_arguments(config: RunConfig) -> list[str]:
+    """``bench run`` arguments that recreate ``config`` on every rank of the job."""
+    from suite.registry import METHODS
 
-    ``method_flags``: option key -> CLI flag (``--adaptive-rho/--fixed-rho`` for booleans).
-    """
+    declared = {o.name: o for o in METHODS.get(config.method).options}
     args = ["run", "--launcher", "torchrun"]
     for field, flag in FLAGS.items():
         value = getattr(config, field)
@@ -49,23 +50,23 @@ def rank_arguments(config: RunConfig, method_flags: dict[str, str]) -> list[str]
             args += [flag, str(Path(value).resolve()) if field == "results_dir" else str(value)]
     if config.download:
         args.append("--download")
+    if config.dataset == "synthetic":
+        args += ["--synthetic-size", ",".join(map(str, config.synthetic_size))]
     for key, value in sorted(config.options.items()):
-        flag = method_flags[key]
-        if "/" in flag:
-            on, off = flag.split("/")
-            args.append(on if value else off)
+        opt = declared[key]
+        if opt.kind is bool:
+            args.append(opt.flag if value else f"--{opt.off_flag}")
         else:
-            args += [flag, str(value)]
+            args += [opt.flag, str(value)]
     return args
 
 
 def sbatch_script(
     config: RunConfig,
-    method_flags: dict[str, str],
     *,
     partition: str | None = None,
     account: str | None = None,
-    time_limit: str = "02:00:00",
+    time_limit: str = DEFAULT_TIME_LIMIT,
     cpus_per_task: int | None = None,
 ) -> str:
     gpn = config.gpus_per_node
@@ -85,7 +86,7 @@ def sbatch_script(
         lines.append(f"#SBATCH --partition={partition}")
     if account:
         lines.append(f"#SBATCH --account={account}")
-    bench = shlex.join(["-m", "suite.cli", *rank_arguments(config, method_flags)])
+    bench = shlex.join(["-m", "suite.cli", *rank_arguments(config)])
     lines += [
         "",
         f"# {config.gpus} ranks: {nodes} nodes x {gpn} GPUs, one torchrun agent per node",
@@ -113,3 +114,33 @@ def submit(script: str, run_dir: Path) -> str:
     if proc.returncode:
         raise BenchError(f"sbatch {path} failed: {proc.stderr.strip()}")
     return proc.stdout.strip()
+
+
+def submit_or_print(
+    config: RunConfig,
+    *,
+    dry_run: bool,
+    echo,
+    slurm_partition: str | None = None,
+    slurm_account: str | None = None,
+    slurm_time: str | None = None,
+) -> None:
+    """``bench run --launcher slurm``: check the run, then print (--dry-run) or sbatch its
+    job script."""
+    from suite.plan import validate
+    from suite.results import make_run_id
+
+    if config.gpus_per_node is None:
+        raise BenchError("--launcher slurm needs --gpus-per-node (GPUs on each cluster node)")
+    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
+    validate(config, check_data=False)
+    script = sbatch_script(
+        config,
+        partition=slurm_partition,
+        account=slurm_account,
+        time_limit=slurm_time or DEFAULT_TIME_LIMIT,
+    )
+    if dry_run:
+        echo(script, nl=False)
+    else:
+        echo(submit(script, Path(config.results_dir) / config.run_id))

@@ -1,9 +1,9 @@
 """``bench sweep``: a grid of runs into one results directory, resumable.
 
-Cells are the product of methods, GPU counts, seeds and the values of every method option
-given as a list, except that an option fans out only the methods that read it (the tag in its
-help text: ``--channel-keep 0.3,0.5`` with ``--method prunex,ddp`` is two prunex cells and
-one ddp cell). A cell's run id is derived from its full configuration, so re-running the same
+Cells are the product of workloads, methods, GPU counts, seeds and the values of every method
+option given as a list, except that an option fans out only the methods that declare it
+(``--channel-keep 0.3,0.5`` with ``--method prunex,ddp`` is two prunex cells and one ddp
+cell). A cell's run id is derived from its full configuration, so re-running the same
 sweep skips cells whose folder says ``ok``; a failed or interrupted cell's folder is kept,
 renamed ``<id>.failed-<n>``, and the cell runs again.
 """
@@ -14,26 +14,13 @@ import hashlib
 import itertools
 import json
 import os
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from suite.config import RunConfig
 from suite.errors import BenchError
+from suite.registry import METHODS
 from suite.results import RunFolder, write_json
-
-
-def option_readers(help_text: str) -> list[str] | None:
-    """Methods named in an option's help tag, e.g. ``[prunex*]`` -> ["prunex*"]; None if
-    untagged (then every method is assumed to read it)."""
-    match = re.match(r"\s*\[([^\]]+)\]", help_text)
-    return [m.strip() for m in match.group(1).split(",")] if match else None
-
-
-def reads(method: str, readers: list[str] | None) -> bool:
-    if readers is None:
-        return True
-    return any(method == r or (r.endswith("*") and method.startswith(r[:-1])) for r in readers)
 
 
 @dataclass
@@ -57,24 +44,25 @@ def cell_id(config: RunConfig) -> str:
 
 def expand(
     base: RunConfig,
+    workloads: list[str],
     methods: list[str],
     gpus: list[int],
     seeds: list[int],
     option_values: dict[str, list],
-    option_help: dict[str, str],
 ) -> list[Cell]:
-    """The grid's cells, in a stable order (method, then GPUs, then seeds, then options)."""
+    """The grid's cells, in a stable order (workload, method, GPUs, seeds, options)."""
     cells, seen = [], set()
-    for method in methods:
-        mine = {
-            k: v for k, v in option_values.items() if reads(method, option_readers(option_help[k]))
-        }
+    for workload, method in itertools.product(workloads, methods):
+        mine = {k: v for k, v in option_values.items() if method in METHODS.readers(k)}
         keys = sorted(mine)
         for n, seed, values in itertools.product(
             gpus, seeds, itertools.product(*(mine[k] for k in keys))
         ):
             options = {**base.options, **dict(zip(keys, values))}
-            config = replace(base, method=method, gpus=n, seed=seed, options=options, run_id=None)
+            config = replace(
+                base, workload=workload, method=method, gpus=n, seed=seed, options=options,
+                run_id=None,
+            )  # fmt: skip
             config.run_id = cell_id(config)
             if config.run_id not in seen:
                 seen.add(config.run_id)
@@ -129,6 +117,7 @@ def write_record(cells: list[Cell], results_dir: Path) -> None:
             "cells": [
                 {
                     "run_id": c.run_id,
+                    "workload": c.config.workload,
                     "method": c.config.method,
                     "gpus": c.config.gpus,
                     "options": c.config.options,

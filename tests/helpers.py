@@ -7,6 +7,7 @@ from torch import nn
 
 from suite.comm import Communicator
 from suite.config import RunConfig
+from suite.context import method_settings
 from suite.method import RunContext
 from suite.recorder import Recorder
 from suite.topology import build_topology
@@ -50,6 +51,7 @@ def make_context(
     rank: int,
     *,
     gpus_per_node: int,
+    method: str = "ddp",
     options: dict | None = None,
     batch_size: int = 8,
     lr: float = 0.05,
@@ -64,7 +66,7 @@ def make_context(
     model = model_fn() if model_fn is not None else TinyCNN(bn=bn)
     recipe = Recipe(batch_size=batch_size, lr=lr, momentum=0.9, weight_decay=1e-4)
     loader = ShardedLoader(tiny_data(), rank, topo.world_size, batch_size, seed)
-    config = RunConfig(options=dict(options or {}))
+    config = RunConfig(method=method, options=dict(options or {}))
     return RunContext(
         config,
         topo,
@@ -75,6 +77,7 @@ def make_context(
         model,
         loader,
         device,
+        method_settings(config),
     )
 
 

@@ -26,21 +26,27 @@ POWERSGD_RANK, POWERSGD_START = 2, 2
 LOCAL_STEPS, INTRA_PERIOD, ROUNDS = 4, 2, 2
 
 SCENARIOS = {
-    # name: (factory, options, iterations)
-    "ddp": (DDPMethod, {}, STEPS),
-    "ddp-bf16": (make_ddp_bf16, {}, STEPS),
-    "ddp-fp16": (make_ddp_fp16, {}, STEPS),
-    "topk": (lambda ctx: TopK(ctx, hierarchical=False), {"topk_ratio": TOPK_RATIO}, STEPS),
-    "topk-hier": (lambda ctx: TopK(ctx, hierarchical=True), {"topk_ratio": TOPK_RATIO}, STEPS),
-    "topk-dense": (lambda ctx: TopK(ctx, hierarchical=False), {"topk_ratio": 1.0}, STEPS),
-    "topk-hier-dense": (lambda ctx: TopK(ctx, hierarchical=True), {"topk_ratio": 1.0}, STEPS),
+    # name: (factory, registered method whose options it takes, options, iterations)
+    "ddp": (DDPMethod, "ddp", {}, STEPS),
+    "ddp-bf16": (make_ddp_bf16, "ddp-bf16", {}, STEPS),
+    "ddp-fp16": (make_ddp_fp16, "ddp-fp16", {}, STEPS),
+    "topk": (lambda ctx: TopK(ctx, hierarchical=False), "topk", {"topk_ratio": TOPK_RATIO}, STEPS),
+    "topk-hier": (
+        lambda ctx: TopK(ctx, hierarchical=True), "topk-hier", {"topk_ratio": TOPK_RATIO}, STEPS
+    ),
+    "topk-dense": (lambda ctx: TopK(ctx, hierarchical=False), "topk", {"topk_ratio": 1.0}, STEPS),
+    "topk-hier-dense": (
+        lambda ctx: TopK(ctx, hierarchical=True), "topk-hier", {"topk_ratio": 1.0}, STEPS
+    ),
     "powersgd": (
         PowerSGD,
+        "powersgd",
         {"powersgd_rank": POWERSGD_RANK, "start_powersgd_iter": POWERSGD_START},
         STEPS,
     ),
     "localsgd-hier": (
         HierarchicalLocalSGD,
+        "localsgd-hier",
         {"local_steps": LOCAL_STEPS, "intra_average_period": INTRA_PERIOD},
         ROUNDS,
     ),
@@ -49,8 +55,10 @@ SCENARIOS = {
 
 def baselines_worker(rank):
     out = {}
-    for name, (factory, options, iterations) in SCENARIOS.items():
-        ctx = make_context(rank, gpus_per_node=2, options=options, model_fn=cnn_fmnist_model)
+    for name, (factory, method, options, iterations) in SCENARIOS.items():
+        ctx = make_context(
+            rank, gpus_per_node=2, method=method, options=options, model_fn=cnn_fmnist_model
+        )
         method = factory(ctx)
         rows = run_iterations(method, ctx.recorder, iterations)
         out[name] = {

@@ -113,6 +113,7 @@ def test_nan_loss_marks_failed_and_keeps_rows(tmp_path):
     )
     line = one_line_error(proc)
     assert "non-finite loss" in line
+    assert proc.returncode == 1  # a run that failed, not bad input (2)
     (run,) = tmp_path.iterdir()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and "non-finite loss" in summary["error"]

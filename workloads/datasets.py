@@ -7,6 +7,7 @@ DataLoader's worker processes, which would compete with the ranks for CPU cores.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import pickle
 import tarfile
@@ -17,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn import functional as F
-from torchvision import datasets
 
 from suite.errors import BenchError
 from workloads.base import DatasetSpec, TensorData
@@ -130,6 +130,8 @@ def _load_fmnist(data_dir, download: bool) -> tuple[TensorData, TensorData]:
     found = {stem: _find_idx(dirs, stem) for stem in stems}
     if download and None in found.values():
         root = _root(data_dir)
+        from torchvision import datasets
+
         try:  # torchvision fetches into root/FashionMNIST/raw, the second place we look
             datasets.FashionMNIST(str(root), train=True, download=True)
         except (RuntimeError, OSError) as exc:
@@ -201,28 +203,35 @@ CIFAR_FIX = (
 )
 
 
-class _Cifar10Files(datasets.CIFAR10):
+@functools.cache
+def _cifar10_files_class() -> type:
     """torchvision's CIFAR-10 layout and downloader; loading is ours.
 
     torchvision's md5 check of each batch would reject small test sets, and its loader
     cannot say which file is bad, so this only downloads and reading detects corruption.
+    torchvision is imported here, not with the module: importing it costs a process about
+    3 s, and most runs never read CIFAR-10.
     """
+    from torchvision import datasets
 
-    def __init__(self, root: Path):
-        datasets.VisionDataset.__init__(self, str(root))  # not CIFAR10's: it would load
+    class Cifar10Files(datasets.CIFAR10):
+        def __init__(self, root: Path):
+            datasets.VisionDataset.__init__(self, str(root))  # not CIFAR10's: it would load
 
-    def _check_integrity(self) -> bool:  # download() skips the fetch when this holds
-        paths = self.batch_paths(train=True) + self.batch_paths(train=False)
-        return all(path.is_file() for path in paths)
+        def _check_integrity(self) -> bool:  # download() skips the fetch when this holds
+            paths = self.batch_paths(train=True) + self.batch_paths(train=False)
+            return all(path.is_file() for path in paths)
 
-    def batch_paths(self, *, train: bool) -> list[Path]:
-        names = self.train_list if train else self.test_list
-        return [Path(self.root, self.base_folder, name) for name, _md5 in names]
+        def batch_paths(self, *, train: bool) -> list[Path]:
+            names = self.train_list if train else self.test_list
+            return [Path(self.root, self.base_folder, name) for name, _md5 in names]
+
+    return Cifar10Files
 
 
 def _load_cifar10(data_dir, download: bool) -> tuple[TensorData, TensorData]:
     root = _root(data_dir)
-    files = _Cifar10Files(root)
+    files = _cifar10_files_class()(root)
     if download:
         try:
             files.download()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import timm
 from torch import nn
 
 from workloads.base import DatasetSpec
@@ -23,6 +22,8 @@ def cifar_stem(model: nn.Module, in_chans: int) -> nn.Module:
 
 
 def _timm_resnet(name: str, spec: DatasetSpec) -> nn.Module:
+    import timm  # here, not with the module: it costs a process ~4 s that most runs never use
+
     model = timm.create_model(
         name, pretrained=False, num_classes=spec.num_classes, in_chans=spec.in_chans
     )

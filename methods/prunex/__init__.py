@@ -1,6 +1,7 @@
 """PruneX (hierarchical H-SADMM) and its flat-consensus ablation; importing registers both."""
 
 from methods.prunex.method import PruneX
+from methods.prunex.settings import PruneXFlatSettings, PruneXSettings
 from suite.registry import METHODS
 
 HANDLING = (
@@ -13,6 +14,7 @@ HANDLING = (
     "prunex",
     "PruneX: hierarchical H-SADMM, leaders OR masks and all-reduce packed kept slices between "
     f"nodes; {HANDLING}",
+    settings=PruneXSettings,
 )
 def make_prunex(ctx):
     return PruneX(ctx, hierarchical=True)
@@ -22,6 +24,7 @@ def make_prunex(ctx):
     "prunex-flat",
     "PruneX (AR) ablation: flat consensus, dense world all-reduce then projection, no "
     "hierarchy or shrinkage; same math as prunex",
+    settings=PruneXFlatSettings,
 )
 def make_prunex_flat(ctx):
     return PruneX(ctx, hierarchical=False)

@@ -43,9 +43,6 @@ from suite.comm import flatten, unflatten
 from suite.errors import BenchError
 from suite.method import RunContext
 
-DEFAULT_CHANNEL_KEEP = 0.5  # paper sec. 5.1.5
-DEFAULT_FREEZE_PATIENCE = 3
-
 
 def load_masks(path: str, blocks, constrained: list[int], device) -> dict[int, StructuredMask]:
     """The structured masks a PruneX run saved (its folder's masks.pt, or the file itself)."""
@@ -78,25 +75,20 @@ class PruneX:
         self.ctx = ctx
         topo = ctx.topology
         self.hierarchical = hierarchical
-        opt = ctx.option
-        keeps = {k: opt(k, None) for k in ("filter_keep", "channel_keep", "shape_keep")}
-        if all(v is None for v in keeps.values()):
-            keeps["channel_keep"] = DEFAULT_CHANNEL_KEEP
-        for key, value in keeps.items():
-            if value is not None and not 0 < value <= 1:
-                raise BenchError(f"--{key.replace('_', '-')} must be in (0, 1], got {value}")
-        self.keeps = keeps
-        self.rho_max = float(opt("rho_max", 10.0))
-        self.eps_abs = opt("eps_abs", None)  # None: no early stop, run every round
-        self.eps_rel = float(opt("eps_rel", 1e-3))
-        self.adaptive = bool(opt("adaptive_rho", True))
-        self.freeze_round = opt("freeze_round", None)
+        settings = ctx.settings
+        self.keeps = settings.keeps
+        self.rho_max = settings.rho_max
+        self.eps_abs = settings.eps_abs  # None: no early stop, run every round
+        self.eps_rel = settings.eps_rel
+        self.adaptive = settings.adaptive_rho
+        self.freeze_round = settings.freeze_round
         # The paper freezes "once topological stability is detected" (sec. 4.5; drift reaches
         # zero within 5-15 rounds): by default, after 3 consecutive unchanged rounds.
-        self.freeze_patience = opt("freeze_patience", DEFAULT_FREEZE_PATIENCE)
-        self.bucket_bytes = int(float(opt("bucket_mb", 32.0)) * 2**20)
-        self.sharded = opt("leader_mode", "single") == "sharded"
-        self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[opt("wire_dtype", "fp32")]
+        self.freeze_patience = settings.freeze_patience
+        if hierarchical:
+            self.bucket_bytes = int(settings.bucket_mb * 2**20)
+            self.sharded = settings.leader_mode == "sharded"
+            self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[settings.wire_dtype]
         self.lam = ctx.recipe.weight_decay
 
         self.steps_per_iteration = ctx.local_steps_per_round()
@@ -121,9 +113,8 @@ class PruneX:
             self.z = [p.detach().clone() for p in self.params]  # global z
             self.u = [torch.zeros_like(p) for p in self.params]
             self.v = [torch.zeros_like(p) for p in self.params]
-        rho1, rho2 = float(opt("rho1", 1.5e-3)), float(opt("rho2", 1.5e-4))
-        self.rho1 = [rho1] * len(self.blocks)
-        self.rho2 = [rho2 if hierarchical else 0.0] * len(self.blocks)
+        self.rho1 = [settings.rho1] * len(self.blocks)
+        self.rho2 = [settings.rho2 if hierarchical else 0.0] * len(self.blocks)
         self.constrained = [i for i, b in enumerate(self.blocks) if b.constrained]
         self.masks = {
             i: StructuredMask.full(self.blocks[i].shape, device=ctx.device)
@@ -141,9 +132,8 @@ class PruneX:
         )
         self.batches = iter(ctx.loader)
         self.loss_fn = nn.CrossEntropyLoss()
-        masks_from = opt("masks_from", None)
-        if masks_from is not None:  # retrain a known structure: frozen from round 0
-            self.masks = load_masks(masks_from, self.blocks, self.constrained, ctx.device)
+        if settings.masks_from is not None:  # retrain a known structure: frozen from round 0
+            self.masks = load_masks(settings.masks_from, self.blocks, self.constrained, ctx.device)
             self.frozen = True
             self.restrict_to_support()
 

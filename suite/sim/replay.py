@@ -27,11 +27,12 @@ is stationary once PruneX's masks are frozen (the manifest says whether they wer
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -40,12 +41,11 @@ import torch.distributed as dist
 from suite.calibrate import memory_bandwidth
 from suite.comm import Communicator, nbytes
 from suite.config import RunConfig
+from suite.context import build_method, make_manifest, resolve_workload
 from suite.errors import BenchError
-from suite.method import RunContext
 from suite.recorder import Recorder
-from suite.registry import METHODS, WORKLOADS, load_builtins
-from suite.results import RunFolder, git_revision, make_run_id, versions, write_json, write_table
-from suite.runner import count_iterations, resolve_recipe
+from suite.registry import METHODS
+from suite.results import RunFolder, make_run_id, write_json, write_table
 from suite.sim.costmodel import Link, collective_time
 from suite.sim.profile import Profile
 from suite.summary import summarize
@@ -55,10 +55,6 @@ from workloads.datasets import dataset_spec, split_sizes
 STAND_IN_SIZE = 4  # spatial size of the stand-in images: every model here pools globally
 STAND_IN_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
 DEFAULT_REPLAY = 10
-UNSUPPORTED = {
-    "localsgd-hier": "torch's model averager builds its own subgroups, which a one-process "
-    "replay cannot stand in for",
-}
 
 
 class SimLoader:
@@ -309,6 +305,12 @@ def borrowed_accuracy(run_dir: str | None) -> Borrowed | None:
     )
 
 
+def check_simulable(method: str) -> None:
+    reason = METHODS.get(method).not_simulable
+    if reason is not None:
+        raise BenchError(f"the simulator cannot replay {method}: {reason}")
+
+
 def simulate_run(
     config: RunConfig,
     profile: Profile,
@@ -318,18 +320,12 @@ def simulate_run(
     host_memory_bandwidth: float | None = None,
 ) -> Path:
     """Simulate ``config`` (one method, one GPU count) and write its run folder."""
-    if config.method in UNSUPPORTED:
-        why = UNSUPPORTED[config.method]
-        raise BenchError(f"the simulator cannot replay {config.method}: {why}")
-    load_builtins()
-    workload = WORKLOADS.get(config.workload).factory()
-    method_entry = METHODS.get(config.method)
+    check_simulable(config.method)
+    workload, recipe, dataset = resolve_workload(config)
     gpn = config.gpus_per_node or profile.gpus_per_node
     num_nodes = check_layout(config.gpus, gpn)
-    dataset = config.dataset or workload.dataset
     spec = dataset_spec(dataset)
     train_samples, test_samples = split_sizes(dataset, config.synthetic_size)
-    recipe = resolve_recipe(workload, config)
     step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
     host_bw = host_memory_bandwidth or memory_bandwidth(torch.device("cpu"))
 
@@ -350,11 +346,12 @@ def simulate_run(
         ),
     )
     comm = SimCommunicator(topology, recorder, device, profile)
-    torch.manual_seed(config.seed)
-    model = workload.build_model(spec)
-    ctx = RunContext(config, topology, comm, recorder, workload, recipe, model, loader, device)
-    method = method_entry.factory(ctx)
-    iterations = count_iterations(config, loader, method, recipe)
+    if config.run_id is None:
+        config.run_id = "sim-" + make_run_id(config.method, config.workload, config.gpus)
+    ctx, method, iterations = build_method(
+        config, topology=topology, comm=comm, recorder=recorder, workload=workload,
+        recipe=recipe, spec=spec, loader=loader, device=device,
+    )  # fmt: skip
 
     rows: list[dict] = []
     last: list[dict] = []
@@ -378,26 +375,16 @@ def simulate_run(
             last = [dict(row, iteration=it, epoch=epoch) for row in last]
         rows.extend(last)
 
-    if config.run_id is None:
-        config.run_id = "sim-" + make_run_id(config.method, config.workload, config.gpus)
     folder = RunFolder(Path(config.results_dir) / config.run_id)
     folder.path.mkdir(parents=True, exist_ok=True)
     stationary = replayed == iterations or (
         rows[-1].get("frozen", True) is not False and _same_schedule(rows, config.gpus, replayed)
     )
-    manifest = {
-        "run_id": config.run_id,
-        "config": {**config.__dict__, "dataset": dataset},
-        "recipe": recipe.__dict__,
-        "planned_iterations": iterations,
-        "steps_per_iteration": method.steps_per_iteration,
-        "steps_per_epoch": loader.steps_per_epoch,
-        "train_samples": train_samples,
-        "test_samples": test_samples,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "device": "simulated",
-        "backend": "simulated",
-        "topology": {
+    manifest = make_manifest(
+        config, ctx, method, dataset=dataset, iterations=iterations,
+        train_samples=train_samples, test_samples=test_samples,
+        device="simulated", backend="simulated",
+        topology={
             "world_size": config.gpus,
             "num_nodes": num_nodes,
             "gpus_per_node": gpn,
@@ -405,10 +392,8 @@ def simulate_run(
             "node_ranks": topology.node_ranks,
             "leaders": topology.leaders,
         },
-        "versions": versions(),
-        "git_revision": git_revision(),
-        "simulated": True,
-        "simulation": {
+        simulated=True,
+        simulation={
             "profile": profile.raw,
             "step_seconds": step_seconds,
             "step_seconds_source": step_source,
@@ -417,8 +402,7 @@ def simulate_run(
             "stationary_after_replay": stationary,
             "accuracy_from": accuracy.run_id if accuracy else None,
         },
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    )  # fmt: skip
     write_json(folder.path / "manifest.json", manifest)
     frame = _frame(rows)
     write_table(folder.path / "iterations.parquet", frame)
@@ -461,3 +445,57 @@ def _frame(rows: list[dict]):
     import pandas as pd
 
     return pd.DataFrame(rows).sort_values(["iteration", "rank"], kind="stable")
+
+
+def run_simulations(
+    methods: list[str],
+    gpus: list[int],
+    base: RunConfig,
+    given: dict,
+    *,
+    profile: str | None,
+    replay: int | None,
+    accuracy_from: str | None,
+    dry_run: bool = False,
+    echo,
+) -> list[Path]:
+    """One simulated run folder per (method, GPU count); each method gets the options it
+    declares. Everything is checked before the first simulation starts."""
+    from suite.plan import split_options, validate
+    from suite.sim.profile import load_profile
+
+    loaded = load_profile(profile or "v100-ib100")
+    accuracy = borrowed_accuracy(accuracy_from)
+    if replay is not None and replay < 1:
+        raise BenchError(f"--replay must be at least 1, got {replay}")
+    configs = []
+    for method in methods:
+        check_simulable(method)
+        options, ignored = split_options(method, given)
+        if ignored and len(methods) == 1:
+            echo(f"warning: {', '.join(ignored)} not read by {method}; ignored", err=True)
+        for n in gpus:
+            config = replace(base, method=method, gpus=n, options=dict(options))
+            config.gpus_per_node = config.gpus_per_node or loaded.gpus_per_node
+            if len(methods) * len(gpus) > 1:
+                config.run_id = None
+            validate(config, check_data=False)
+            configs.append(config)
+    if dry_run:
+        for config in configs:
+            echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
+                 f"({config.gpus // config.gpus_per_node} x {config.gpus_per_node}), "
+                 f"options {config.options}")  # fmt: skip
+        return []
+    paths = []
+    for config in configs:
+        path = simulate_run(config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
+        summary = json.loads((path / "summary.json").read_text())
+        echo(
+            f"{config.method:<12} {config.gpus:>4} GPUs  "
+            f"{summary['iteration_seconds'] * 1e3:9.1f} ms/iteration  "
+            f"{summary['inter_node_bytes_per_iteration'] / 1e6:9.2f} MB inter/iteration  "
+            f"-> {path}"
+        )
+        paths.append(path)
+    return paths

@@ -1,0 +1,121 @@
+"""How a run is put together, the same way for real and simulated runs.
+
+The runner (real ranks) and the simulator (one process pricing collectives) differ in their
+topology, communicator, recorder and loader; everything else, the recipe, the method's
+settings, the seeded model, the method itself, the iteration count and the manifest, comes
+from here, so a simulated run is configured exactly as the real one would be.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+
+import torch
+
+from suite.config import RunConfig
+from suite.method import Method, RunContext
+from suite.options import resolve_settings, settings_dict
+from suite.registry import METHODS, WORKLOADS, load_builtins
+from suite.results import git_revision, versions
+from workloads.base import DatasetSpec, Recipe, Workload
+
+#: evaluations of a run whose --eval-every is not given
+DEFAULT_EVALUATIONS = 10
+
+
+def resolve_workload(config: RunConfig) -> tuple[Workload, Recipe, str]:
+    """The workload, its recipe with the run's overrides, and the dataset's name."""
+    load_builtins()
+    workload = WORKLOADS.get(config.workload).factory()
+    overrides = {
+        k: getattr(config, k)
+        for k in ("batch_size", "lr", "momentum", "weight_decay")
+        if getattr(config, k) is not None
+    }
+    return workload, replace(workload.recipe, **overrides), config.dataset or workload.dataset
+
+
+def method_settings(config: RunConfig):
+    """The method's settings object from ``config.options`` (converted and checked)."""
+    load_builtins()
+    entry = METHODS.get(config.method)
+    return resolve_settings(entry.settings, config.options, config.method)
+
+
+def build_method(
+    config: RunConfig,
+    *,
+    topology,
+    comm,
+    recorder,
+    workload: Workload,
+    recipe: Recipe,
+    spec: DatasetSpec,
+    loader,
+    device: torch.device,
+) -> tuple[RunContext, Method, int]:
+    """The seeded model (identical on every rank), the method built on it, and the number
+    of iterations the run will take."""
+    settings = method_settings(config)
+    torch.manual_seed(config.seed)
+    model = workload.build_model(spec).to(device)
+    ctx = RunContext(
+        config, topology, comm, recorder, workload, recipe, model, loader, device, settings
+    )
+    method = METHODS.get(config.method).factory(ctx)
+    steps = method.steps_per_iteration
+    return ctx, method, count_iterations(config, loader.steps_per_epoch, steps, recipe)
+
+
+def count_iterations(config: RunConfig, steps_per_epoch: int, steps_per_iteration: int, recipe):
+    if config.iterations is not None:
+        return config.iterations
+    epochs = config.epochs if config.epochs is not None else recipe.epochs
+    return max(1, math.ceil(epochs * steps_per_epoch / steps_per_iteration))
+
+
+def evaluation_points(iterations: int, eval_every: int | None) -> set[int]:
+    """Iteration counts after which to evaluate: every ``eval_every`` and the last; by
+    default ``DEFAULT_EVALUATIONS`` evenly spread, but never more often than every third
+    iteration: on CPU ranks one evaluation of the test set costs about a third of a 32-step
+    round of cnn-fmnist, so a short run would otherwise spend its time evaluating."""
+    if eval_every is not None:
+        points = set(range(eval_every, iterations + 1, eval_every))
+    else:
+        n = max(1, min(DEFAULT_EVALUATIONS, iterations // 3))
+        points = {math.ceil(k * iterations / n) for k in range(1, n + 1)}
+    return points | {iterations}
+
+
+def make_manifest(
+    config: RunConfig,
+    ctx: RunContext,
+    method: Method,
+    *,
+    dataset: str,
+    iterations: int,
+    train_samples: int,
+    test_samples: int,
+    **facts,
+) -> dict:
+    """What the run folder's ``manifest.json`` says; ``facts`` adds the launcher-specific
+    keys (device, backend, topology, hardware, network or simulation)."""
+    return {
+        "run_id": config.run_id,
+        "config": {**json.loads(config.to_json()), "dataset": dataset},
+        "method_settings": settings_dict(ctx.settings),
+        "recipe": ctx.recipe.__dict__,
+        "planned_iterations": iterations,
+        "steps_per_iteration": method.steps_per_iteration,
+        "steps_per_epoch": ctx.loader.steps_per_epoch,
+        "train_samples": train_samples,
+        "test_samples": test_samples,
+        "parameters": sum(p.numel() for p in ctx.model.parameters()),
+        "versions": versions(),
+        "git_revision": git_revision(),
+        **facts,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

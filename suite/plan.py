@@ -1,0 +1,126 @@
+"""What a ``bench run`` will do, checked and described before any rank starts.
+
+Every check that can fail on the user's input runs here, in the parent, so a mistake costs
+one line on stderr and no run folder; ``describe`` is what ``--dry-run`` prints.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from suite.config import RunConfig
+from suite.context import count_iterations, method_settings, resolve_workload
+from suite.errors import BenchError
+from suite.method import RoundSettings
+from suite.options import settings_dict
+
+#: launcher -> the flags that only it reads
+LAUNCHER_FLAGS = {
+    "slurm": ("slurm_partition", "slurm_account", "slurm_time"),
+    "sim": ("profile", "replay", "accuracy_from"),
+}
+
+
+def refuse_foreign_flags(launcher: str, given: dict) -> None:
+    """A flag of another launcher is an error, not silently ignored."""
+    for owner, names in LAUNCHER_FLAGS.items():
+        if owner == launcher:
+            continue
+        used = [n for n in names if given.get(n) is not None]
+        if used:
+            flags = ", ".join("--" + n.replace("_", "-") for n in used)
+            raise BenchError(f"{flags} only applies to --launcher {owner}, not {launcher}")
+
+
+def split_options(method: str, given: dict) -> tuple[dict, list[str]]:
+    """(the options ``method`` reads, converted to their types; the flags of the others).
+
+    Converted here so a run records ``{"local_steps": 4}`` whether the 4 came from a flag, a
+    file or a manifest, and runs of one configuration match in ``bench compare``."""
+    from suite.registry import METHODS
+
+    mine = {o.name: o for o in METHODS.get(method).options}
+    kept = {k: mine[k].convert(v) for k, v in given.items() if k in mine}
+    return kept, ["--" + k.replace("_", "-") for k in given if k not in mine]
+
+
+def validate(config: RunConfig, *, check_data: bool = True) -> None:
+    """Catch bad input here, in one line, before any rank is spawned."""
+    from suite.topology import check_layout
+    from workloads.datasets import load_data
+
+    workload, recipe, dataset = resolve_workload(config)
+    method_settings(config)  # converts and range-checks every method option
+    if config.gpus_per_node is not None:
+        check_layout(config.gpus, config.gpus_per_node)
+    if config.inter_bw is not None and config.network != "emulated":
+        raise BenchError("--inter-bw needs --network emulated")
+    if config.network == "emulated":
+        from suite.netemu import check_privileges, parse_rate
+
+        if config.inter_bw is None:
+            raise BenchError("--network emulated needs --inter-bw, e.g. 1gbit or 200mbit")
+        parse_rate(config.inter_bw)
+        if config.gpus_per_node is None or config.gpus // config.gpus_per_node < 2:
+            raise BenchError("--network emulated needs at least two nodes (--gpus-per-node)")
+        check_privileges()
+    for name in ("iterations", "epochs", "eval_every", "batch_size", "lr"):
+        _check(name, getattr(config, name), lambda v: v > 0, "positive")
+    _check("momentum", config.momentum, lambda v: 0 <= v < 1, "in [0, 1)")
+    _check("weight_decay", config.weight_decay, lambda v: v >= 0, "at least 0")
+    if not check_data:  # the simulator reads no data
+        return
+    load_data(
+        dataset,
+        data_dir=config.data_dir,
+        download=config.download,
+        seed=config.seed,
+        synthetic_size=config.synthetic_size,
+    )
+
+
+def _check(name: str, value, test, text: str) -> None:
+    flag = "--" + name.replace("_", "-")
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BenchError(f"{flag} must be finite, got {value}")
+    if not test(value):
+        raise BenchError(f"{flag} must be {text}, got {value}")
+
+
+def describe(config: RunConfig, run_dir: Path | str) -> str:
+    """The ``--dry-run`` plan: ranks and nodes, data, recipe, method settings, run folder."""
+    from workloads.datasets import split_sizes
+
+    workload, recipe, dataset = resolve_workload(config)
+    settings = method_settings(config)
+    gpn = config.gpus_per_node
+    layout = f"{config.gpus // gpn} node(s) x {gpn}" if gpn else "nodes discovered from the job"
+    lines = [
+        f"method      {config.method}",
+        f"workload    {config.workload} on {dataset}",
+        f"ranks       {config.gpus} ({layout}); launcher {config.launcher}, "
+        f"device {config.device}, network {config.network}"
+        + (f" {config.inter_bw}" if config.inter_bw else ""),
+        f"recipe      batch {recipe.batch_size}/rank, lr {recipe.lr}, momentum "
+        f"{recipe.momentum}, weight decay {recipe.weight_decay}",
+    ]
+    try:  # the iteration count needs the shard size, known without reading the data
+        train_samples, _ = split_sizes(dataset, config.synthetic_size)
+        steps_per_epoch = (train_samples // config.gpus) // recipe.batch_size
+        rounds = isinstance(settings, RoundSettings)
+        per_iteration = settings.steps_per_round(steps_per_epoch) if rounds else 1
+        iterations = count_iterations(config, steps_per_epoch, per_iteration, recipe)
+        lines.append(
+            f"schedule    {iterations} iteration(s) of {per_iteration} local step(s); "
+            f"{steps_per_epoch} steps per epoch per rank; seed {config.seed}"
+        )
+    except BenchError:
+        pass
+    if settings is not None:
+        values = settings_dict(settings)
+        lines.append("options     " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    lines.append(f"run folder  {run_dir}")
+    return "\n".join(lines)
