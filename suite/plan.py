@@ -7,6 +7,7 @@ one line on stderr and no run folder; ``describe`` is what ``--dry-run`` prints.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from suite.config import RunConfig
@@ -14,6 +15,9 @@ from suite.context import count_iterations, method_settings, resolve_workload
 from suite.errors import BenchError
 from suite.method import RoundSettings
 from suite.options import settings_dict
+
+#: a run id names one folder inside --results-dir: no separators, no "..", no hidden names
+SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 #: launcher -> the flags that only it reads
 LAUNCHER_FLAGS = {
@@ -52,6 +56,13 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
 
     workload, recipe, dataset = resolve_workload(config)
     method_settings(config)  # converts and range-checks every method option
+    if config.run_id is not None and (
+        not SAFE_RUN_ID.fullmatch(config.run_id) or ".." in config.run_id
+    ):
+        raise BenchError(
+            f"--run-id {config.run_id!r} must be one folder name (letters, digits, '.', '_', "
+            "'-'; no '/' or '..')"
+        )
     if config.gpus_per_node is not None:
         check_layout(config.gpus, config.gpus_per_node)
     if config.inter_bw is not None and config.network != "emulated":

@@ -213,6 +213,13 @@ def test_flags_of_another_launcher_are_refused(tmp_path):
     assert one_line(result) == "Error: --profile only applies to --launcher sim, not slurm"
 
 
+@pytest.mark.parametrize("run_id", ["../escaped-run", "a/b", ".hidden", ""])
+def test_run_id_is_one_safe_folder_name(tmp_path, run_id):
+    result = bench_here("run", *TINY, "--run-id", run_id, "--results-dir", str(tmp_path / "r"))
+    assert "must be one folder name" in one_line(result) and result.exit_code == 2
+    assert not (tmp_path / "escaped-run").exists() and not (tmp_path / "r").exists()
+
+
 def test_help_shows_the_workloads_true_recipe():
     out = bench_here("run", "--help").stdout
     flat = " ".join(out.split())
