@@ -69,7 +69,9 @@ def attach_registry_params(command: click.Command, *, lists: bool) -> None:
     for name, (opt, readers) in METHODS.option_catalogue().items():
         if name in taken:
             raise BenchError(f"method option {opt.flag} of {readers[0]} collides with a flag")
-        defaults = {METHODS.get(r).settings.__dataclass_fields__[name].default for r in readers}
+        defaults = {
+            o.default_text for r in readers for o in METHODS.get(r).options if o.name == name
+        }
         default = opt.default_text if len(defaults) == 1 else "per method, see bench list"
         help_text = f"[{', '.join(readers)}] {opt.help} (default: {default})"
         if opt.kind is bool:
