@@ -254,14 +254,12 @@ def rerun_cmd(run_dir, results_dir, run_id, dry_run) -> None:
     """Run a recorded run's configuration again (from its manifest.json) into a new folder."""
     from suite.execute import execute_run
     from suite.experiment import read_experiment
-    from suite.registry import METHODS, load_builtins
+    from suite.registry import load_builtins
 
     try:
         load_builtins()
-        recorded = read_experiment(Path(run_dir) / "manifest.json")
-        options = METHODS.option_catalogue()
-        kwargs = {k: v for k, v in recorded.items() if k not in options}
-        given = {k: v for k, v in recorded.items() if k in options}
+        kwargs = read_experiment(Path(run_dir) / "manifest.json")
+        given = given_options(kwargs)
         parent = str(Path(run_dir).resolve().parent)
         kwargs.update(results_dir=results_dir or parent, run_id=run_id, dry_run=dry_run)
         kwargs["gpus"] = [kwargs["gpus"]]

@@ -44,6 +44,14 @@ def at_least(n: int) -> Check:
     return Check(lambda v: v >= n, f"at least {n}")
 
 
+def check_value(flag: str, value: Any, check: Check | None) -> None:
+    """One-line error unless ``value`` is finite (if a float) and passes ``check``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BenchError(f"{flag} must be finite, got {value}")
+    if check is not None and not check.test(value):
+        raise BenchError(f"{flag} must be {check.text}, got {value}")
+
+
 @dataclass(frozen=True)
 class _Declared:
     help: str
@@ -133,14 +141,11 @@ class Option:
                 converted = str(value)
         except (TypeError, ValueError):
             raise BenchError(f"{self.flag} takes {self.type_text}, got {value!r}") from None
-        if isinstance(converted, float) and not math.isfinite(converted):
-            raise BenchError(f"{self.flag} must be finite, got {value}")
         if self.choices and converted not in self.choices:
             raise BenchError(
                 f"{self.flag} must be one of {', '.join(self.choices)}, got {converted!r}"
             )
-        if self.check is not None and not self.check.test(converted):
-            raise BenchError(f"{self.flag} must be {self.check.text}, got {converted}")
+        check_value(self.flag, converted, self.check)
         if self.existing_path and not Path(converted).exists():
             raise BenchError(f"{self.flag} {converted}: no such file or folder")
         return converted

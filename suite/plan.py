@@ -6,7 +6,6 @@ one line on stderr and no run folder; ``describe`` is what ``--dry-run`` prints.
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -14,10 +13,17 @@ from suite.config import RunConfig
 from suite.context import count_iterations, method_settings, resolve_workload
 from suite.errors import BenchError
 from suite.method import RoundSettings
-from suite.options import settings_dict
+from suite.options import POSITIVE, Check, check_value, settings_dict
 
 #: a run id names one folder inside --results-dir: no separators, no "..", no hidden names
 SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+#: RunConfig field -> its range (run length and recipe overrides)
+RECIPE_CHECKS = {
+    **dict.fromkeys(("iterations", "epochs", "eval_every", "batch_size", "lr"), POSITIVE),
+    "momentum": Check(lambda v: 0 <= v < 1, "in [0, 1)"),
+    "weight_decay": Check(lambda v: v >= 0, "at least 0"),
+}
 
 #: launcher -> the flags that only it reads
 LAUNCHER_FLAGS = {
@@ -54,7 +60,7 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
     from suite.topology import check_layout
     from workloads.datasets import load_data
 
-    workload, recipe, dataset = resolve_workload(config)
+    _, _, dataset = resolve_workload(config)
     method_settings(config)  # converts and range-checks every method option
     if config.run_id is not None and (
         not SAFE_RUN_ID.fullmatch(config.run_id) or ".." in config.run_id
@@ -76,10 +82,10 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
         if config.gpus_per_node is None or config.gpus // config.gpus_per_node < 2:
             raise BenchError("--network emulated needs at least two nodes (--gpus-per-node)")
         check_privileges()
-    for name in ("iterations", "epochs", "eval_every", "batch_size", "lr"):
-        _check(name, getattr(config, name), lambda v: v > 0, "positive")
-    _check("momentum", config.momentum, lambda v: 0 <= v < 1, "in [0, 1)")
-    _check("weight_decay", config.weight_decay, lambda v: v >= 0, "at least 0")
+    for name, check in RECIPE_CHECKS.items():
+        value = getattr(config, name)
+        if value is not None:
+            check_value("--" + name.replace("_", "-"), value, check)
     if not check_data:  # the simulator reads no data
         return
     load_data(
@@ -91,21 +97,11 @@ def validate(config: RunConfig, *, check_data: bool = True) -> None:
     )
 
 
-def _check(name: str, value, test, text: str) -> None:
-    flag = "--" + name.replace("_", "-")
-    if value is None:
-        return
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BenchError(f"{flag} must be finite, got {value}")
-    if not test(value):
-        raise BenchError(f"{flag} must be {text}, got {value}")
-
-
 def describe(config: RunConfig, run_dir: Path | str) -> str:
     """The ``--dry-run`` plan: ranks and nodes, data, recipe, method settings, run folder."""
     from workloads.datasets import split_sizes
 
-    workload, recipe, dataset = resolve_workload(config)
+    _, recipe, dataset = resolve_workload(config)
     settings = method_settings(config)
     gpn = config.gpus_per_node
     layout = f"{config.gpus // gpn} node(s) x {gpn}" if gpn else "nodes discovered from the job"

@@ -155,7 +155,6 @@ class Run:
     recorder: Recorder
     topology: Topology
     loader: ShardedLoader
-    test_data: TensorData
     method: Method
     manifest: dict
     iterations: int
@@ -221,7 +220,6 @@ def setup(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
         recorder,
         topology,
         loader,
-        test_data,
         method,
         manifest,
         iterations,
