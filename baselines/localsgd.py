@@ -115,6 +115,10 @@ class HierarchicalLocalSGD(SGDBaseline):
     def state_dict(self) -> dict:
         return {**super().state_dict(), "averager_step": self.averager.step}
 
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.averager.step = int(state["averager_step"])
+
 
 @METHODS.register(
     "localsgd-hier",

@@ -90,6 +90,16 @@ class PowerSGD(DDPMethod):
             },
         }
 
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        saved, device = state["powersgd"], self.ctx.device
+        self.powersgd.iter = int(saved["iter"])
+        for target, key in ((self.powersgd.error_dict, "error"),
+                            (self.powersgd.p_memory_dict, "p"),
+                            (self.powersgd.q_memory_dict, "q")):  # fmt: skip
+            target.clear()
+            target.update({k: v.to(device) for k, v in saved[key].items()})
+
 
 @METHODS.register(
     "powersgd",

@@ -149,6 +149,11 @@ class TopK(SGDBaseline):
     def state_dict(self) -> dict:
         return {**super().state_dict(), "residual": self.compressor.residual}
 
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        residual = state["residual"]
+        self.compressor.residual = None if residual is None else residual.to(self.ctx.device)
+
 
 @METHODS.register(
     "topk",

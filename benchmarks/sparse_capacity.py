@@ -25,7 +25,10 @@ def main() -> None:
     batch = int(sys.argv[3]) if len(sys.argv) > 3 else 128
     lr = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05
     train, test, spec = load_data("fmnist")
-    masks = {name: m["dense"].float() for name, m in torch.load(run / "masks.pt").items()}
+    masks = {
+        name: m["dense"].float()
+        for name, m in torch.load(run / "masks.pt", weights_only=True).items()
+    }
     torch.manual_seed(0)
     model = small_cnn(spec)
     params = dict(model.named_parameters())

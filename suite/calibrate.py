@@ -29,6 +29,7 @@ import os
 import platform
 import socket
 import statistics
+import tempfile
 import time
 from functools import cache
 from pathlib import Path
@@ -490,8 +491,9 @@ def run_local(plan: dict, out_path: Path) -> None:
     if plan["device"] == "cpu":
         os.environ["OMP_NUM_THREADS"] = "1"
     quiet_launcher_logs()
-    launch = local_launch_config(plan["gpus"], f"calibrate-{os.getpid()}")
-    elastic_launch(launch, calibration_rank)(json.dumps(plan), str(out_path))
+    with tempfile.TemporaryDirectory(prefix="prunex-launch-") as logs:
+        launch = local_launch_config(plan["gpus"], f"calibrate-{os.getpid()}", log_dir=logs)
+        elastic_launch(launch, calibration_rank)(json.dumps(plan), str(out_path))
 
 
 def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:

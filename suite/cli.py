@@ -176,6 +176,17 @@ def run_flags(func):
                      "rate-limited to --inter-bw with tc (Linux, root, iproute2)"),
         click.option("--inter-bw", default=None,
                      help="[emulated] inter-node link rate, e.g. 1gbit"),
+        click.option("--checkpoint-every", type=int, default=None,
+                     help="write a checkpoint every N iterations (bench run --resume continues "
+                     "from the latest; a finished run removes them)"),
+        click.option("--checkpoint-minutes", type=float, default=None,
+                     help="write a checkpoint every M minutes (rank 0's clock)"),
+        click.option("--max-restarts", type=int, default=0, show_default=True,
+                     help="when a rank dies, restart all ranks from the latest checkpoint up "
+                     "to K times (torch elastic; local launcher)"),
+        click.option("--collective-timeout", type=float, default=300.0, show_default=True,
+                     help="seconds a collective waits for a stalled or dead peer before the "
+                     "run fails"),
         click.option("--launcher", default="auto", show_default=True,
                      type=click.Choice(["auto", "local", "torchrun", "slurm", "sim"]),
                      help="auto: torchrun inside a torchrun/SLURM job, else local; slurm: write "
@@ -222,6 +233,12 @@ def list_cmd(names, show_options, markdown) -> None:
               help="number of ranks (--launcher sim: a list, e.g. 8,16,32,64)")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--run-id", default=None, help="name of the run folder (default: generated)")
+@click.option("--resume", default=None, type=click.Path(exists=True, file_okay=False),
+              metavar="RUN_DIR", help="continue an interrupted run from its latest checkpoint, "
+              "into its own folder, with its recorded configuration")  # fmt: skip
+@click.option(
+    "--overwrite", is_flag=True, help="empty an existing run folder of the same --run-id first"
+)
 @click.option("--dry-run", is_flag=True,
               help="print what would run (slurm: the sbatch script) and start nothing")  # fmt: skip
 @click.option("--slurm-partition", default=None, help="[slurm] #SBATCH --partition")
@@ -237,9 +254,11 @@ def run_cmd(**kwargs) -> None:
     Method options are tagged with the methods that read them; an option the chosen method
     does not read is ignored with a warning.
     """
-    from suite.execute import execute_run
+    from suite.execute import execute_run, resume_arguments
 
     try:
+        if kwargs.get("resume"):
+            kwargs = resume_arguments(kwargs)
         execute_run(kwargs, given_options(kwargs), echo=click.echo)
     except BenchError as exc:
         fail(exc)
@@ -262,7 +281,7 @@ def rerun_cmd(run_dir, results_dir, run_id, dry_run) -> None:
         given = given_options(kwargs)
         parent = str(Path(run_dir).resolve().parent)
         kwargs.update(results_dir=results_dir or parent, run_id=run_id, dry_run=dry_run)
-        kwargs["gpus"] = [kwargs["gpus"]]
+        kwargs.update(gpus=[kwargs["gpus"]], resume=None, overwrite=False)
         execute_run(kwargs, given, echo=click.echo)
     except BenchError as exc:
         fail(exc)
@@ -338,6 +357,28 @@ def report_cmd(results_dir, output) -> None:
     click.echo(f"report: {path}")
 
 
+@main.command("recover")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option(
+    "--force",
+    is_flag=True,
+    help="even if processes on other hosts cannot be checked (or still live here)",
+)
+def recover_cmd(run_dirs, force) -> None:
+    """Finalize run folders whose processes were killed without a word (SIGKILL, a lost
+    node): merge the rows their ranks streamed and mark them failed."""
+    from suite.recover import recover
+
+    try:
+        for run_dir in run_dirs:
+            done, unreadable = recover(run_dir, force=force)
+            click.echo(done)
+            for line in unreadable:
+                click.echo(f"skipped unreadable {line}", err=True)
+    except BenchError as exc:
+        fail(exc)
+
+
 @main.command("net-cleanup")
 @click.option("--all", "everything", is_flag=True, help="also those of runs still alive")
 def net_cleanup_cmd(everything) -> None:
@@ -364,13 +405,19 @@ def net_cleanup_cmd(everything) -> None:
               help="local steps between the barriers of the timed compute blocks")  # fmt: skip
 @click.option("--block-repeats", type=int, default=5, show_default=True, help="blocks per size")
 @click.option("--data-dir", default=None, help="where the workloads' datasets are (as for run)")
-@click.option("--compute-only", is_flag=True,
-              help="measure compute only, links from --links-from (re-time compute by a run)")
+@click.option(
+    "--compute-only",
+    is_flag=True,
+    help="measure compute only, links from --links-from (re-time compute by a run)",
+)
 @click.option("--name", default=None, help="profile name (default: derived from the host)")
 @click.option("--description", default=None)
 @click.option("-o", "--output", default=None, help="profile file (default: profiles/NAME.json)")
-@click.option("--links-from", default=None,
-              help="profile whose links to use where this layout cannot measure them")
+@click.option(
+    "--links-from",
+    default=None,
+    help="profile whose links to use where this layout cannot measure them",
+)
 @click.option("--network", type=click.Choice(["loopback", "emulated"]), default="loopback")
 @click.option("--inter-bw", default=None, help="[emulated] inter-node link rate, e.g. 1gbit")
 def calibrate_cmd(**kwargs) -> None:

@@ -70,6 +70,15 @@ def load_summaries(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         except (OSError, json.JSONDecodeError) as exc:
             warnings.append(f"skipped {file}: unreadable summary ({exc})")
             continue
+        if summary.get("method") is None:  # killed before its identity was recorded
+            from suite.recover import identity_from_manifest
+            from suite.results import RunFolder
+
+            known = identity_from_manifest(RunFolder(file.parent))
+            summary.update({k: v for k, v in known.items() if summary.get(k) is None})
+        if summary.get("status") == "running":
+            warnings.append(f"{file.parent}: still says running; counted as failed "
+                            "(`bench recover` finalizes a killed run)")  # fmt: skip
         summary["options"] = json.dumps(summary.get("options") or {}, sort_keys=True)
         summary["folder"] = str(file.parent)
         rows.append(summary)
@@ -98,12 +107,7 @@ def compare(
     rows = []
     for key in sorted(base_keys & new_keys, key=str):
         if key not in new_values.index:  # every NEW run of this key failed
-            errors = (
-                new.set_index(KEY).loc[[key], "error"].dropna().tolist() if "error" in new else []
-            )
-            reason = "REGRESSION: " + (errors or ["failed"])[0]
-            rows.append(dict(zip(KEY, key), metric="status", baseline="ok", new="failed",
-                             change=None, verdict=reason))  # fmt: skip
+            rows.append(failed_row(new, key))
             continue
         for metric in metrics:
             before = base_values.loc[key, metric] if key in base_values.index else math.nan
@@ -120,11 +124,26 @@ def compare(
                     verdict = "ok"
             rows.append(dict(zip(KEY, key), metric=metric, baseline=before, new=after,
                              change=change, verdict=verdict))  # fmt: skip
+    new_only = sorted(new_keys - base_keys, key=str)
+    new_values_keys = set(new_values.index)
+    for key in new_only:  # a run that failed is a regression even without a baseline twin
+        if key not in new_values_keys:
+            rows.append(failed_row(new, key))
     unmatched = {
         "only in baseline": [_describe(k) for k in sorted(base_keys - new_keys, key=str)],
-        "only in new": [_describe(k) for k in sorted(new_keys - base_keys, key=str)],
+        "only in new": [_describe(k) for k in new_only],
     }
     return pd.DataFrame(rows), unmatched
+
+
+def failed_row(new: pd.DataFrame, key: tuple) -> dict:
+    """Every NEW run of ``key`` failed, was interrupted or never finished."""
+    runs = new.set_index(KEY).loc[[key]]
+    errors = runs["error"].dropna().tolist() if "error" in runs else []
+    status = runs["status"].iloc[0]
+    reason = errors[0] if errors else f"status {status}"
+    return dict(zip(KEY, key), metric="status", baseline="ok", new=str(status), change=None,
+                verdict=f"REGRESSION: {reason}")  # fmt: skip
 
 
 def _describe(key: tuple) -> str:

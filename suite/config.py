@@ -36,6 +36,13 @@ class RunConfig:
     # loopback, or emulated nodes with rate-limited inter-node links (suite.netemu)
     network: str = "loopback"
     inter_bw: str | None = None
+    # reliability: checkpoints, resume, restarts, how long a collective may wait
+    checkpoint_every: int | None = None  # iterations between checkpoints
+    checkpoint_minutes: float | None = None  # minutes between checkpoints (rank 0's clock)
+    resume: bool = False  # continue the run folder from its latest complete checkpoint
+    overwrite: bool = False  # empty an existing run folder of the same run id first
+    max_restarts: int = 0  # torch elastic restarts of all ranks after a rank dies
+    collective_timeout: float = 300.0  # seconds a collective waits for a peer
     # method options, keyed by option name (e.g. "channel_keep"); methods read what they use
     options: dict = field(default_factory=dict)
 

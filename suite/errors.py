@@ -8,3 +8,7 @@ class BenchError(Exception):
 
 class RunFailed(BenchError):
     """A run started and then failed or was interrupted; its folder keeps what it recorded."""
+
+
+class RunInterrupted(RunFailed):
+    """A signal stopped the run (Ctrl-C, SIGTERM from a scheduler); a sweep stops too."""

@@ -28,6 +28,36 @@ def run_config(kwargs: dict, options: dict, gpus: int) -> RunConfig:
     return RunConfig(options=options, gpus=gpus, **fields)
 
 
+def resume_arguments(kwargs: dict) -> dict:
+    """``bench run --resume RUN_DIR``: the recorded run's flags (its manifest), into its own
+    folder, from its latest complete checkpoint."""
+    from suite.checkpoint import latest_checkpoint
+    from suite.experiment import read_experiment
+    from suite.results import RunFolder
+
+    folder = RunFolder(Path(kwargs["resume"]).resolve())
+    if not (folder.path / "manifest.json").exists():
+        raise BenchError(f"--resume {folder.path}: no manifest.json (the run never started); "
+                         "start it again with --overwrite")  # fmt: skip
+    try:
+        status = (folder.summary() or {}).get("status")
+    except (OSError, ValueError):
+        status = None
+    if status == "ok":
+        raise BenchError(f"--resume {folder.path}: the run already finished")
+    found = latest_checkpoint(folder.path)
+    if found is None:
+        raise BenchError(
+            f"--resume {folder.path}: no complete checkpoint (it ran without "
+            "--checkpoint-every/--checkpoint-minutes); start it again with --overwrite"
+        )
+    recorded = read_experiment(folder.path / "manifest.json")
+    resumed = {k: v for k, v in kwargs.items() if k not in recorded}
+    resumed.update(recorded, gpus=[recorded["gpus"]], run_id=folder.path.name,
+                   results_dir=str(folder.path.parent), resume=True, overwrite=False)  # fmt: skip
+    return resumed
+
+
 def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     """One run: ``kwargs`` are ``bench run``'s flags, ``given`` the method options set."""
     from suite.launch import (
@@ -45,6 +75,8 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     launcher = kwargs["launcher"]
     refuse_foreign_flags(launcher, {**sim, **slurm})
     gpus = kwargs.pop("gpus")
+    kwargs["resume"] = bool(kwargs.get("resume"))
+    kwargs["overwrite"] = bool(kwargs.get("overwrite"))
     if launcher == "sim":
         from suite.sim.replay import run_simulations
 
@@ -103,15 +135,17 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     for cell in cells:
         config = cell.config
         config.gpus_per_node = config.gpus_per_node or default_local_gpus_per_node(config.gpus)
-        validate(config)
+        validate(config, existing_folder_ok=True)  # the sweep skips, resumes or moves them
     if dry_run:
         for cell in cells:
             echo(f"{cell.run_id}  {cell.config.options}")
         return False
     launch = launch_emulated if base.network == "emulated" else launch_local
-    run_cells(cells, Path(base.results_dir), launch)
-    for line in summary_lines(cells):
-        echo(line)
+    try:
+        run_cells(cells, Path(base.results_dir), launch)
+    finally:  # an interrupted sweep still prints where every cell stands
+        for line in summary_lines(cells):
+            echo(line)
     return any(cell.status == "failed" for cell in cells)
 
 

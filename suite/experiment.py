@@ -17,7 +17,7 @@ from pathlib import Path
 from suite.errors import BenchError
 
 #: manifest config keys that record what happened rather than what was asked
-_RECORDED_ONLY = ("run_id",)
+_RECORDED_ONLY = ("run_id", "resume", "overwrite")
 
 
 def read_experiment(path: str | Path) -> dict:

@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import signal
+import tempfile
 from pathlib import Path
 
 import torch
 
 from suite.config import RunConfig
-from suite.errors import BenchError, RunFailed
+from suite.errors import BenchError, RunFailed, RunInterrupted
 from suite.ranks import local_launch_config
-from suite.results import RunFolder, make_run_id
+from suite.results import RunFolder, identity_summary, make_run_id
 from suite.runner import rank_main
 
 LOCAL_GPUS_PER_NODE = 4  # the paper's nodes
@@ -53,10 +56,23 @@ def default_local_gpus_per_node(gpus: int) -> int:
     return max(1, gpus // 2)
 
 
+def open_run_folder(config: RunConfig) -> RunFolder:
+    """The run's folder, emptied first with --overwrite, with the run's identity in its
+    summary before any rank starts (a run killed at any point is still listed as itself)."""
+    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
+    folder = RunFolder(Path(config.results_dir) / config.run_id)
+    if config.overwrite:
+        folder.empty()
+    folder.create()
+    if not config.resume:
+        folder.write_summary(identity_summary(config))
+    else:  # keep what the interrupted run said, only flip it back to running
+        folder.write_summary({**(folder.summary() or {}), **identity_summary(config)})
+    return folder
+
+
 def launch_local(config: RunConfig) -> Path:
     """Spawn ``config.gpus`` ranks here and wait for them; returns the run folder."""
-    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
-    folder = RunFolder(Path(config.results_dir) / config.run_id).create()
     use_cuda = config.device == "cuda" or (
         config.device == "auto" and torch.cuda.device_count() >= config.gpus
     )
@@ -67,17 +83,48 @@ def launch_local(config: RunConfig) -> Path:
     config.device = "cuda" if use_cuda else "cpu"
     if not use_cuda:
         os.environ["OMP_NUM_THREADS"] = "1"
+    folder = open_run_folder(config)
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     quiet_launcher_logs()
-    launch = local_launch_config(config.gpus, config.run_id)
+    logs = tempfile.mkdtemp(prefix="prunex-launch-")
+    launch = local_launch_config(
+        config.gpus, config.run_id, log_dir=logs, max_restarts=config.max_restarts,
+        shutdown_seconds=shutdown_seconds(config),
+    )  # fmt: skip
     try:
         elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
-    except (ChildFailedError, KeyboardInterrupt) as exc:
-        fail_run(folder, config, interrupted=isinstance(exc, KeyboardInterrupt))
+    except ChildFailedError as exc:
+        fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
+    except (SignalException, KeyboardInterrupt) as exc:
+        name = exc.sigval.name if isinstance(exc, SignalException) else "SIGINT"
+        fail_run(folder, config, signal_name=name)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
     return folder.path
+
+
+def shutdown_seconds(config: RunConfig) -> int:
+    """How long a stopped run's ranks get to finish their iteration, flush and checkpoint
+    before SIGKILL: 30 s, or less when collectives time out sooner (a stalled peer would
+    hold the others that long)."""
+    return int(max(5, min(30, config.collective_timeout)))
+
+
+def dead_rank(exc) -> str | None:
+    """'rank 3 was killed by SIGKILL' when a rank died of a signal it could not handle (the
+    others' errors are then knock-on effects), else None."""
+    for rank, failure in sorted(exc.failures.items()):
+        if failure.exitcode is not None and failure.exitcode < 0:
+            try:
+                name = failure.signal_name()
+            except ValueError:
+                name = f"signal {-failure.exitcode}"
+            return f"rank {rank} was killed by {name} (exit code {failure.exitcode})"
+    return None
 
 
 def launch_emulated(config: RunConfig) -> Path:
@@ -87,10 +134,10 @@ def launch_emulated(config: RunConfig) -> Path:
 
     rate = parse_rate(config.inter_bw)
     check_privileges()
-    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
     config.device = "cpu"  # gloo over the emulated links
-    folder = RunFolder(Path(config.results_dir) / config.run_id).create()
+    folder = open_run_folder(config)
     nodes = config.gpus // config.gpus_per_node
+    code = 0
     try:
         with emulated_cluster(nodes, rate, config.run_id) as cluster:
             (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
@@ -104,28 +151,34 @@ def launch_emulated(config: RunConfig) -> Path:
                 folder.path / "launcher",
             )
     except KeyboardInterrupt:
-        fail_run(folder, config, interrupted=True)
+        fail_run(folder, config, signal_name="SIGINT")
     if code:
-        fail_run(folder, config, interrupted=False)
+        fail_run(folder, config, signal_name=None)
     return folder.path
 
 
-def fail_run(folder: RunFolder, config: RunConfig, *, interrupted: bool) -> None:
-    """Mark the run failed with the first rank's reason (keeping every flushed row), raise
-    :class:`RunFailed`."""
-    reason = first_rank_error(folder) or (
-        "interrupted" if interrupted else "a rank exited abnormally"
-    )
-    folder.mark_failed(
-        reason,
-        run_id=config.run_id,
-        method=config.method,
-        workload=config.workload,
-        gpus=config.gpus,
-        gpus_per_node=config.gpus_per_node,
-        options=config.options,
-    )
-    raise RunFailed(f"run {config.run_id} failed: {reason} (see {folder.path})") from None
+def fail_run(
+    folder: RunFolder, config: RunConfig, *, signal_name: str | None, failure: str | None = None
+) -> None:
+    """Mark the run failed or interrupted with the first reason (keeping every flushed row),
+    raise :class:`RunFailed` / :class:`RunInterrupted`. Signals to this process wait until
+    the folder says so."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        own = first_rank_error(folder)
+        reason = own if own and not own.startswith("rank ") else failure or own
+        interrupted = signal_name is not None or (reason or "").startswith("interrupted")
+        reason = reason or (
+            f"interrupted by {signal_name}" if interrupted else "a rank exited abnormally"
+        )
+        known = {k: v for k, v in identity_summary(config).items() if k not in ("status", "error")}
+        folder.mark_failed(reason, status="interrupted" if interrupted else "failed", **known)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    error = RunInterrupted if interrupted else RunFailed
+    raise error(f"run {config.run_id} {'stopped' if interrupted else 'failed'}: {reason} "
+                f"(see {folder.path})") from None  # fmt: skip
 
 
 def quiet_launcher_logs() -> None:

@@ -87,7 +87,12 @@ class Method(Protocol):
         """
 
     def state_dict(self) -> dict:
-        """Full method state, for checkpointing."""
+        """The method's whole state (model, optimizer, duals, memories, ...) as nested dicts,
+        lists and tuples of tensors and plain values, for checkpoints."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s value exactly: the next ``step`` must do what it
+        would have done in the run that saved it."""
 
     def artifacts(self) -> dict[str, object]:
         """Extra files for the run folder (file name -> object saved with torch.save)."""

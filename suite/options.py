@@ -177,8 +177,15 @@ def options_of(settings: type | None) -> list[Option]:
             raise BenchError(f"{settings.__name__}.{field.name}: a bool option needs an off_flag")
         found.append(
             Option(
-                field.name, kind, choices, field.default, meta.help, meta.check,
-                meta.off_flag, meta.shown_default, meta.existing_path,
+                field.name,
+                kind,
+                choices,
+                field.default,
+                meta.help,
+                meta.check,
+                meta.off_flag,
+                meta.shown_default,
+                meta.existing_path,
             )  # fmt: skip
         )
     return found

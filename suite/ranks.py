@@ -11,12 +11,24 @@ import torch.distributed as dist
 
 from suite.errors import BenchError
 
-PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)
+#: how long a collective waits for a stalled or dead peer before it fails (``--collective-
+#: timeout``); every group the suite creates gets it, not only the default group
+_timeout = timedelta(minutes=10)
 
 
-def local_launch_config(nproc: int, run_id: str):
+def collective_timeout() -> timedelta:
+    return _timeout
+
+
+def local_launch_config(
+    nproc: int, run_id: str, *, log_dir: str, max_restarts: int = 0, shutdown_seconds: int = 30
+):
     """torch elastic's config for ``nproc`` ranks on this machine (c10d rendezvous on a free
-    port, no restarts, spawned processes)."""
+    port, spawned processes). After a rank dies the agent restarts all ranks up to
+    ``max_restarts`` times; when it stops them it gives them ``shutdown_seconds`` to finish
+    their iteration and flush before SIGKILL. Its logs go to ``log_dir``, which the caller
+    removes."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     return LaunchConfig(
@@ -26,9 +38,11 @@ def local_launch_config(nproc: int, run_id: str):
         run_id=run_id,
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        shutdown_timeout=shutdown_seconds,
     )
 
 
@@ -42,14 +56,39 @@ def pick_device(preference: str) -> torch.device:
     return torch.device("cpu")
 
 
-def join_process_group(preference: str) -> torch.device:
+def join_process_group(preference: str, timeout_seconds: float | None = None) -> torch.device:
     """Pick the device, then join the job's default process group on it: NCCL on CUDA,
-    gloo on CPU ranks, which get ``OMP_NUM_THREADS`` threads (1 unless set)."""
+    gloo on CPU ranks, which get ``OMP_NUM_THREADS`` threads (1 unless set). Collectives
+    time out after ``timeout_seconds`` (default 10 minutes)."""
+    global _timeout
+    if timeout_seconds is not None:
+        _timeout = timedelta(seconds=timeout_seconds)
     device = pick_device(preference)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=PROCESS_GROUP_TIMEOUT)
+    dist.init_process_group(backend, timeout=_timeout, **attempt_store())
     return device
+
+
+def attempt_store() -> dict:
+    """After torch elastic restarts the ranks, the rendezvous store still holds the dead
+    attempt's keys (gloo's peer addresses among them: the new ranks would dial dead ports),
+    so a restarted attempt joins under a prefix of its own. The first attempt joins as
+    usual."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if not restart:
+        return {}
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0 and not agent_hosts,
+        timeout=_timeout,
+    )
+    return {"store": dist.PrefixStore(f"prunex-attempt-{restart}", store), "rank": rank,
+            "world_size": world}  # fmt: skip

@@ -34,6 +34,9 @@ class Recorder:
         self._seconds: dict[str, float] = defaultdict(float)
         self._bytes: dict[str, float] = defaultdict(float)
         self._started = 0.0
+        self._flushed = {"iterations": 0, "evals": 0, "layers": 0}  # rows already on disk
+        self._chunks = 0
+        self._last_flush = time.monotonic()
 
     # -- iteration rows ---------------------------------------------------------------
     def begin_iteration(self, iteration: int) -> None:
@@ -94,3 +97,20 @@ class Recorder:
 
     def add_layer_rows(self, rows: list[dict]) -> None:
         self.layers.extend(rows)
+
+    # -- streaming to disk --------------------------------------------------------------
+    def flush_due(self, every_seconds: float) -> bool:
+        return time.monotonic() - self._last_flush >= every_seconds
+
+    def take_unflushed(self) -> tuple[int, dict[str, list[dict]]]:
+        """(chunk number, table -> rows not yet on disk); the rows count as flushed, so the
+        caller must write them (an atomic chunk file each)."""
+        chunk = {}
+        for table in self._flushed:
+            rows = getattr(self, table)
+            if len(rows) > self._flushed[table]:
+                chunk[table] = rows[self._flushed[table] :]
+                self._flushed[table] = len(rows)
+        self._chunks += 1
+        self._last_flush = time.monotonic()
+        return self._chunks - 1, chunk

@@ -85,7 +85,6 @@ class Registry:
             raise BenchError(f"unknown {self.kind} {name!r}; known: {known}")
         return self._entries[name]
 
-
     def option_catalogue(self) -> dict[str, tuple[Option, list[str]]]:
         """Every option of every entry: name -> (its declaration, the entries that read it).
 

@@ -7,12 +7,17 @@ Layout of ``results/<run_id>/``::
     evals.parquet        one row per evaluation: accuracy, elapsed seconds, cumulative bytes
     layers.parquet       (PruneX) per-layer residuals, penalties, density per round
     summary.json         the keys ``bench compare`` and ``bench report`` read
-    parts/               per-rank rows while a run is live; merged and removed at the end
+    parts/               per-rank rows streamed while a run is live (a chunk file every few
+                         seconds); merged into the tables and removed at the end
     errors/              on failure: one file per failing rank, first line = the reason
+    checkpoints/         with --checkpoint-every/--checkpoint-minutes: the newest complete
+                         checkpoint (suite.checkpoint) and latest.json naming it
 
 Every file is written to a temporary name and renamed, so a reader never sees half a file.
-The summary says ``running`` while the run is live, and ``ok`` or ``failed`` (with the error)
-at the end; a run killed too hard to say anything keeps ``running`` and is treated as failed.
+The summary carries the run's identity (method, workload, ranks, options) and ``running``
+from before the ranks start, then ``ok``, ``failed`` or ``interrupted`` (with the reason). A
+run killed too hard to say anything keeps ``running``; ``bench recover`` finalizes it once its
+processes are gone (``suite.recover``), and readers treat it as failed.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import platform
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -57,9 +63,32 @@ SUMMARY_KEYS = (
 )
 
 
+TABLES = ("iterations", "evals", "layers")
+#: statuses of a run that ended; ``running`` is the only other one
+ENDED = ("ok", "failed", "interrupted")
+
+
 def make_run_id(method: str, workload: str, gpus: int) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{method}-{workload}-{gpus}g-{secrets.token_hex(2)}"
+
+
+def identity_summary(config) -> dict:
+    """The keys that say which run a folder holds, written before any rank starts, so a run
+    killed at any point is still listed and compared (as failed) under its own name."""
+    return {
+        "run_id": config.run_id,
+        "status": "running",
+        "error": None,
+        "method": config.method,
+        "workload": config.workload,
+        "gpus": config.gpus,
+        "gpus_per_node": config.gpus_per_node,
+        "options": config.options,
+        "seed": config.seed,
+        "launcher": {"host": socket.gethostname(), "pid": os.getpid()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -145,29 +174,60 @@ class RunFolder:
     def errors(self) -> Path:
         return self.path / "errors"
 
+    def empty(self) -> None:
+        """Remove the run's records (--overwrite); a SLURM job's script and log stay."""
+        if not self.path.is_dir():
+            return
+        for entry in self.path.iterdir():
+            if entry.name == "job.sbatch" or entry.name.startswith("slurm-"):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
     def create(self) -> RunFolder:
         self.parts.mkdir(parents=True, exist_ok=True)
         return self
 
     # -- per-rank parts -----------------------------------------------------------------
-    def write_rank_rows(self, rank: int, table: str, rows: list[dict]) -> None:
-        if rows:
-            write_table(self.parts / f"{table}-rank{rank:05d}.parquet", rows)
+    def write_rank_chunk(self, rank: int, chunk: int, tables: dict[str, list[dict]]) -> None:
+        """One flush of one rank: a whole parquet file per table, named so that no two
+        processes (restarts, resumes) ever write the same file."""
+        self.parts.mkdir(parents=True, exist_ok=True)
+        for table, rows in tables.items():
+            name = f"{table}-rank{rank:05d}-p{os.getpid()}-{chunk:06d}.parquet"
+            write_table(self.parts / name, rows)
 
-    def merge_parts(self) -> None:
-        """Fold the per-rank files into the final tables (idempotent, re-runnable)."""
+    def merge_parts(self) -> list[str]:
+        """Fold the per-rank chunks into the final tables, after the rows already there
+        (idempotent, re-runnable); returns a line per chunk that could not be read."""
         if not self.parts.exists():
-            return
-        for table in ("iterations", "evals", "layers"):
-            files = sorted(self.parts.glob(f"{table}-rank*.parquet"))
-            if not files:
-                continue
-            frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-            keys = [k for k in ("iteration", "rank") if k in frame.columns]
-            if keys:
-                frame = frame.sort_values(keys, kind="stable").reset_index(drop=True)
-            write_table(self.path / f"{table}.parquet", frame)
+            return []
+        unreadable = []
+        for table in TABLES:
+            frames = [self.table(table)] if (self.path / f"{table}.parquet").exists() else []
+            for file in sorted(self.parts.glob(f"{table}-rank*.parquet")):
+                try:
+                    frames.append(pd.read_parquet(file))
+                except (OSError, ValueError) as exc:
+                    unreadable.append(f"{file}: {type(exc).__name__}")
+            frames = [f for f in frames if f is not None]
+            if frames:
+                write_table(self.path / f"{table}.parquet", sort_rows(pd.concat(frames)))
         shutil.rmtree(self.parts, ignore_errors=True)
+        return unreadable
+
+    def truncate(self, iterations_done: int) -> None:
+        """Drop every row of iteration ``iterations_done`` or later: a resumed run writes
+        them again, as an uninterrupted run would have."""
+        self.merge_parts()
+        for table in TABLES:
+            frame = self.table(table)
+            if frame is not None and "iteration" in frame:
+                write_table(
+                    self.path / f"{table}.parquet", frame[frame.iteration < iterations_done]
+                )
 
     # -- summary ------------------------------------------------------------------------
     def summary(self) -> dict | None:
@@ -177,19 +237,29 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / "summary.json", summary)
 
-    def mark_failed(self, error: str, **known) -> None:
-        """Record a failure without losing rows the ranks already flushed.
+    def mark_failed(self, error: str, status: str = "failed", **known) -> None:
+        """Record a failure (or an interruption) without losing rows the ranks flushed.
 
         ``known`` adds identifying keys (method, workload, gpus, ...) so a failed run still
         shows up, as failed, in listings and comparisons.
         """
         self.merge_parts()
         summary = {**known, **(self.summary() or {})}
-        if summary.get("status") == "failed" and summary.get("error"):
+        if summary.get("status") in ENDED and summary.get("error"):
             return  # the ranks already said why
-        summary.update(status="failed", error=error)
+        summary.update(status=status, error=error, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        rows = self.table("iterations")
+        if rows is not None and len(rows):
+            summary["iterations_recorded"] = int(rows["iteration"].nunique())
         self.write_summary(summary)
 
     def table(self, name: str) -> pd.DataFrame | None:
         path = self.path / f"{name}.parquet"
         return pd.read_parquet(path) if path.exists() else None
+
+
+def sort_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    keys = [k for k in ("iteration", "rank") if k in frame.columns]
+    if keys:
+        frame = frame.sort_values(keys, kind="stable")
+    return frame.reset_index(drop=True)

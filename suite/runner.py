@@ -11,15 +11,18 @@ import copy
 import json
 import math
 import os
+import shutil
+import socket
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from suite.checkpoint import checkpoint_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from suite.comm import Communicator
 from suite.config import RunConfig
 from suite.context import (
@@ -30,9 +33,17 @@ from suite.context import (
 )
 from suite.errors import BenchError
 from suite.method import Method
-from suite.ranks import join_process_group
+from suite.ranks import collective_timeout, join_process_group
 from suite.recorder import Recorder
-from suite.results import RunFolder, hardware, make_run_id, write_json, write_torch
+from suite.results import (
+    RunFolder,
+    hardware,
+    identity_summary,
+    make_run_id,
+    write_json,
+    write_torch,
+)
+from suite.stopping import StopRequest
 from suite.summary import summarize
 from suite.topology import Topology, build_topology
 from suite.wire import WireCounters
@@ -42,10 +53,24 @@ from workloads.sharding import ShardedLoader, eval_slice
 
 
 class NonFiniteLoss(BenchError):
-    pass
+    """Every rank stops after the same iteration (agreed in :func:`agree`)."""
 
 
+class RunInterrupted(BenchError):
+    """A signal asked the run to stop; every rank stopped after the same iteration."""
+
+
+AGREED_STOPS = (NonFiniteLoss, RunInterrupted)
 EVAL_BATCH = 256
+#: a rank writes its new rows to the run folder at the end of an iteration once this many
+#: seconds have passed since its last write (``PRUNEX_FLUSH_SECONDS`` overrides): a SIGKILL
+#: loses at most these last seconds of rows
+FLUSH_SECONDS = float(os.environ.get("PRUNEX_FLUSH_SECONDS", "5"))
+
+
+def restart_count() -> int:
+    """How many times torch elastic has restarted this run's ranks (0 on the first try)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 class Evaluator:
@@ -95,7 +120,8 @@ class Evaluator:
 def rank_main(config_json: str, run_dir: str | None = None) -> None:
     """Entry point of one rank (also used by elastic_launch)."""
     config = RunConfig.from_json(config_json)
-    device = join_process_group(config.device)
+    stop = StopRequest().install()
+    device = join_process_group(config.device, config.collective_timeout)
     rank = dist.get_rank()
     standalone = run_dir is None  # no parent launcher to mark the folder on failure
     folder = None
@@ -108,41 +134,85 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
             config.run_id = ident[0]
         folder = RunFolder(run_dir)
         if rank == 0:
+            if standalone and config.overwrite and restart_count() == 0:
+                folder.empty()
             folder.create()
+            prepare_attempt(folder, config)
         dist.barrier()
         recorder = Recorder(rank, device)
-        train(config, device, folder, recorder)
+        train(config, device, folder, recorder, stop)
     except BaseException as exc:
         if folder is not None:
-            record_failure(folder, recorder, rank, exc, mark=standalone and rank == 0)
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+            record_failure(folder, recorder, rank, exc, stop, standalone=standalone)
+        raise  # without destroying the process group: that waits on peers that may be gone
+    dist.destroy_process_group()
 
 
-def record_failure(folder, recorder, rank: int, exc: BaseException, *, mark: bool) -> None:
-    """Keep what this rank recorded and say why it stopped; never raise from here."""
-    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    if not isinstance(exc, BenchError):
-        message = f"rank {rank}: {message}"
+def prepare_attempt(folder: RunFolder, config: RunConfig) -> None:
+    """Rank 0, before any rank trains: a resumed or restarted run keeps the rows up to its
+    latest checkpoint (all of them are written again after it) and files the previous
+    attempt's errors under ``attempts/``."""
+    if not (config.resume or restart_count()):
+        return
+    found = latest_checkpoint(folder.path)
+    if folder.errors.exists():
+        attempts = folder.path / "attempts"
+        attempts.mkdir(exist_ok=True)
+        folder.errors.rename(attempts / f"{len(list(attempts.iterdir())):02d}")
+    folder.truncate(found[0] if found else 0)
+
+
+def record_failure(
+    folder, recorder, rank: int, exc: BaseException, stop: StopRequest, *, standalone: bool
+) -> None:
+    """Keep what this rank recorded and say why it stopped; never raise from here.
+
+    After an agreed stop every rank is healthy, so they wait for each other's last rows and
+    a standalone run's rank 0 marks the folder; after any other failure a peer may be gone,
+    so nobody waits (the parent launcher, or ``bench recover``, merges what was written).
+    A collective timeout is marked at once by rank 0 even under a launcher: the stalled peer
+    may take the launcher another 30 s to kill."""
+    message = failure_message(exc, rank, stop)
+    timed_out = message.startswith("a collective timed out")
     try:
-        folder.errors.mkdir(parents=True, exist_ok=True)
-        (folder.errors / f"rank{rank:05d}.txt").write_text(
-            message + "\n\n" + traceback.format_exc()
-        )
-        if recorder is not None:
-            flush_rank_rows(folder, recorder)
-        if mark:
-            folder.mark_failed(message)
-    except OSError:
+        with stop.held():
+            folder.errors.mkdir(parents=True, exist_ok=True)
+            (folder.errors / f"rank{rank:05d}.txt").write_text(
+                message + "\n\n" + traceback.format_exc()
+            )
+            if recorder is not None:
+                flush_rows(folder, recorder)
+        if isinstance(exc, AGREED_STOPS):
+            dist.barrier()
+        if (standalone or timed_out) and rank == 0:
+            stopped = isinstance(exc, (RunInterrupted, KeyboardInterrupt))
+            with stop.held():
+                folder.mark_failed(message, status="interrupted" if stopped else "failed")
+    except Exception:
         pass
 
 
-def flush_rank_rows(folder: RunFolder, recorder: Recorder) -> None:
-    folder.write_rank_rows(recorder.rank, "iterations", recorder.iterations)
-    folder.write_rank_rows(recorder.rank, "evals", recorder.evals)
-    folder.write_rank_rows(recorder.rank, "layers", recorder.layers)
+def failure_message(exc: BaseException, rank: int, stop: StopRequest) -> str:
+    """One line: our own errors as they are; a peer's death or a timeout named as such."""
+    if isinstance(exc, BenchError):
+        return str(exc).splitlines()[0]
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted by {stop.name if stop.requested else 'SIGINT'} (second signal)"
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if "timed out" in message.lower():
+        seconds = collective_timeout().total_seconds()
+        return (
+            f"a collective timed out on rank {rank} after {seconds:g} s (--collective-timeout):"
+            f" a peer stalled or died ({message[:160]})"
+        )
+    return f"rank {rank}: {message}"
+
+
+def flush_rows(folder: RunFolder, recorder: Recorder) -> None:
+    """Write this rank's rows that are not on disk yet (one atomic file per table)."""
+    chunk, tables = recorder.take_unflushed()
+    if tables:
+        folder.write_rank_chunk(recorder.rank, chunk, tables)
 
 
 @dataclass
@@ -160,25 +230,73 @@ class Run:
     iterations: int
     eval_points: set[int]
     evaluate: Evaluator
+    stop: StopRequest
     wire: WireCounters | None = None  # node's shaped interface, read on local rank 0
+    attempt: dict | None = None  # restarts and resumes, for the summary
+    checkpoints: list[dict] = field(default_factory=list)  # seconds and bytes of each save
 
 
 @dataclass
 class LoopResult:
+    """The training loop's counters: what a checkpoint must carry to continue exactly."""
+
     done: int = 0
     train_seconds: float = 0.0
     wall_seconds: float = 0.0
     time_to_target: float | None = None
     converged: bool = False
+    inter_bytes: float = 0.0
+    intra_bytes: float = 0.0
 
 
-def train(config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder) -> None:
-    run = setup(config, device, folder, recorder)
-    result = training_loop(run)
+def train(
+    config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
+    stop: StopRequest,
+) -> None:  # fmt: skip
+    run = setup(config, device, folder, recorder, stop)
+    result = LoopResult()
+    found = latest_checkpoint(folder.path) if (config.resume or restart_count()) else None
+    if found is not None:
+        result = restore(run, load_checkpoint(found[1]))
+    run.attempt = {"restarts": restart_count(), "resumed_at_iteration": result.done or None}
+    training_loop(run, result)
     finish(run, result)
 
 
-def setup(config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder) -> Run:
+def rank_state(run: Run, result: LoopResult) -> dict:
+    """Everything this rank needs to continue exactly from here."""
+    rng = {"torch": torch.get_rng_state()}
+    if run.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(run.device)
+    return {
+        "method": run.method.state_dict(),
+        "loader": run.loader.state_dict(),
+        "rng": rng,
+        "loop": asdict(result),
+    }
+
+
+def restore(run: Run, state: dict) -> LoopResult:
+    run.method.load_state_dict(state["method"])
+    run.loader.load_state_dict(state["loader"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"]:
+        torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+    return LoopResult(**state["loop"])
+
+
+def checkpoint(run: Run, result: LoopResult) -> None:
+    """Flush the rows so far, then save (collective); signals wait until both are whole."""
+    with run.stop.held():
+        flush_rows(run.folder, run.recorder)
+        stats = save_checkpoint(run.folder.path, result.done, rank_state(run, result))
+    run.checkpoints.append(stats)
+
+
+def setup(
+    config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
+    stop: StopRequest,
+) -> Run:  # fmt: skip
     """Topology, data shard, model, method; the manifest and a ``running`` summary."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     topology = build_topology(config.gpus_per_node)
@@ -205,9 +323,21 @@ def setup(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
         device=str(device), backend=dist.get_backend(), topology=topology.describe(),
         hardware=hardware(), simulated=False, network=network_description(folder, config),
     )  # fmt: skip
+    processes: list = [None] * world_size
+    dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
     if rank == 0:
         write_json(folder.path / "manifest.json", manifest)
-        folder.write_summary({"run_id": manifest["run_id"], "status": "running"})
+        folder.write_summary(
+            {
+                **(folder.summary() or {}),
+                **identity_summary(config),
+                "dataset": dataset,
+                "nodes": topology.num_nodes,
+                "status": "running",
+                "processes": processes,
+                "restarts": restart_count(),
+            }
+        )
     wire = None
     if config.network == "emulated" and topology.local_rank == 0:
         from suite.netemu import INTERFACE
@@ -225,6 +355,7 @@ def setup(config: RunConfig, device: torch.device, folder: RunFolder, recorder: 
         iterations,
         evaluation_points(iterations, config.eval_every),
         Evaluator(test_data, topology.world, device),
+        stop,
         wire,
     )
 
@@ -238,25 +369,36 @@ def network_description(folder: RunFolder, config: RunConfig) -> dict:
     return {"mode": config.network}
 
 
+@dataclass
+class Agreement:
+    mean_loss: float
+    inter_bytes: float
+    intra_bytes: float
+    stop: bool  # a rank was asked to stop
+    checkpoint_due: bool  # rank 0's clock says a timed checkpoint is due
+
+
 def agree(
-    loss: float, row: dict, iteration: int, device: torch.device
-) -> tuple[float, float, float]:
-    """One small world all-reduce per iteration: mean loss, NaN agreement (so every rank stops
-    together and nothing recorded is lost), and the iteration's traffic over all ranks."""
+    loss: float, row: dict, iteration: int, device: torch.device, *, stop: bool, due: bool
+) -> Agreement:
+    """One small world all-reduce per iteration: mean loss, NaN agreement, stop requests and
+    timed checkpoints (so every rank stops or saves after the same iteration and nothing
+    recorded is lost), and the iteration's traffic over all ranks."""
     finite = math.isfinite(loss)
     stats = torch.tensor(
-        [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"], row["bytes_intra"]],
+        [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"], row["bytes_intra"],
+         float(stop), float(due)],
         dtype=torch.float64,
         device=device,
-    )
+    )  # fmt: skip
     dist.all_reduce(stats)
-    loss_sum, nonfinite, inter, intra = stats.tolist()
+    loss_sum, nonfinite, inter, intra, stops, dues = stats.tolist()
     if nonfinite:
         raise NonFiniteLoss(
             f"non-finite loss at iteration {iteration} on {int(nonfinite)} rank(s); "
             "lower --lr or check the data"
         )
-    return loss_sum / dist.get_world_size(), inter, intra
+    return Agreement(loss_sum / dist.get_world_size(), inter, intra, stops > 0, dues > 0)
 
 
 def progress_bar(run: Run):
@@ -267,15 +409,19 @@ def progress_bar(run: Run):
     return tqdm(total=run.iterations, desc=run.config.method, unit="it", dynamic_ncols=True)
 
 
-def training_loop(run: Run) -> LoopResult:
+def training_loop(run: Run, result: LoopResult) -> None:
+    """Iterations ``result.done`` .. the end (or convergence); ``result`` is updated in place.
+
+    At the end of every iteration the ranks agree on the loss, on stop requests and on timed
+    checkpoints; then come the evaluation, the row flush, the checkpoint and the stop, in that
+    order, so a checkpoint holds every row before it."""
     config, recorder, loader, method = run.config, run.recorder, run.loader, run.method
-    result = LoopResult()
-    cumulative = {"inter": 0.0, "intra": 0.0}
     accuracy = None
     progress = progress_bar(run)
-    wall_start = time.perf_counter()
+    wall_start = time.perf_counter() - result.wall_seconds
+    last_checkpoint = time.monotonic()
     try:
-        for it in range(run.iterations):
+        for it in range(result.done, run.iterations):
             recorder.begin_iteration(it)
             if run.wire is not None:
                 run.wire.start()
@@ -289,12 +435,15 @@ def training_loop(run: Run) -> LoopResult:
                 epoch=loader.step / loader.steps_per_epoch,
                 **{k: v for k, v in info.items() if k not in ("loss", "samples", "converged")},
             )
-            mean_loss, inter, intra = agree(loss, row, it, run.device)
-            cumulative["inter"] += inter
-            cumulative["intra"] += intra
+            minutes = config.checkpoint_minutes
+            timed_due = minutes is not None and time.monotonic() - last_checkpoint >= 60 * minutes
+            agreed = agree(loss, row, it, run.device, stop=run.stop.requested, due=timed_due)
+            result.inter_bytes += agreed.inter_bytes
+            result.intra_bytes += agreed.intra_bytes
             result.train_seconds += row["t_iteration"]
             result.done = it + 1
             result.converged = bool(info.get("converged", False))
+            finished = result.converged or result.done == run.iterations
             if result.done in run.eval_points or result.converged:
                 accuracy, test_loss = run.evaluate(method.eval_model())
                 target = config.target_accuracy
@@ -306,32 +455,53 @@ def training_loop(run: Run) -> LoopResult:
                         epoch=row["epoch"],
                         accuracy=accuracy,
                         test_loss=test_loss,
-                        train_loss=mean_loss,
+                        train_loss=agreed.mean_loss,
                         train_seconds=result.train_seconds,
                         wall_seconds=time.perf_counter() - wall_start,
-                        inter_node_bytes=cumulative["inter"],
-                        intra_node_bytes=cumulative["intra"],
+                        inter_node_bytes=result.inter_bytes,
+                        intra_node_bytes=result.intra_bytes,
                     )
             if progress is not None:
                 rate = int(info["samples"]) * dist.get_world_size() / max(row["t_iteration"], 1e-9)
-                post = {"loss": f"{mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
+                post = {"loss": f"{agreed.mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
                 if accuracy is not None:
                     post["acc"] = f"{accuracy:.4f}"
                 progress.set_postfix(post, refresh=False)
                 progress.update(1)
+            every = config.checkpoint_every
+            checkpointing = every is not None or minutes is not None
+            due = agreed.checkpoint_due or (every is not None and result.done % every == 0)
+            if checkpointing and not finished and (due or agreed.stop):
+                result.wall_seconds = time.perf_counter() - wall_start
+                checkpoint(run, result)
+                last_checkpoint = time.monotonic()
+            elif recorder.flush_due(FLUSH_SECONDS):
+                with run.stop.held():
+                    flush_rows(run.folder, recorder)
+            if agreed.stop and not finished:
+                raise RunInterrupted(interruption_message(run, result, checkpointing))
             if result.converged:
                 break
     finally:
         if progress is not None:
             progress.close()
     result.wall_seconds = time.perf_counter() - wall_start
-    return result
+
+
+def interruption_message(run: Run, result: LoopResult, checkpointed: bool) -> str:
+    how = f"interrupted by {run.stop.name if run.stop.requested else 'a peer'}"
+    where = f"after iteration {result.done} of {run.iterations}"
+    if checkpointed:
+        return f"{how} {where}; continue with: bench run --resume {run.folder.path}"
+    return f"{how} {where} (no checkpoint: use --checkpoint-every to make runs resumable)"
 
 
 def finish(run: Run, result: LoopResult) -> None:
-    """Merge every rank's rows, save the evaluated model and artifacts, write the summary."""
+    """Merge every rank's rows, save the evaluated model and artifacts, write the summary.
+    The checkpoints go: a finished run has nothing left to continue."""
     final_model = run.method.eval_model()  # collective for some methods: every rank calls it
-    flush_rank_rows(run.folder, run.recorder)
+    with run.stop.held():
+        flush_rows(run.folder, run.recorder)
     dist.barrier()
     if dist.get_rank() == 0:
         folder = run.folder
@@ -339,17 +509,26 @@ def finish(run: Run, result: LoopResult) -> None:
         write_torch(folder.path / "model.pt", final_model.state_dict())
         for name, obj in run.method.artifacts().items():
             write_torch(folder.path / name, obj)
-        folder.write_summary(
-            summarize(
-                config=run.config,
-                manifest=run.manifest,
-                dataset=run.manifest["config"]["dataset"],
-                iterations_done=result.done,
-                iterations=folder.table("iterations"),
-                evals=folder.table("evals"),
-                wall_seconds=result.wall_seconds,
-                time_to_target=result.time_to_target,
-                converged=result.converged,
-            )
+        summary = summarize(
+            config=run.config,
+            manifest=run.manifest,
+            dataset=run.manifest["config"]["dataset"],
+            iterations_done=result.done,
+            iterations=folder.table("iterations"),
+            evals=folder.table("evals"),
+            wall_seconds=result.wall_seconds,
+            time_to_target=result.time_to_target,
+            converged=result.converged,
         )
+        summary.update(run.attempt or {}, processes=(folder.summary() or {}).get("processes"))
+        if run.checkpoints:
+            summary.update(
+                checkpoints_written=len(run.checkpoints),
+                checkpoint_seconds_mean=sum(c["seconds"] for c in run.checkpoints)
+                / len(run.checkpoints),
+                checkpoint_bytes=run.checkpoints[-1]["bytes"],
+            )
+        with run.stop.held():
+            folder.write_summary(summary)
+        shutil.rmtree(checkpoint_root(folder.path), ignore_errors=True)
     dist.barrier()

@@ -35,7 +35,13 @@ FLAGS = {
     "lr": "--lr",
     "momentum": "--momentum",
     "weight_decay": "--weight-decay",
+    "checkpoint_every": "--checkpoint-every",
+    "checkpoint_minutes": "--checkpoint-minutes",
+    "collective_timeout": "--collective-timeout",
 }
+#: seconds before the time limit at which SLURM sends SIGTERM to the ranks: they stop at the
+#: next iteration, checkpoint, and the job requeues itself to resume
+SIGNAL_LEAD_SECONDS = 180
 
 
 def rank_arguments(config: RunConfig) -> list[str]:
@@ -81,23 +87,45 @@ def sbatch_script(
         f"#SBATCH --cpus-per-task={cpus_per_task or 8 * gpn}",
         f"#SBATCH --time={time_limit}",
         f"#SBATCH --output={run_dir}/slurm-%j.out",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=TERM@{SIGNAL_LEAD_SECONDS}",
     ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     if account:
         lines.append(f"#SBATCH --account={account}")
     bench = shlex.join(["-m", "suite.cli", *rank_arguments(config)])
+    threads = max(1, (cpus_per_task or 8 * gpn) // gpn)
     lines += [
         "",
-        f"# {config.gpus} ranks: {nodes} nodes x {gpn} GPUs, one torchrun agent per node",
-        "set -euo pipefail",
+        f"# {config.gpus} ranks: {nodes} nodes x {gpn} GPUs, one torchrun agent per node.",
+        f"# {SIGNAL_LEAD_SECONDS} s before the time limit the ranks get SIGTERM, stop after their",
+        "# iteration and checkpoint (with --checkpoint-every/--checkpoint-minutes); the job then",
+        "# requeues itself and the next start resumes the run folder.",
+        "set -uo pipefail",
+        f"run_dir={shlex.quote(str(run_dir))}",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, (cpus_per_task or 8 * gpn) // gpn)}}}",
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{threads}}}",
+        'if [ -f "$run_dir/checkpoints/latest.json" ]; then',
+        '  bench_args=(-m suite.cli run --launcher torchrun --resume "$run_dir")',
+        'elif [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
+        f"  bench_args=({bench} --overwrite)",
+        "else",
+        f"  bench_args=({bench})",
+        "fi",
         "srun --kill-on-bad-exit=1 python -m torch.distributed.run \\",
         f'  --nnodes "$SLURM_NNODES" --nproc-per-node {gpn} \\',
+        f"  --max-restarts {config.max_restarts} \\",
         f'  --rdzv-backend c10d --rdzv-endpoint "$head_node:{RDZV_PORT}" \\',
         '  --rdzv-id "$SLURM_JOB_ID" \\',
-        f"  {bench}",
+        '  "${bench_args[@]}"',
+        "code=$?",
+        'if [ "$code" -ne 0 ] && [ -f "$run_dir/checkpoints/latest.json" ] \\',
+        '   && grep -q \'"status": "interrupted"\' "$run_dir/summary.json"; then',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$code"',
         "",
     ]
     return "\n".join(lines)

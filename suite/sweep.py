@@ -4,8 +4,9 @@ Cells are the product of workloads, methods, GPU counts, seeds and the values of
 option given as a list, except that an option fans out only the methods that declare it
 (``--channel-keep 0.3,0.5`` with ``--method prunex,ddp`` is two prunex cells and one ddp
 cell). A cell's run id is derived from its full configuration, so re-running the same
-sweep skips cells whose folder says ``ok``; a failed or interrupted cell's folder is kept,
-renamed ``<id>.failed-<n>``, and the cell runs again.
+sweep skips cells whose folder says ``ok``, resumes a cell whose folder has a checkpoint, and
+moves any other failed or interrupted cell's folder aside (``<id>.failed-<n>``) and runs it
+again. An interrupted sweep stops, writes ``sweep.json`` and its table, and exits non-zero.
 """
 
 from __future__ import annotations
@@ -17,16 +18,24 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from suite.checkpoint import latest_checkpoint
 from suite.config import RunConfig
-from suite.errors import BenchError
+from suite.errors import BenchError, RunInterrupted
 from suite.registry import METHODS
 from suite.results import RunFolder, write_json
+
+#: RunConfig fields that decide how a run survives, not what it computes: not part of a
+#: cell's id, so sweeps recorded before they existed keep their ids
+RELIABILITY_FIELDS = (
+    "checkpoint_every", "checkpoint_minutes", "resume", "overwrite", "max_restarts",
+    "collective_timeout",
+)  # fmt: skip
 
 
 @dataclass
 class Cell:
     config: RunConfig
-    status: str = "pending"  # pending | done | skipped | failed
+    status: str = "pending"  # pending | done | skipped | failed | interrupted
     reason: str = ""
 
     @property
@@ -36,7 +45,7 @@ class Cell:
 
 def cell_id(config: RunConfig) -> str:
     described = json.loads(config.to_json())
-    for volatile in ("run_id", "results_dir", "launcher", "tag"):
+    for volatile in ("run_id", "results_dir", "launcher", "tag", *RELIABILITY_FIELDS):
         described.pop(volatile, None)
     digest = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:8]
     return f"{config.method}-{config.workload}-{config.gpus}g-{digest}"
@@ -71,8 +80,10 @@ def expand(
 
 
 def prepare(cell: Cell, results_dir: Path) -> bool:
-    """True when the cell must run; a finished one is skipped, a broken one moved aside."""
+    """True when the cell must run; a finished one is skipped, one with a checkpoint is
+    resumed from it, any other broken one moved aside."""
     folder = RunFolder(results_dir / cell.run_id)
+    cell.config.resume = False
     if not folder.path.exists():
         return True
     summary = None
@@ -83,6 +94,9 @@ def prepare(cell: Cell, results_dir: Path) -> bool:
     if summary and summary.get("status") == "ok":
         cell.status, cell.reason = "skipped", "already done"
         return False
+    if latest_checkpoint(folder.path) is not None and (folder.path / "manifest.json").exists():
+        cell.config.resume = True
+        return True
     n = 1
     while folder.path.with_name(f"{cell.run_id}.failed-{n}").exists():
         n += 1
@@ -96,18 +110,23 @@ def run_cells(cells: list[Cell], results_dir: Path, launch) -> None:
 
     os.environ.setdefault("PRUNEX_PROGRESS", "0")  # one bar: over cells
     results_dir.mkdir(parents=True, exist_ok=True)
-    with tqdm(cells, desc="sweep", unit="cell", dynamic_ncols=True) as bar:
-        for cell in bar:
-            bar.set_postfix_str(cell.run_id)
-            if not prepare(cell, results_dir):
-                continue
-            try:
-                launch(cell.config)
-                cell.status = "done"
-            except BenchError as exc:
-                cell.status, cell.reason = "failed", str(exc)
-            write_record(cells, results_dir)
-    write_record(cells, results_dir)
+    try:
+        with tqdm(cells, desc="sweep", unit="cell", dynamic_ncols=True) as bar:
+            for cell in bar:
+                bar.set_postfix_str(cell.run_id)
+                if not prepare(cell, results_dir):
+                    continue
+                try:
+                    launch(cell.config)
+                    cell.status = "done"
+                except RunInterrupted as exc:  # the sweep stops with it; a rerun resumes
+                    cell.status, cell.reason = "interrupted", str(exc)
+                    raise
+                except BenchError as exc:
+                    cell.status, cell.reason = "failed", str(exc)
+                write_record(cells, results_dir)
+    finally:
+        write_record(cells, results_dir)
 
 
 def write_record(cells: list[Cell], results_dir: Path) -> None:
@@ -134,6 +153,9 @@ def write_record(cells: list[Cell], results_dir: Path) -> None:
 def summary_lines(cells: list[Cell]) -> list[str]:
     width = max(len(c.run_id) for c in cells)
     lines = [f"{c.run_id:<{width}}  {c.status:<8} {c.reason}".rstrip() for c in cells]
-    counts = {s: sum(c.status == s for c in cells) for s in ("done", "skipped", "failed")}
+    counts = {
+        s: sum(c.status == s for c in cells)
+        for s in ("done", "skipped", "failed", "interrupted", "pending")
+    }
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
     return lines

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from suite.errors import BenchError
+from suite.ranks import collective_timeout
 
 
 @dataclass(frozen=True)
@@ -122,16 +123,16 @@ def build_topology(gpus_per_node: int | None) -> Topology:
     world_group = CommGroup("world", tuple(range(world)), dist.group.WORLD)
     intra = None
     for ranks in node_ranks:
-        pg = dist.new_group(ranks)
+        pg = dist.new_group(ranks, timeout=collective_timeout())
         if rank in ranks:
             intra = CommGroup("intra", tuple(ranks), pg)
     leaders = [r[0] for r in node_ranks]
-    leaders_pg = dist.new_group(leaders)
+    leaders_pg = dist.new_group(leaders, timeout=collective_timeout())
     inter = CommGroup("inter", tuple(leaders), leaders_pg) if rank in leaders else None
     peers = None
     for local in range(gpn):
         ranks = [r[local] for r in node_ranks]
-        pg = dist.new_group(ranks)
+        pg = dist.new_group(ranks, timeout=collective_timeout())
         if rank in ranks:
             peers = CommGroup("peers", tuple(ranks), pg)
     assert intra is not None and peers is not None

@@ -39,4 +39,5 @@ def run_ranks(fn, world: int, *args) -> list:
     """``fn(rank, *args)`` on ``world`` processes; returns the per-rank results in rank order."""
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(_entry, args=(world, free_port(), fn, args, out_dir), nprocs=world, join=True)
+        # what the test's own ranks just wrote into this private folder, objects included
         return [torch.load(Path(out_dir) / f"{r}.pt", weights_only=False) for r in range(world)]

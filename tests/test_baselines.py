@@ -32,11 +32,17 @@ SCENARIOS = {
     "ddp-fp16": (make_ddp_fp16, "ddp-fp16", {}, STEPS),
     "topk": (lambda ctx: TopK(ctx, hierarchical=False), "topk", {"topk_ratio": TOPK_RATIO}, STEPS),
     "topk-hier": (
-        lambda ctx: TopK(ctx, hierarchical=True), "topk-hier", {"topk_ratio": TOPK_RATIO}, STEPS
+        lambda ctx: TopK(ctx, hierarchical=True),
+        "topk-hier",
+        {"topk_ratio": TOPK_RATIO},
+        STEPS,
     ),
     "topk-dense": (lambda ctx: TopK(ctx, hierarchical=False), "topk", {"topk_ratio": 1.0}, STEPS),
     "topk-hier-dense": (
-        lambda ctx: TopK(ctx, hierarchical=True), "topk-hier", {"topk_ratio": 1.0}, STEPS
+        lambda ctx: TopK(ctx, hierarchical=True),
+        "topk-hier",
+        {"topk_ratio": 1.0},
+        STEPS,
     ),
     "powersgd": (
         PowerSGD,

@@ -49,6 +49,8 @@ def test_identical_sets_pass(tmp_path):
         ({"inter_node_bytes_per_iteration": 0.5e6}, 0),  # fewer bytes: improved
         ({"inter_node_bytes_per_iteration": 2e6}, 1),
         ({"status": "failed", "error": "NonFiniteLoss: boom"}, 1),
+        ({"status": "running"}, 1),  # killed too hard to say so: a failure
+        ({"status": "interrupted", "error": "interrupted by SIGTERM"}, 1),
     ],
 )
 def test_direction_aware_regressions(tmp_path, change, code):
@@ -74,18 +76,32 @@ def test_metric_filter_unmatched_runs_and_bad_input(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
+def test_a_failed_run_without_a_baseline_twin_still_fails_the_gate(tmp_path):
+    base = write_set(tmp_path / "a", RUNS)
+    killed = {"method": "topk", "gpus": 8, "status": "running"}
+    proc = bench("compare", base, write_set(tmp_path / "b", [*RUNS, killed]))
+    assert proc.returncode == 1, proc.stdout
+    assert "REGRESSION: status running" in proc.stdout and "still says running" in proc.stderr
+
+
 def test_sbatch_script_for_64_gpus_at_4_per_node(tmp_path):
     proc = bench("run", "--launcher", "slurm", "--dry-run", "--gpus", "64", "--gpus-per-node",
                  "4", "--method", "prunex", "--workload", "resnet152-cifar10", "--channel-keep",
-                 "0.3", "--results-dir", str(tmp_path), "--run-id", "r64")  # fmt: skip
+                 "0.3", "--results-dir", str(tmp_path), "--run-id", "r64",
+                 "--checkpoint-minutes", "20", "--max-restarts", "2")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout
     assert "#SBATCH --nodes=16" in script and "#SBATCH --ntasks-per-node=1" in script
     assert "#SBATCH --gpus-per-node=4" in script and "--nproc-per-node 4" in script
     assert "--rdzv-backend c10d" in script
-    rank_args = script.split("-m suite.cli ")[1]
+    rank_args = script.split("-m suite.cli ")[-1]  # the first start's arguments
     assert "--launcher torchrun" in rank_args and "--gpus 64" in rank_args
     assert "--channel-keep 0.3" in rank_args and f"--results-dir {tmp_path}" in rank_args
+    assert "--checkpoint-minutes 20.0" in rank_args and "--max-restarts 2" in script
+    # preempted or out of time: SIGTERM first, requeue, and the next start resumes the folder
+    assert "#SBATCH --requeue" in script and "#SBATCH --signal=TERM@" in script
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert '--resume "$run_dir"' in script and "checkpoints/latest.json" in script
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0

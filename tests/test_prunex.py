@@ -18,9 +18,7 @@ OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE}
 
 def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):
     method_name = "prunex" if hierarchical else "prunex-flat"
-    ctx = make_context(
-        rank, gpus_per_node=2, method=method_name, options=options, bn=True, lr=lr
-    )
+    ctx = make_context(rank, gpus_per_node=2, method=method_name, options=options, bn=True, lr=lr)
     method = PruneX(ctx, hierarchical=hierarchical)
     history = []
     for it in range(rounds):

@@ -54,6 +54,15 @@ class ShardedLoader:
         """Indices into the train set that this rank owns."""
         return self._shard.clone()
 
+    def state_dict(self) -> dict:
+        """The position in the stream of batches (for checkpoints)."""
+        return {"step": self.step, "epoch": self.epoch, "generator": self._generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self._start_epoch(int(state["epoch"]))  # the epoch's order, then the generator's place
+        self._generator.set_state(state["generator"])
+
     def __iter__(self) -> ShardedLoader:
         return self
 

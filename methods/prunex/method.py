@@ -51,16 +51,25 @@ def load_masks(path: str, blocks, constrained: list[int], device) -> dict[int, S
     file = Path(path) / "masks.pt" if Path(path).is_dir() else Path(path)
     try:
         saved = torch.load(file, map_location=device, weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise BenchError(f"--masks-from {path}: cannot read {file} ({exc})") from None
+    except Exception as exc:  # unpickling raises many kinds; all mean "not a masks file"
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BenchError(f"--masks-from {path}: cannot read {file} ({why[:200]})") from None
+    if not isinstance(saved, dict):
+        raise BenchError(f"--masks-from {file}: not a mapping of layer names to masks")
     masks = {}
     for i in constrained:
         entry = saved.get(blocks[i].name)
         if entry is None:
             raise BenchError(f"--masks-from {file} has no mask for layer {blocks[i].name}")
-        mask = StructuredMask(
-            entry["filters"].bool(), entry["channels"].bool(), entry["shape"].bool()
-        )
+        try:
+            mask = StructuredMask(
+                entry["filters"].bool(), entry["channels"].bool(), entry["shape"].bool()
+            )
+        except (TypeError, KeyError, AttributeError, IndexError):
+            raise BenchError(
+                f"--masks-from {file}: the entry of {blocks[i].name} is not a structured mask "
+                "(filters, channels, shape bitmaps)"
+            ) from None
         if mask.weight_shape != tuple(blocks[i].shape):
             raise BenchError(
                 f"--masks-from {file}: layer {blocks[i].name} has shape {mask.weight_shape}, "
@@ -456,16 +465,52 @@ class PruneX:
     def state_dict(self) -> dict:
         return {
             "theta": self.model.state_dict(),
+            "consensus": self.consensus.state_dict(),
             "z_node": self.z_node,
             "z": self.z,
             "u": self.u,
             "v": self.v,
             "rho1": self.rho1,
             "rho2": self.rho2,
-            "masks": self.mask_artifact(),
+            "masks": {  # the group bitmaps; the element masks follow from them
+                self.blocks[i].name: {
+                    "filters": m.filters,
+                    "channels": m.channels,
+                    "shape": m.shape,
+                }
+                for i, m in self.masks.items()
+            },
             "frozen": self.frozen,
+            "stable_rounds": self.stable_rounds,
             "optimizer": self.optimizer.state_dict(),
         }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """The pack layout and its buffers are rebuilt from the masks on the next round;
+        they hold no state of their own."""
+        device = self.ctx.device
+        self.model.load_state_dict(state["theta"])
+        self.consensus.load_state_dict(state["consensus"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for name in ("z_node", "z", "u", "v"):
+            setattr(self, name, [t.to(device) for t in state[name]])
+        self.rho1, self.rho2 = list(state["rho1"]), list(state["rho2"])
+        names = {b.name: i for i, b in enumerate(self.blocks)}
+        self.masks = {
+            names[name]: StructuredMask(
+                m["filters"].to(device), m["channels"].to(device), m["shape"].to(device)
+            )
+            for name, m in state["masks"].items()
+        }
+        self.frozen = bool(state["frozen"])
+        self.stable_rounds = int(state["stable_rounds"])
+        self.layout, self.fixed_buffers = None, None
+        self.support = (
+            {i: self.masks[i].dense().to(self.params[i].dtype) for i in self.constrained}
+            if self.frozen
+            else {}
+        )
 
     def mask_artifact(self) -> dict:
         return {

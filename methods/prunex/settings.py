@@ -37,9 +37,7 @@ class PruneXFlatSettings(RoundSettings):
     adaptive_rho: bool = option(
         True, "residual balancing of the penalties (Boyd et al. 3.4.1)", off_flag="fixed-rho"
     )
-    freeze_round: int | None = option(
-        None, "freeze the masks after this round", check=AT_LEAST_1
-    )
+    freeze_round: int | None = option(None, "freeze the masks after this round", check=AT_LEAST_1)
     freeze_patience: int = option(
         3, "freeze the masks after N consecutive unchanged rounds", check=AT_LEAST_1
     )
@@ -56,6 +54,17 @@ class PruneXFlatSettings(RoundSettings):
     def __post_init__(self) -> None:
         if self.filter_keep is None and self.channel_keep is None and self.shape_keep is None:
             self.channel_keep = DEFAULT_CHANNEL_KEEP
+
+    def check_model(self, model) -> None:
+        """Before any rank starts: ``--masks-from`` is readable and fits ``model``'s convs
+        (shapes only: ``model`` may live on the meta device)."""
+        if self.masks_from is not None:
+            from methods.prunex.method import load_masks
+            from methods.prunex.state import admm_blocks
+
+            blocks = admm_blocks(model)
+            constrained = [i for i, b in enumerate(blocks) if b.constrained]
+            load_masks(self.masks_from, blocks, constrained, "cpu")
 
     @property
     def keeps(self) -> dict[str, float | None]:

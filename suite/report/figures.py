@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
 
-from suite.report.load import Run, final_density_of  # noqa: E402
+from suite.report.load import Run, final_density_of, first_line  # noqa: E402
 
 COMM_WORDS = ("allreduce", "allgather", "broadcast", "mask_sync")
 
@@ -322,17 +322,32 @@ def penalties(runs: list[Run], out: Path) -> Figure | Skipped:
     return Figure(name, title, files, frame, sorted(frame.run_id.unique()))
 
 
+def read_masks(run: Run) -> dict | None:
+    """A run's masks.pt as {layer: {"dense": tensor, ...}}, or None (noted on the run)."""
+    path = run.folder / "masks.pt"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(saved, dict) and all(torch.is_tensor(m["dense"]) for m in saved.values()):
+            return saved
+        run.unreadable.append(f"{path}: not a mapping of layers to masks")
+    except Exception as exc:  # unpickling fails in many ways; each means a damaged file
+        run.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
+    return None
+
+
 def masks(runs: list[Run], out: Path, shown: int = 4) -> Figure | Skipped:
     """Fig. 13: the learned filter x channel masks of the largest conv layers."""
     name, title = "fig13_masks", "Learned structured masks (output filters x input channels)"
     candidates = [r for r in runs if (r.folder / "masks.pt").exists()]
     if not candidates:
         return Skipped(name, title, "no run folder has masks.pt (PruneX runs save it)")
-    run = max(candidates, key=lambda r: r.summary["gpus"])
-    try:
-        saved = torch.load(run.folder / "masks.pt", map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as exc:
-        return Skipped(name, title, f"{run.folder / 'masks.pt'} is unreadable ({exc})")
+    saved, run = None, None
+    for run in sorted(candidates, key=lambda r: r.summary["gpus"], reverse=True):
+        saved = read_masks(run)
+        if saved is not None:
+            break
+    if saved is None:
+        return Skipped(name, title, "every masks.pt is unreadable (listed above)")
     convs = sorted(saved.items(), key=lambda kv: kv[1]["dense"].numel(), reverse=True)[:shown]
     fig, axes = plt.subplots(1, len(convs), figsize=(3.2 * len(convs), 3.4), squeeze=False)
     rows = []

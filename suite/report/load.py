@@ -17,6 +17,7 @@ class Run:
     folder: Path
     summary: dict
     manifest: dict = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)  # files left out, with the reason
 
     @property
     def run_id(self) -> str:
@@ -67,8 +68,8 @@ class Run:
             if path.exists():
                 try:
                     tables[name] = pd.read_parquet(path)
-                except (OSError, ValueError):
-                    pass
+                except Exception as exc:  # pyarrow raises several kinds for a damaged file
+                    self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
         return tables
 
     @property
@@ -92,16 +93,23 @@ def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
         if summary.get("status") != "ok":
             skipped.append(f"{folder}: status {summary.get('status')!r}")
             continue
-        manifest = {}
+        manifest, unreadable = {}, []
         if (folder / "manifest.json").exists():
             try:
                 manifest = json.loads((folder / "manifest.json").read_text())
-            except json.JSONDecodeError:
-                pass
-        runs.append(Run(folder, summary, manifest))
+            except (OSError, json.JSONDecodeError) as exc:
+                unreadable.append(f"{folder / 'manifest.json'}: {type(exc).__name__}")
+        run = Run(folder, summary, manifest, unreadable)
+        run.table("iterations")  # read the tables now, so damaged ones are listed up front
+        runs.append(run)
     if not runs:
         raise BenchError(f"no finished run folders under {root}")
     return runs, skipped
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else ""
 
 
 def final_density_of(run: Run) -> float:

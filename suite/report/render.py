@@ -79,6 +79,11 @@ def render(results_dir: str | Path, out: str | Path, echo=print) -> Path:
                  result.table.head(40).to_html(index=False, float_format="%.4g")]  # fmt: skip
     if skipped_runs:
         md += ["## Runs not included", "", *[f"- {line}" for line in skipped_runs], ""]
+    damaged = [line for run in runs for line in run.unreadable]
+    for line in damaged:
+        echo(f"skipped unreadable file {line}")
+    if damaged:
+        md += ["## Files left out (unreadable)", "", *[f"- {line}" for line in damaged], ""]
     (out / "report.md").write_text("\n".join(md))
     style = (
         "body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:100%}"

@@ -1,0 +1,111 @@
+"""What checkpointing costs: seconds per checkpoint and bytes on disk.
+
+(a) Measured runs: cnn-fmnist on Fashion-MNIST, 2 nodes x 2 CPU ranks, each method with and
+    without ``--checkpoint-every``; the summary's ``checkpoint_seconds_mean`` and
+    ``checkpoint_bytes`` (all ranks together), and the wall-time overhead per checkpoint.
+(b) ResNet-152 (CIFAR-10 head) at 64 ranks: one rank's PruneX state saved through the same
+    code path (``suite.checkpoint.save_checkpoint`` in a one-rank gloo group); every rank of a
+    64-rank run holds a state of the same size, so the checkpoint is 64 times the bytes. The
+    seconds are this machine's disk for one rank; on a cluster the ranks write in parallel.
+
+    python benchmarks/checkpoint_cost.py --out /tmp/ckpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from benchmarks.runs import bench, only_run
+
+METHODS = ("prunex", "ddp", "topk", "localsgd-hier")
+RUN = ["--workload", "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--iterations", "8",
+       "--eval-every", "8"]  # fmt: skip
+
+
+def measured_runs(out: Path) -> list[dict]:
+    rows = []
+    for method in METHODS:
+        walls = {}
+        for every in (None, 2):
+            folder = out / f"{method}-{every or 'none'}"
+            extra = ["--checkpoint-every", str(every)] if every else []
+            bench("run", "--method", method, *RUN, *extra, "--results-dir", str(folder))
+            walls[every] = json.loads((only_run(folder) / "summary.json").read_text())
+        saved = walls[2]
+        rows.append({
+            "method": method,
+            "checkpoints": saved["checkpoints_written"],
+            "seconds_per_checkpoint": round(saved["checkpoint_seconds_mean"], 3),
+            "MB_on_disk": round(saved["checkpoint_bytes"] / 1e6, 2),
+            "wall_s_without": round(walls[None]["wall_seconds"], 2),
+            "wall_s_with": round(saved["wall_seconds"], 2),
+        })  # fmt: skip
+    return rows
+
+
+def resnet152_rank_state() -> dict:
+    """One rank's PruneX checkpoint of resnet152-cifar10, saved by the suite's own code."""
+    import torch
+    import torch.distributed as dist
+
+    from suite.checkpoint import save_checkpoint
+    from suite.comm import Communicator
+    from suite.config import RunConfig
+    from suite.context import method_settings, resolve_workload
+    from suite.method import RunContext
+    from suite.recorder import Recorder
+    from suite.registry import METHODS as REGISTRY
+    from suite.topology import build_topology
+    from workloads.base import TensorData
+    from workloads.datasets import dataset_spec
+    from workloads.sharding import ShardedLoader
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    config = RunConfig(method="prunex", workload="resnet152-cifar10", gpus=1)
+    workload, recipe, _ = resolve_workload(config)
+    spec = dataset_spec("cifar10")
+    torch.manual_seed(0)
+    model = workload.build_model(spec)
+    data = TensorData(torch.zeros(64, 3, 32, 32), torch.zeros(64, dtype=torch.long))
+    topo = build_topology(1)
+    device = torch.device("cpu")
+    recorder = Recorder(0, device)
+    loader = ShardedLoader(data, 0, 1, recipe.batch_size, 0)
+    ctx = RunContext(config, topo, Communicator(topo, recorder, device), recorder, workload,
+                     recipe, model, loader, device, method_settings(config))  # fmt: skip
+    method = REGISTRY.get("prunex").factory(ctx)
+    method.step(0)  # momentum buffers exist from the first step on
+    state = {"method": method.state_dict(), "loader": loader.state_dict(),
+             "rng": {"torch": torch.get_rng_state()}, "loop": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory() as run_dir:
+        stats = save_checkpoint(Path(run_dir), 1, state)
+    dist.destroy_process_group()
+    params = sum(p.numel() for p in model.parameters())
+    return {"model": "resnet152-cifar10", "parameters": params,
+            "seconds_one_rank": round(stats["seconds"], 2),
+            "MB_per_rank": round(stats["bytes"] / 1e6, 1),
+            "GB_at_64_ranks": round(64 * stats["bytes"] / 1e9, 2)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--skip-runs", action="store_true", help="only part (b)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"resnet152_64_ranks": resnet152_rank_state()}
+    print(json.dumps(result["resnet152_64_ranks"]))
+    if not args.skip_runs:
+        result["cnn_fmnist_2x2"] = measured_runs(args.out)
+        for row in result["cnn_fmnist_2x2"]:
+            print(json.dumps(row))
+    (args.out / "checkpoint_cost.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""Runs that survive: real processes killed, stopped and interrupted mid-run, then resumed,
+restarted or recovered. Every run here is a small real gloo run (synthetic data, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+BENCH = [sys.executable, "-m", "suite.cli"]
+ENV = {**os.environ, "PRUNEX_PROGRESS": "0", "PRUNEX_FLUSH_SECONDS": "0"}
+PRUNEX = [
+    "--method", "prunex", "--dataset", "synthetic", "--synthetic-size", "1024,256",
+    "--gpus", "4", "--gpus-per-node", "2", "--batch-size", "16", "--local-steps", "2",
+    "--freeze-round", "6", "--checkpoint-every", "3",
+]  # fmt: skip
+TOPK = [
+    "--method", "topk", "--dataset", "synthetic", "--synthetic-size", "1024,256",
+    "--gpus", "2", "--gpus-per-node", "1", "--batch-size", "16", "--checkpoint-every", "4",
+]  # fmt: skip
+LONG = ["--iterations", "400"]  # far longer than any test waits: it is stopped first
+
+
+def start(results: Path, run_id: str, *args: str) -> subprocess.Popen:
+    """``bench run`` in its own session (so a signal can go to the whole group, as Ctrl-C)."""
+    return subprocess.Popen(
+        [*BENCH, "run", "--results-dir", str(results), "--run-id", run_id, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def streamed_iterations(folder: Path) -> int:
+    """Iterations whose rows every rank has written to parts/ so far."""
+    frames = []
+    for file in (folder / "parts").glob("iterations-rank*.parquet"):
+        try:
+            frames.append(pd.read_parquet(file, columns=["iteration", "rank"]))
+        except (OSError, ValueError):
+            pass
+    if not frames:
+        return 0
+    rows = pd.concat(frames)
+    ranks = rows["rank"].nunique()
+    counts = rows.groupby("iteration")["rank"].nunique()
+    return int((counts == ranks).sum())
+
+
+def wait_until(folder: Path, iterations: int, proc: subprocess.Popen, timeout=90) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        done = streamed_iterations(folder)
+        if done >= iterations:
+            return done
+        time.sleep(0.2)
+    raise AssertionError(f"{folder} did not reach {iterations} iterations")
+
+
+def summary(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def rank_pid(folder: Path, rank: int) -> int:
+    return summary(folder)["processes"][rank][1]
+
+
+def only_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def assert_same_model(a: Path, b: Path) -> None:
+    left = torch.load(a / "model.pt", weights_only=True)
+    right = torch.load(b / "model.pt", weights_only=True)
+    assert left.keys() == right.keys()
+    for key in left:
+        assert torch.equal(left[key], right[key]), key
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference runs every resumed or restarted run must equal, bit for bit."""
+    root = tmp_path_factory.mktemp("reference")
+    for run_id, args in (("prunex", [*PRUNEX, "--iterations", "10"]),
+                         ("topk", [*TOPK, "--iterations", "14"])):  # fmt: skip
+        code, err = finish(start(root, run_id, *args))
+        assert code == 0, err
+    return root
+
+
+@pytest.mark.parametrize(
+    "args, iterations, reference",
+    [(PRUNEX, 10, "prunex"), (TOPK, 14, "topk")],
+    ids=["prunex-2x2", "topk-2x1"],
+)
+def test_sigterm_then_resume_equals_the_uninterrupted_run(
+    tmp_path, uninterrupted, args, iterations, reference
+):
+    proc = start(tmp_path, "cut", *args, "--iterations", str(iterations))
+    folder = tmp_path / "cut"
+    wait_until(folder, 4, proc)
+    proc.send_signal(signal.SIGTERM)  # the parent, as a scheduler would
+    code, err = finish(proc)
+    assert code == 1
+    assert "interrupted by SIGTERM" in only_line(err)
+    stopped = summary(folder)
+    assert stopped["status"] == "interrupted" and stopped["method"] == args[1]
+    kept = pd.read_parquet(folder / "iterations.parquet")
+    assert kept["iteration"].nunique() >= 4  # every row written before the signal
+
+    resumed = subprocess.run(
+        [*BENCH, "run", "--resume", str(folder)], capture_output=True, text=True, env=ENV,
+        timeout=180,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    done = summary(folder)
+    assert done["status"] == "ok" and done["resumed_at_iteration"] >= 4
+    assert done["iterations"] == iterations
+    assert_same_model(folder, uninterrupted / reference)
+    rows = pd.read_parquet(folder / "iterations.parquet")
+    full = pd.read_parquet(uninterrupted / reference / "iterations.parquet")
+    assert rows[["iteration", "rank"]].equals(full[["iteration", "rank"]])  # no gap, no repeat
+    assert rows["loss"].tolist() == full["loss"].tolist()
+    if reference == "prunex":
+        assert rows["frozen"].any() and not rows["frozen"].all()  # froze inside the run
+        assert rows["density"].tolist() == full["density"].tolist()
+    assert not (folder / "checkpoints").exists()  # a finished run has nothing to continue
+
+
+def test_max_restarts_survives_a_killed_rank(tmp_path, uninterrupted):
+    proc = start(tmp_path, "restarted", *PRUNEX, "--iterations", "10", "--max-restarts", "1")
+    folder = tmp_path / "restarted"
+    wait_until(folder, 5, proc)
+    os.kill(rank_pid(folder, 3), signal.SIGKILL)
+    code, err = finish(proc, timeout=240)
+    assert code == 0, err
+    done = summary(folder)
+    assert done["status"] == "ok" and done["restarts"] == 1
+    assert done["resumed_at_iteration"] >= 3
+    assert (folder / "attempts").is_dir()  # the first attempt's errors are kept
+    assert_same_model(folder, uninterrupted / "prunex")
+
+
+def test_sigkill_of_a_follower_rank_fails_naming_it_and_keeps_the_rows(tmp_path):
+    proc = start(tmp_path, "killed", *PRUNEX, *LONG)
+    folder = tmp_path / "killed"
+    before = wait_until(folder, 3, proc)
+    os.kill(rank_pid(folder, 3), signal.SIGKILL)
+    code, err = finish(proc)
+    assert code == 1
+    assert "rank 3 was killed by SIGKILL" in only_line(err)
+    failed = summary(folder)
+    assert failed["status"] == "failed" and "rank 3 was killed by SIGKILL" in failed["error"]
+    assert pd.read_parquet(folder / "iterations.parquet")["iteration"].nunique() >= before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_the_parent_interrupts_cleanly(tmp_path, sig):
+    proc = start(tmp_path, "stopped", *TOPK, *LONG)
+    folder = tmp_path / "stopped"
+    before = wait_until(folder, 2, proc)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # Ctrl-C reaches the launcher and every rank
+    else:
+        proc.send_signal(sig)
+    code, err = finish(proc)
+    assert code == 1
+    assert f"interrupted by {sig.name}" in only_line(err)
+    stopped = summary(folder)
+    assert stopped["status"] == "interrupted"
+    assert pd.read_parquet(folder / "iterations.parquet")["iteration"].nunique() >= before
+    assert (folder / "checkpoints" / "latest.json").exists()  # saved at the stop
+
+
+def test_sigkill_of_the_parent_then_recover(tmp_path):
+    proc = start(tmp_path, "orphaned", *TOPK, *LONG)
+    folder = tmp_path / "orphaned"
+    before = wait_until(folder, 2, proc)
+    pids = [pid for _, pid in summary(folder)["processes"]]
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert summary(folder)["status"] == "running"
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    recovered = subprocess.run(
+        [*BENCH, "recover", str(folder)], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert recovered.returncode == 0, recovered.stderr
+    failed = summary(folder)
+    assert failed["status"] == "failed" and "killed" in failed["error"]
+    assert failed["method"] == "topk" and failed["gpus"] == 2  # identity from the start
+    assert pd.read_parquet(folder / "iterations.parquet")["iteration"].nunique() >= before
+    assert not (folder / "parts").exists()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in status_of(pid)
+
+
+def status_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except (OSError, IndexError):
+        return "Z"
+
+
+def test_a_stalled_rank_fails_within_the_collective_timeout(tmp_path):
+    proc = start(tmp_path, "stalled", *TOPK, *LONG, "--collective-timeout", "4")
+    folder = tmp_path / "stalled"
+    wait_until(folder, 2, proc)
+    pid = rank_pid(folder, 1)
+    os.kill(pid, signal.SIGSTOP)
+    began = time.monotonic()
+    try:
+        while summary(folder)["status"] == "running" and time.monotonic() - began < 30:
+            time.sleep(0.2)
+        marked = time.monotonic() - began
+        os.kill(pid, signal.SIGKILL)  # else torch's agent waits 30 s before it kills it
+        code, err = finish(proc, timeout=90)
+    finally:
+        os.kill(pid, signal.SIGKILL) if alive(pid) else None
+    assert marked < 4 + 6  # the timeout, and a few seconds to write
+    assert code == 1
+    assert "timed out" in only_line(err) and "--collective-timeout" in err
+    assert summary(folder)["status"] == "failed"
+
+
+# -- inputs checked before any rank starts, and readers that never crash ---------------------
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--lr", "nan"], "--lr must be finite, got nan"),
+        (["--lr", "-1"], "--lr must be positive, got -1.0"),
+        (["--momentum", "1.5"], "--momentum must be in [0, 1), got 1.5"),
+        (["--weight-decay", "-0.1"], "--weight-decay must be at least 0"),
+        (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
+        (["--collective-timeout", "0"], "--collective-timeout must be positive"),
+        (["--gpus", "4096", "--gpus-per-node", "4"], "local CPU ranks need about"),
+    ],
+)
+def test_bad_values_are_one_line_before_any_rank(tmp_path, args, expected):
+    from tests.test_options import TINY, bench_here, one_line
+
+    result = bench_here("run", *TINY, *args, "--results-dir", str(tmp_path / "r"))
+    assert expected in one_line(result) and result.exit_code == 2
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").iterdir())
+
+
+def test_results_dir_that_is_a_file_is_one_line(tmp_path):
+    from tests.test_options import TINY, bench_here, one_line
+
+    (tmp_path / "file").write_text("")
+    result = bench_here("run", *TINY, "--results-dir", str(tmp_path / "file"))
+    assert "is not a writable folder" in one_line(result)
+
+
+def test_masks_from_is_checked_before_any_rank(tmp_path):
+    from tests.test_options import TINY, bench_here, one_line
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(512))
+    result = bench_here("run", *TINY, "--masks-from", str(garbage), "--results-dir", str(tmp_path))
+    assert f"--masks-from {garbage}: cannot read" in one_line(result)
+    foreign = tmp_path / "foreign.pt"
+    bits = {"filters": torch.ones(3), "channels": torch.ones(2), "shape": torch.ones(2, 3, 3)}
+    torch.save({"some.other.layer": bits}, foreign)
+    result = bench_here("run", *TINY, "--masks-from", str(foreign), "--results-dir", str(tmp_path))
+    assert "has no mask for layer" in one_line(result)
+    assert {p.name for p in tmp_path.iterdir()} == {"garbage.pt", "foreign.pt"}
+
+
+def test_an_existing_run_folder_is_refused_unless_overwritten(tmp_path):
+    from tests.test_options import ONE_RANK, TINY, bench_here, one_line
+
+    old = tmp_path / "same"
+    old.mkdir()
+    (old / "summary.json").write_text('{"status": "failed", "method": "prunex"}')
+    (old / "masks.pt").write_bytes(b"stale")
+    args = ["run", *TINY, *ONE_RANK, "--method", "ddp", "--iterations", "2",
+            "--results-dir", str(tmp_path), "--run-id", "same"]  # fmt: skip
+    result = bench_here(*args)
+    assert "already holds a run" in one_line(result) and "--overwrite" in result.stderr
+    proc = subprocess.run([*BENCH, *args, "--overwrite"], capture_output=True, text=True,
+                          env=ENV, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert summary(old)["status"] == "ok" and summary(old)["method"] == "ddp"
+    assert not (old / "masks.pt").exists()  # nothing of the old run is mixed in
+
+
+def test_report_lists_damaged_files_and_goes_on(tmp_path):
+    import shutil
+
+    from suite.report.render import render
+
+    root = tmp_path / "runs"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "results" / "reference", root)
+    prunex = next(root.glob("prunex-cnn*"))
+    (prunex / "masks.pt").write_bytes(os.urandom(300))
+    ddp = next(root.glob("ddp-cnn*"))
+    data = (ddp / "evals.parquet").read_bytes()
+    (ddp / "evals.parquet").write_bytes(data[: len(data) // 2])
+    lines = []
+    render(root, tmp_path / "report", echo=lines.append)
+    damaged = [line for line in lines if line.startswith("skipped unreadable file")]
+    assert any("masks.pt" in line for line in damaged)
+    assert any("evals.parquet" in line for line in damaged)
+    assert "Files left out (unreadable)" in (tmp_path / "report" / "report.md").read_text()
