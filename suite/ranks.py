@@ -69,6 +69,11 @@ def join_process_group(preference: str, timeout_seconds: float | None = None) ->
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     backend = "nccl" if device.type == "cuda" else "gloo"
+    # Groups torch creates for us without a timeout argument (HierarchicalModelAverager's
+    # subgroups) take the module's default, gloo's 30 minutes: make it ours.
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = _timeout
     dist.init_process_group(backend, timeout=_timeout, **attempt_store())
     return device
 

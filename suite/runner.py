@@ -257,7 +257,8 @@ def train(
     result = LoopResult()
     found = latest_checkpoint(folder.path) if (config.resume or restart_count()) else None
     if found is not None:
-        result = restore(run, load_checkpoint(found[1]))
+        node = run.topology.node_of(run.topology.rank)
+        result = restore(run, load_checkpoint(found[1], node=node))
     run.attempt = {"restarts": restart_count(), "resumed_at_iteration": result.done or None}
     training_loop(run, result)
     finish(run, result)
@@ -289,7 +290,8 @@ def checkpoint(run: Run, result: LoopResult) -> None:
     """Flush the rows so far, then save (collective); signals wait until both are whole."""
     with run.stop.held():
         flush_rows(run.folder, run.recorder)
-        stats = save_checkpoint(run.folder.path, result.done, rank_state(run, result))
+        node = run.topology.node_of(run.topology.rank)
+        stats = save_checkpoint(run.folder.path, result.done, rank_state(run, result), node=node)
     run.checkpoints.append(stats)
 
 

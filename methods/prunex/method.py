@@ -463,26 +463,30 @@ class PruneX:
         return self.consensus
 
     def state_dict(self) -> dict:
+        """theta, u and the momentum are the rank's own; z_i and v_i are replicated in the node
+        and z, the consensus model, the penalties and the masks in the world (the checkpoint
+        stores shared state once per node or world)."""
         return {
             "theta": self.model.state_dict(),
-            "consensus": self.consensus.state_dict(),
-            "z_node": self.z_node,
-            "z": self.z,
             "u": self.u,
-            "v": self.v,
+            "optimizer": self.optimizer.state_dict(),
+            "shared_node": {"z_node": self.z_node, "v": self.v},
+            "shared_world": {
+                "z": self.z,
+                "consensus": self.consensus.state_dict(),
+                "masks": {  # the group bitmaps; the element masks follow from them
+                    self.blocks[i].name: {
+                        "filters": m.filters,
+                        "channels": m.channels,
+                        "shape": m.shape,
+                    }  # fmt: skip
+                    for i, m in self.masks.items()
+                },
+            },
             "rho1": self.rho1,
             "rho2": self.rho2,
-            "masks": {  # the group bitmaps; the element masks follow from them
-                self.blocks[i].name: {
-                    "filters": m.filters,
-                    "channels": m.channels,
-                    "shape": m.shape,
-                }
-                for i, m in self.masks.items()
-            },
             "frozen": self.frozen,
             "stable_rounds": self.stable_rounds,
-            "optimizer": self.optimizer.state_dict(),
         }
 
     @torch.no_grad()
@@ -490,18 +494,21 @@ class PruneX:
         """The pack layout and its buffers are rebuilt from the masks on the next round;
         they hold no state of their own."""
         device = self.ctx.device
+        node, world = state["shared_node"], state["shared_world"]
         self.model.load_state_dict(state["theta"])
-        self.consensus.load_state_dict(state["consensus"])
+        self.consensus.load_state_dict(world["consensus"])
         self.optimizer.load_state_dict(state["optimizer"])
-        for name in ("z_node", "z", "u", "v"):
-            setattr(self, name, [t.to(device) for t in state[name]])
+        self.u = [t.to(device) for t in state["u"]]
+        self.z_node = [t.to(device) for t in node["z_node"]]
+        self.v = [t.to(device) for t in node["v"]]
+        self.z = [t.to(device) for t in world["z"]]
         self.rho1, self.rho2 = list(state["rho1"]), list(state["rho2"])
         names = {b.name: i for i, b in enumerate(self.blocks)}
         self.masks = {
             names[name]: StructuredMask(
                 m["filters"].to(device), m["channels"].to(device), m["shape"].to(device)
             )
-            for name, m in state["masks"].items()
+            for name, m in world["masks"].items()
         }
         self.frozen = bool(state["frozen"])
         self.stable_rounds = int(state["stable_rounds"])
