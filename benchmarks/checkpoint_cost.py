@@ -26,9 +26,9 @@ RUN = ["--workload", "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--ite
        "--eval-every", "8"]  # fmt: skip
 
 
-def measured_runs(out: Path) -> list[dict]:
+def measured_runs(out: Path, methods: list[str]) -> list[dict]:
     rows = []
-    for method in METHODS:
+    for method in methods:
         walls = {}
         for every in (None, 2):
             folder = out / f"{method}-{every or 'none'}"
@@ -114,12 +114,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--skip-runs", action="store_true", help="only part (b)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="part (a)'s methods")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"resnet152_64_ranks": resnet152_rank_state()}
     print(json.dumps(result["resnet152_64_ranks"]))
     if not args.skip_runs:
-        result["cnn_fmnist_2x2"] = measured_runs(args.out)
+        result["cnn_fmnist_2x2"] = measured_runs(args.out, args.methods.split(","))
         for row in result["cnn_fmnist_2x2"]:
             print(json.dumps(row))
     (args.out / "checkpoint_cost.json").write_text(json.dumps(result, indent=2))
