@@ -138,6 +138,13 @@ def launch_emulated(config: RunConfig) -> Path:
     folder = open_run_folder(config)
     nodes = config.gpus // config.gpus_per_node
     code = 0
+    received = []
+
+    def stop(signum, _frame):  # SIGTERM as Ctrl-C: the agents get it on the way out
+        received.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         with emulated_cluster(nodes, rate, config.run_id) as cluster:
             (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
@@ -151,7 +158,9 @@ def launch_emulated(config: RunConfig) -> Path:
                 folder.path / "launcher",
             )
     except KeyboardInterrupt:
-        fail_run(folder, config, signal_name="SIGINT")
+        fail_run(folder, config, signal_name=(received or ["SIGINT"])[0])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if code:
         fail_run(folder, config, signal_name=None)
     return folder.path

@@ -160,7 +160,14 @@ def test_max_restarts_survives_a_killed_rank(tmp_path, uninterrupted):
     assert_same_model(folder, uninterrupted / "prunex")
 
 
+def launcher_folders() -> set[str]:
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("prunex-launch-*")}
+
+
 def test_sigkill_of_a_follower_rank_fails_naming_it_and_keeps_the_rows(tmp_path):
+    temporary = launcher_folders()
     proc = start(tmp_path, "killed", *PRUNEX, *LONG)
     folder = tmp_path / "killed"
     before = wait_until(folder, 3, proc)
@@ -171,6 +178,7 @@ def test_sigkill_of_a_follower_rank_fails_naming_it_and_keeps_the_rows(tmp_path)
     failed = summary(folder)
     assert failed["status"] == "failed" and "rank 3 was killed by SIGKILL" in failed["error"]
     assert pd.read_parquet(folder / "iterations.parquet")["iteration"].nunique() >= before
+    assert launcher_folders() == temporary  # the launcher's temporary folder is gone
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -329,3 +337,23 @@ def test_report_lists_damaged_files_and_goes_on(tmp_path):
     assert any("masks.pt" in line for line in damaged)
     assert any("evals.parquet" in line for line in damaged)
     assert "Files left out (unreadable)" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_sweep_resumes_a_cell_that_has_a_checkpoint(tmp_path):
+    from suite.config import RunConfig
+    from suite.sweep import Cell, prepare
+
+    with_checkpoint, without = tmp_path / "a", tmp_path / "b"
+    for folder in (with_checkpoint, without):
+        folder.mkdir()
+        (folder / "manifest.json").write_text("{}")
+        (folder / "summary.json").write_text('{"status": "interrupted"}')
+    saved = with_checkpoint / "checkpoints" / "it-00000004"
+    saved.mkdir(parents=True)
+    (saved / ".metadata").write_bytes(b"")
+    (saved.parent / "latest.json").write_text('{"folder": "it-00000004", "iterations_done": 4}')
+    resumed, restarted = Cell(RunConfig(run_id="a")), Cell(RunConfig(run_id="b"))
+    assert prepare(resumed, tmp_path) and resumed.config.resume
+    assert (tmp_path / "a").exists()  # continued in place
+    assert prepare(restarted, tmp_path) and not restarted.config.resume
+    assert (tmp_path / "b.failed-1").exists() and not (tmp_path / "b").exists()
