@@ -60,4 +60,5 @@ def nightly(session):
 @nox.session(python=False)
 def reference(session):
     """Re-record results/reference (after an intended change of numbers; commit the diff)."""
-    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--results-dir", REFERENCE)
+    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--results-dir", REFERENCE,
+                "--force")  # fmt: skip

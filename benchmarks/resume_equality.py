@@ -22,8 +22,9 @@ import pandas as pd
 import torch
 
 ENV = {**os.environ, "PRUNEX_PROGRESS": "0", "PRUNEX_FLUSH_SECONDS": "0"}
-RUN = ["--dataset", "synthetic", "--synthetic-size", "2048,256", "--gpus", "4",
-       "--gpus-per-node", "2", "--batch-size", "16", "--checkpoint-every", "3"]  # fmt: skip
+RUN = ["--dataset", "synthetic", "--synthetic-size", "2048,256", "--batch-size", "16",
+       "--checkpoint-every", "3"]  # fmt: skip
+LAYOUT = ["--gpus", "4", "--gpus-per-node", "2"]
 ITERATIONS = {"round": 10, "step": 24}  # round-based methods: 10 rounds of 4 local steps
 ROUND_METHODS = ("prunex", "prunex-flat", "localsgd-hier")
 
@@ -33,7 +34,7 @@ def run(results: Path, run_id: str, method: str, stop_after: int | None = None) 
     extra = ["--local-steps", "4"] if kind == "round" else []
     if method.startswith("prunex"):
         extra += ["--freeze-round", "6"]
-    args = [sys.executable, "-m", "suite.cli", "run", "--method", method, *RUN, *extra,
+    args = [sys.executable, "-m", "suite.cli", "run", "--method", method, *RUN, *LAYOUT, *extra,
             "--iterations", str(ITERATIONS[kind]), "--results-dir", str(results),
             "--run-id", run_id]  # fmt: skip
     proc = subprocess.Popen(args, env=ENV, stderr=subprocess.PIPE, text=True)
@@ -63,19 +64,25 @@ def compare(method: str, root: Path) -> dict:
     full = torch.load(root / f"{method}-full" / "model.pt", weights_only=True)
     resumed = torch.load(cut / "model.pt", weights_only=True)
     diff = max((full[k].double() - resumed[k].double()).abs().max().item() for k in full)
-    losses = [pd.read_parquet(root / r / "iterations.parquet")["loss"].tolist()
+    losses = [pd.read_parquet(root / r / "iterations.parquet").groupby("iteration")["loss"].mean()
               for r in (f"{method}-full", f"{method}-cut")]  # fmt: skip
+    gap = (losses[0] - losses[1]).abs()
     summary = json.loads((cut / "summary.json").read_text())
     return {"method": method, "stopped_status": stopped["status"],
             "resumed_at": summary["resumed_at_iteration"], "max_abs_diff": diff,
-            "bitwise": diff == 0.0, "losses_equal": losses[0] == losses[1]}  # fmt: skip
+            "bitwise": diff == 0.0, "losses_equal": bool((gap == 0).all()),
+            "first_loss_difference_at": int(gap[gap > 0].index.min()) if (gap > 0).any() else None,
+            "max_loss_difference": float(gap.max())}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,"
                         "powersgd,topk,topk-hier,localsgd-hier")  # fmt: skip
+    parser.add_argument("--gpus", default="4")
+    parser.add_argument("--gpus-per-node", default="2")
     args = parser.parse_args()
+    LAYOUT[:] = ["--gpus", args.gpus, "--gpus-per-node", args.gpus_per_node]
     with tempfile.TemporaryDirectory() as root:
         for method in args.methods.split(","):
             print(json.dumps(compare(method, Path(root))), flush=True)

@@ -296,6 +296,8 @@ def rerun_cmd(run_dir, results_dir, run_id, dry_run) -> None:
 @click.option("--gpus", default="4,8", show_default=True, type=IntList())
 @click.option("--seed", default="0", show_default=True, type=IntList(0), help="seeds (repeats)")
 @click.option("--dry-run", is_flag=True, help="list the cells and exit")
+@click.option("--force", is_flag=True,
+              help="run every cell again, replacing the folders of finished ones")  # fmt: skip
 @run_flags
 def sweep_cmd(**kwargs) -> None:
     """Run a grid of (workload x method x GPUs x seed x method-option values) into one
@@ -314,32 +316,56 @@ def sweep_cmd(**kwargs) -> None:
 @click.argument("baseline")
 @click.argument("new")
 @click.option("--max-regression", default="5%", show_default=True,
-              help="allowed worsening per metric, relative (5% or 0.05)")  # fmt: skip
+              help="allowed worsening of times and bytes, relative (5% or 0.05)")  # fmt: skip
+@click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
+              help="allowed accuracy drop in points (absolute)")  # fmt: skip
 @click.option("--metric", multiple=True,
               help="metrics to compare (repeat or comma list): final_accuracy (accuracy), "
               "iteration_seconds (time), time_to_target_seconds (time-to-target), "
               "inter_node_bytes_per_iteration (bytes); default: all")  # fmt: skip
-def compare_cmd(baseline, new, max_regression, metric) -> None:
-    """Compare two sets of runs; exit 1 on a regression beyond --max-regression, 2 on bad
-    input. Runs are matched by (method, workload, gpus, options)."""
-    from suite.compare import compare, format_table, load_summaries, parse_metrics, parse_threshold
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
+              default="text", show_default=True,
+              help="markdown: for a CI job summary; json: for scripts")  # fmt: skip
+def compare_cmd(baseline, new, max_regression, max_accuracy_drop, metric, fmt) -> None:
+    """Compare two sets of runs like with like; exit 1 on a regression, 2 on bad input.
+
+    Runs are matched by method, workload, dataset, ranks, options, setting (real, emulated,
+    simulated) and recipe (batch, lr, epochs); repeats are reduced to their mean and 95 %
+    interval, and with repeats on both sides a change counts only when the intervals do not
+    overlap."""
+    from suite.compare import (
+        as_json,
+        compare,
+        format_table,
+        load_summaries,
+        parse_metrics,
+        parse_threshold,
+    )
 
     try:
         threshold = parse_threshold(max_regression)
+        if not 0 <= max_accuracy_drop <= 100:
+            raise BenchError(f"--max-accuracy-drop must be in [0, 100] points, got "
+                             f"{max_accuracy_drop}")  # fmt: skip
         metrics = parse_metrics(metric)
         base, warn_base = load_summaries(baseline)
         new_runs, warn_new = load_summaries(new)
     except BenchError as exc:
         fail(exc)
-    for line in warn_base + warn_new:
+    warnings = warn_base + warn_new
+    for line in warnings:
         click.echo(f"warning: {line}", err=True)
-    table, unmatched = compare(base, new_runs, metrics, threshold)
-    click.echo(format_table(table))
+    table, unmatched = compare(base, new_runs, metrics, threshold, max_accuracy_drop)
+    regressions = table[table.verdict.str.startswith("REGRESSION")] if len(table) else table
+    if fmt == "json":
+        click.echo(as_json(table, unmatched, len(regressions), warnings))
+        sys.exit(1 if len(regressions) else 0)
+    click.echo(format_table(table, fmt))
     for side, keys in unmatched.items():
         for key in keys:
-            click.echo(f"unmatched ({side}): {key}")
-    regressions = table[table.verdict.str.startswith("REGRESSION")] if len(table) else table
-    click.echo(f"{len(regressions)} regression(s) beyond {threshold:.1%}")
+            click.echo(f"{'- ' if fmt == 'markdown' else ''}unmatched ({side}): {key}")
+    click.echo(f"{len(regressions)} regression(s) beyond {threshold:.1%} (times, bytes) or "
+               f"{max_accuracy_drop:g} accuracy points")  # fmt: skip
     sys.exit(1 if len(regressions) else 0)
 
 

@@ -1,10 +1,13 @@
 """``bench compare BASELINE NEW``: the regression gate of nightly jobs.
 
-Runs are matched by (method, workload, gpus, method options); repeats of a key are reduced to
-their median. Each metric's change is relative to the baseline, signed so that positive is
-better (higher accuracy; lower time and bytes), and a change worse than ``-max_regression`` is
-a regression. A key whose NEW runs all failed is a regression too. Keys present on one side
-only are listed, never dropped silently.
+Runs are compared like with like: matched by method, workload, dataset, ranks, method options,
+setting (real, emulated link rate, simulated profile) and recipe (batch, lr, epochs run), so a
+simulated run never meets a real one, nor a 0.1-epoch run a 1-epoch run. Repeats of a key are
+reduced to their mean with a 95 % t interval. Accuracy changes are absolute (points), times and
+bytes relative to the baseline, all signed so that positive is better. A change worse than its
+threshold is a regression, except that with repeats on both sides the two intervals must also
+not overlap. A key whose NEW runs all failed (or were interrupted, or never finished) is a
+regression too. Keys present on one side only are listed, never dropped silently.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ ALIASES = {
     "time-to-target": "time_to_target_seconds",
     "bytes": "inter_node_bytes_per_iteration",
 }
-KEY = ["method", "workload", "gpus", "options"]
+KEY = ["method", "workload", "dataset", "gpus", "options", "setting", "batch_size", "lr", "epochs"]
+#: two-sided 95 % Student t quantiles by degrees of freedom (normal beyond the table)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
 
 
 def parse_threshold(text: str) -> float:
@@ -81,6 +87,7 @@ def load_summaries(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
                             "(`bench recover` finalizes a killed run)")  # fmt: skip
         summary["options"] = json.dumps(summary.get("options") or {}, sort_keys=True)
         summary["folder"] = str(file.parent)
+        summary.update(recipe_and_setting(file.parent, summary))
         rows.append(summary)
     if not rows:
         raise BenchError(f"no run folders (summary.json) under {root}")
@@ -88,42 +95,85 @@ def load_summaries(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     for column in [*KEY, "status", *METRICS]:
         if column not in frame:
             frame[column] = None
+    frame[KEY] = frame[KEY].astype(object).where(frame[KEY].notna(), "-").astype(str)
     return frame, warnings
 
 
-def _median(frame: pd.DataFrame) -> pd.DataFrame:
-    ok = frame[frame.status == "ok"]
-    values = ok.groupby(KEY)[list(METRICS)].median(numeric_only=False)
-    return values.apply(pd.to_numeric, errors="coerce")
+def recipe_and_setting(folder: Path, summary: dict) -> dict:
+    """The key fields a summary lacks, from the run's manifest: where its times come from,
+    and its recipe. Epochs are those run (rounded), not those asked for."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    recipe = manifest.get("recipe") or {}
+    network = manifest.get("network") or {}
+    if summary.get("simulated"):
+        profile = ((manifest.get("simulation") or {}).get("profile") or {}).get("name", "?")
+        setting = f"sim {profile}"
+    elif network.get("mode") == "emulated":
+        setting = f"emulated {network.get('inter_bw', '?')}"
+    else:
+        setting = "real"
+    epochs = summary.get("epochs")
+    return {
+        "setting": setting,
+        "batch_size": recipe.get("batch_size"),
+        "lr": recipe.get("lr"),
+        "epochs": None if epochs is None else round(float(epochs), 3),
+    }
+
+
+def t95(n: int) -> float:
+    """The 95 % two-sided t quantile for a mean of ``n`` repeats."""
+    df = n - 1
+    if df in T95:
+        return T95[df]
+    larger = [d for d in T95 if d > df]
+    return T95[min(larger)] if larger else 1.96
+
+
+def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count."""
+    ok = frame[frame.status == "ok"].copy()
+    for metric in METRICS:
+        ok[metric] = pd.to_numeric(ok[metric], errors="coerce")
+    grouped = ok.groupby(KEY)[list(METRICS)]
+    mean, std, count = grouped.mean(), grouped.std(), grouped.count()
+    half = std.copy()
+    for metric in METRICS:
+        half[metric] = [
+            t95(int(n)) * s / math.sqrt(n) if n >= 2 else math.nan
+            for s, n in zip(std[metric], count[metric])
+        ]
+    return pd.concat({"mean": mean, "half": half, "n": count}, axis=1)
 
 
 def compare(
-    baseline: pd.DataFrame, new: pd.DataFrame, metrics: list[str], max_regression: float
+    baseline: pd.DataFrame,
+    new: pd.DataFrame,
+    metrics: list[str],
+    max_regression: float,
+    max_accuracy_drop: float = 1.0,
 ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
-    """The comparison table and the lists of unmatched and failed keys."""
+    """The comparison table and the lists of unmatched keys. ``max_regression`` is relative
+    (times, bytes); ``max_accuracy_drop`` is in accuracy points."""
     base_keys = set(map(tuple, baseline[KEY].values.tolist()))
     new_keys = set(map(tuple, new[KEY].values.tolist()))
-    base_values, new_values = _median(baseline), _median(new)
+    base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
     rows = []
     for key in sorted(base_keys & new_keys, key=str):
         if key not in new_values.index:  # every NEW run of this key failed
             rows.append(failed_row(new, key))
             continue
         for metric in metrics:
-            before = base_values.loc[key, metric] if key in base_values.index else math.nan
-            after = new_values.loc[key, metric]
-            if not (math.isfinite(before) and math.isfinite(after)) or before == 0:
-                change, verdict = None, "n/a"
-            else:
-                change = METRICS[metric] * (after - before) / abs(before)
-                if change < -max_regression:
-                    verdict = "REGRESSION"
-                elif change > max_regression:
-                    verdict = "improved"
-                else:
-                    verdict = "ok"
-            rows.append(dict(zip(KEY, key), metric=metric, baseline=before, new=after,
-                             change=change, verdict=verdict))  # fmt: skip
+            before = stats_of(base_values, key, metric)
+            after = stats_of(new_values, key, metric)
+            change, unit, verdict = judge(metric, before, after, max_regression, max_accuracy_drop)
+            rows.append(dict(zip(KEY, key), metric=metric, baseline=before["mean"],
+                             new=after["mean"], baseline_ci=before["half"], new_ci=after["half"],
+                             repeats=f"{before['n']}/{after['n']}", change=change, unit=unit,
+                             verdict=verdict))  # fmt: skip
     new_only = sorted(new_keys - base_keys, key=str)
     new_values_keys = set(new_values.index)
     for key in new_only:  # a run that failed is a regression even without a baseline twin
@@ -134,6 +184,37 @@ def compare(
         "only in new": [_describe(k) for k in new_only],
     }
     return pd.DataFrame(rows), unmatched
+
+
+def stats_of(values: pd.DataFrame, key: tuple, metric: str) -> dict:
+    if key not in values.index:
+        return {"mean": math.nan, "half": math.nan, "n": 0}
+    row = values.loc[key]
+    return {"mean": float(row[("mean", metric)]), "half": float(row[("half", metric)]),
+            "n": int(row[("n", metric)])}  # fmt: skip
+
+
+def judge(
+    metric: str, before: dict, after: dict, max_regression: float, max_accuracy_drop: float
+) -> tuple[float | None, str, str]:
+    """(signed change, its unit, verdict): accuracy in points, the rest relative. With two
+    or more repeats on both sides a change beyond the threshold counts only if the two 95 %
+    intervals do not overlap."""
+    b, a = before["mean"], after["mean"]
+    if not (math.isfinite(b) and math.isfinite(a)):
+        return None, "", "n/a"
+    if metric == "final_accuracy":
+        change, unit, limit = 100 * (a - b), "points", max_accuracy_drop
+    elif b == 0:
+        return None, "", "n/a"
+    else:
+        change, unit, limit = METRICS[metric] * (a - b) / abs(b), "relative", max_regression
+    if abs(change) <= limit:
+        return change, unit, "ok"
+    intervals = math.isfinite(before["half"]) and math.isfinite(after["half"])
+    if intervals and abs(a - b) <= before["half"] + after["half"]:
+        return change, unit, "ok (within the repeats' intervals)"
+    return change, unit, "REGRESSION" if change < 0 else "improved"
 
 
 def failed_row(new: pd.DataFrame, key: tuple) -> dict:
@@ -147,15 +228,47 @@ def failed_row(new: pd.DataFrame, key: tuple) -> dict:
 
 
 def _describe(key: tuple) -> str:
-    method, workload, gpus, options = key
-    return f"{method} {workload} {gpus} GPUs {options}"
+    fields = dict(zip(KEY, key))
+    text = f"{fields['method']} {fields['workload']} on {fields['dataset']} {fields['gpus']} ranks"
+    text += f" {fields['options']} ({fields['setting']}; batch {fields['batch_size']}, "
+    return text + f"lr {fields['lr']}, {fields['epochs']} epochs)"
 
 
-def format_table(table: pd.DataFrame) -> str:
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as people read it: changes as +1.2 pts / -3.4 %, means with their interval."""
+    out = table.copy()
+
+    def change(row) -> str:
+        c = row["change"]
+        if c is None or c != c:
+            return ""
+        return f"{c:+.2f} pts" if row.get("unit") == "points" else f"{c:+.1%}"
+
+    def value(mean, half) -> str:
+        if not isinstance(mean, float):
+            return str(mean)
+        return f"{mean:.4g}" + (
+            f" ± {half:.2g}" if isinstance(half, float) and half == half else ""
+        )
+
+    out["change"] = [change(row) for _, row in table.iterrows()]
+    for side in ("baseline", "new"):
+        halves = table[f"{side}_ci"] if f"{side}_ci" in table else [None] * len(table)
+        out[side] = [value(m, h) for m, h in zip(table[side], halves)]
+    keep = ["method", "workload", "gpus", "options", "setting", "metric", "baseline", "new",
+            "repeats", "change", "verdict"]  # fmt: skip
+    return out[[c for c in keep if c in out]]
+
+
+def format_table(table: pd.DataFrame, fmt: str = "text") -> str:
     if table.empty:
-        return "(no matched runs)"
-    shown = table.copy()
-    shown["change"] = shown["change"].map(lambda c: "" if c is None or c != c else f"{c:+.1%}")
-    for column in ("baseline", "new"):
-        shown[column] = shown[column].map(lambda v: f"{v:.4g}" if isinstance(v, float) else str(v))
-    return shown.to_string(index=False)
+        return "(no matched runs)" if fmt != "json" else "[]"
+    if fmt == "markdown":
+        return shown(table).to_markdown(index=False)
+    return shown(table).to_string(index=False)
+
+
+def as_json(table: pd.DataFrame, unmatched: dict, regressions: int, warnings: list) -> str:
+    rows = json.loads(table.to_json(orient="records")) if len(table) else []
+    return json.dumps({"rows": rows, "unmatched": unmatched, "regressions": regressions,
+                       "warnings": warnings}, indent=2)  # fmt: skip

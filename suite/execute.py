@@ -124,6 +124,7 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     methods = [m for m in kwargs.pop("method").split(",") if m]
     workloads = [w for w in kwargs.pop("workload").split(",") if w]
     gpus, seeds, dry_run = kwargs.pop("gpus"), kwargs.pop("seed"), kwargs.pop("dry_run")
+    force = kwargs.pop("force", False)
     if kwargs["launcher"] not in ("auto", "local"):
         raise BenchError("bench sweep launches its cells here (--launcher local); for a "
                          "cluster, submit `bench run --launcher slurm` per cell")  # fmt: skip
@@ -142,7 +143,7 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
         return False
     launch = launch_emulated if base.network == "emulated" else launch_local
     try:
-        run_cells(cells, Path(base.results_dir), launch)
+        run_cells(cells, Path(base.results_dir), launch, force=force)
     finally:  # an interrupted sweep still prints where every cell stands
         for line in summary_lines(cells):
             echo(line)

@@ -79,12 +79,14 @@ def expand(
     return cells
 
 
-def prepare(cell: Cell, results_dir: Path) -> bool:
+def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
     """True when the cell must run; a finished one is skipped, one with a checkpoint is
-    resumed from it, any other broken one moved aside."""
+    resumed from it, any other broken one moved aside. ``force``: every cell runs afresh,
+    replacing its folder (re-recording a reference set)."""
     folder = RunFolder(results_dir / cell.run_id)
     cell.config.resume = False
-    if not folder.path.exists():
+    cell.config.overwrite = force
+    if not folder.path.exists() or force:
         return True
     summary = None
     try:
@@ -104,7 +106,7 @@ def prepare(cell: Cell, results_dir: Path) -> bool:
     return True
 
 
-def run_cells(cells: list[Cell], results_dir: Path, launch) -> None:
+def run_cells(cells: list[Cell], results_dir: Path, launch, *, force: bool = False) -> None:
     """Run every pending cell with ``launch(config)``; failures are recorded, not raised."""
     from tqdm import tqdm
 
@@ -114,7 +116,7 @@ def run_cells(cells: list[Cell], results_dir: Path, launch) -> None:
         with tqdm(cells, desc="sweep", unit="cell", dynamic_ncols=True) as bar:
             for cell in bar:
                 bar.set_postfix_str(cell.run_id)
-                if not prepare(cell, results_dir):
+                if not prepare(cell, results_dir, force=force):
                     continue
                 try:
                     launch(cell.config)

@@ -116,3 +116,52 @@ def test_slurm_without_sbatch_is_one_line(tmp_path):
                            "--gpus-per-node", "4", "--results-dir", str(tmp_path)],
                           capture_output=True, text=True, env=env)  # fmt: skip
     assert proc.returncode == 2 and "sbatch not found on PATH; use --dry-run" in proc.stderr
+
+
+def test_compare_matches_like_with_like(tmp_path):
+    base = write_set(tmp_path / "a", RUNS)
+    sim = {**RUNS[0], "simulated": True}  # a simulated ddp run never meets the real one
+    short = {**RUNS[1], "epochs": 0.1}  # nor a 0.1-epoch run a full one
+    proc = bench("compare", base, write_set(tmp_path / "b", [sim, short]))
+    assert proc.returncode == 0, proc.stdout
+    assert "(no matched runs)" in proc.stdout
+    assert "unmatched (only in new): ddp cnn-fmnist on - 4 ranks {} (sim ?;" in proc.stdout
+    assert "0.1 epochs" in proc.stdout
+
+
+@pytest.mark.parametrize("accuracy, code", [(0.795, 0), (0.785, 1)])
+def test_accuracy_drop_is_in_points(tmp_path, accuracy, code):
+    base = write_set(tmp_path / "a", RUNS)
+    new = write_set(tmp_path / "b", [RUNS[0], {**RUNS[1], "final_accuracy": accuracy}])
+    proc = bench("compare", base, new, "--metric", "accuracy")  # default: 1.0 point
+    assert proc.returncode == code, proc.stdout
+    assert f"{100 * (accuracy - 0.80):+.2f} pts" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "before, after, code",
+    [
+        ([0.80, 0.82, 0.78], [0.77, 0.80, 0.79], 0),  # 1.3 points down, intervals overlap
+        ([0.800, 0.801, 0.799], [0.780, 0.781, 0.779], 1),  # 2 points down, apart
+    ],
+)
+def test_repeats_count_only_beyond_their_intervals(tmp_path, before, after, code):
+    def seeds(values):
+        return [{**RUNS[0], "seed": i, "final_accuracy": v} for i, v in enumerate(values)]
+
+    base = write_set(tmp_path / "a", seeds(before))
+    proc = bench("compare", base, write_set(tmp_path / "b", seeds(after)), "--metric",
+                 "accuracy", "--format", "json")  # fmt: skip
+    assert proc.returncode == code, proc.stdout
+    report = json.loads(proc.stdout)
+    (row,) = report["rows"]
+    assert row["repeats"] == "3/3" and row["baseline_ci"] > 0
+    assert abs(row["baseline"] - sum(before) / 3) < 1e-12  # the mean, as reported
+    assert report["regressions"] == code
+
+
+def test_markdown_format_for_ci_summaries(tmp_path):
+    base = write_set(tmp_path / "a", RUNS)
+    proc = bench("compare", base, write_set(tmp_path / "b", RUNS), "--format", "markdown")
+    assert proc.returncode == 0
+    assert "| method" in proc.stdout and "|:--" in proc.stdout.replace(" ", "")
