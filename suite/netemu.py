@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from suite.errors import BenchError
+from suite.processes import pid_alive
 
 PREFIX = "pxb-"
 INTERFACE = "vnic"
@@ -78,17 +79,7 @@ def leftover_namespaces(*, dead_owner_only: bool = False) -> list[str]:
     process no longer runs (left by a parent killed with SIGKILL)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     names = [line.split()[0] for line in out.splitlines() if OURS.match(line.split()[0] or "")]
-    return [n for n in names if not (dead_owner_only and _alive(int(OURS.match(n).group(1))))]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return [n for n in names if not (dead_owner_only and pid_alive(int(OURS.match(n).group(1))))]
 
 
 def delete_namespaces(names: list[str]) -> None:

@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 
 from suite.errors import BenchError
+from suite.processes import python_alive
 from suite.results import ENDED, RunFolder
 
 KILLED = "killed: its processes ended without recording why (finalized by bench recover)"
@@ -30,23 +31,9 @@ def live_processes(summary: dict) -> tuple[list[int], list[str]]:
     for host, pid in pairs:
         if host != here:
             elsewhere.add(str(host))
-        elif pid is not None and pid != os.getpid() and is_python_process(int(pid)):
+        elif pid is not None and pid != os.getpid() and python_alive(int(pid)):
             alive.append(int(pid))
     return sorted(set(alive)), sorted(elsewhere)
-
-
-def is_python_process(pid: int) -> bool:
-    """Alive and a Python process (a recycled pid of something else does not count)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
 
 
 def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]]:

@@ -254,6 +254,10 @@ def test_cli_end_to_end(method, tmp_path):
         "--method",
         method,
         *SMALL,
+        "--gpus",  # two nodes of one rank: the CLI path, at half the start-up cost
+        "2",
+        "--gpus-per-node",
+        "1",
         "--iterations",
         "3",
         "--results-dir",
@@ -266,7 +270,7 @@ def test_cli_end_to_end(method, tmp_path):
     assert summary["status"] == "ok" and summary["iterations"] == 3
     assert summary["final_accuracy"] is not None
     rows = pd.read_parquet(run / "iterations.parquet")
-    assert len(rows) == 3 * 4
+    assert len(rows) == 3 * 2
     assert summary["inter_node_bytes_total"] == rows["bytes_inter"].sum() > 0
     if method == "localsgd-hier":
         assert summary["steps_per_iteration"] == 4
