@@ -106,18 +106,12 @@ def recipe_and_setting(folder: Path, summary: dict) -> dict:
         manifest = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):
         manifest = {}
+    from suite.results import setting_of
+
     recipe = manifest.get("recipe") or {}
-    network = manifest.get("network") or {}
-    if summary.get("simulated"):
-        profile = ((manifest.get("simulation") or {}).get("profile") or {}).get("name", "?")
-        setting = f"sim {profile}"
-    elif network.get("mode") == "emulated":
-        setting = f"emulated {network.get('inter_bw', '?')}"
-    else:
-        setting = "real"
     epochs = summary.get("epochs")
     return {
-        "setting": setting,
+        "setting": setting_of(summary, manifest),
         "batch_size": recipe.get("batch_size"),
         "lr": recipe.get("lr"),
         "epochs": None if epochs is None else round(float(epochs), 3),

@@ -20,6 +20,7 @@ import torch
 
 from suite.config import RunConfig
 from suite.errors import BenchError, RunFailed, RunInterrupted
+from suite.plan import ranks_on_cuda
 from suite.ranks import local_launch_config
 from suite.results import RunFolder, identity_summary, make_run_id
 from suite.runner import rank_main
@@ -73,9 +74,7 @@ def open_run_folder(config: RunConfig) -> RunFolder:
 
 def launch_local(config: RunConfig) -> Path:
     """Spawn ``config.gpus`` ranks here and wait for them; returns the run folder."""
-    use_cuda = config.device == "cuda" or (
-        config.device == "auto" and torch.cuda.device_count() >= config.gpus
-    )
+    use_cuda = ranks_on_cuda(config)
     if config.device == "cuda" and torch.cuda.device_count() < config.gpus:
         raise BenchError(
             f"--device cuda needs {config.gpus} CUDA devices, found {torch.cuda.device_count()}"

@@ -76,7 +76,7 @@ def validate(
     from workloads.datasets import load_data
 
     _, _, dataset = resolve_workload(config)
-    method_settings(config)  # converts and range-checks every method option
+    settings = method_settings(config)  # converts and range-checks every method option
     if config.run_id is not None and (
         not SAFE_RUN_ID.fullmatch(config.run_id) or ".." in config.run_id
     ):
@@ -104,10 +104,9 @@ def validate(
     if config.launcher in ("local", "torchrun"):
         check_run_folder(config, existing_ok=existing_folder_ok)
     model = model_on_meta_device(config, dataset)
-    settings = method_settings(config)
     if hasattr(settings, "check_model") and model is not None:
         settings.check_model(model)  # the method's own checks, e.g. PruneX's --masks-from
-    if config.launcher == "local" and config.device != "cuda":
+    if config.launcher == "local" and not ranks_on_cuda(config):
         check_memory(config, dataset, model)
     if not check_data:  # the simulator reads no data
         return
@@ -121,18 +120,14 @@ def validate(
 
 
 def check_run_folder(config: RunConfig, *, existing_ok: bool = False) -> None:
-    """The results folder is writable, and the run folder is new, or given to --resume, or
-    to be emptied (--overwrite)."""
+    """The results folder is (or can be made) a writable folder, and the run folder is new,
+    or given to --resume, or to be emptied (--overwrite). Creates nothing: a dry run too
+    passes through here."""
     root = Path(config.results_dir)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise BenchError(
-            f"--results-dir {root} is not a writable folder ({exc.strerror or exc})"
-        ) from None
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "a file is in the way" if not existing.is_dir() else "no write permission"
+        raise BenchError(f"--results-dir {root} is not a writable folder ({why}: {existing})")
     if config.run_id is None or existing_ok:
         return
     folder = root / config.run_id
@@ -159,6 +154,15 @@ def model_on_meta_device(config: RunConfig, dataset: str):
             return workload.build_model(dataset_spec(dataset))
     except Exception:  # a model that insists on real storage is checked by the ranks
         return None
+
+
+def ranks_on_cuda(config: RunConfig) -> bool:
+    """Whether the local launcher will place the ranks on CUDA devices (as it decides)."""
+    if config.device != "auto":
+        return config.device == "cuda"
+    import torch
+
+    return torch.cuda.device_count() >= config.gpus
 
 
 def available_memory() -> int | None:

@@ -68,6 +68,18 @@ TABLES = ("iterations", "evals", "layers")
 ENDED = ("ok", "failed", "interrupted")
 
 
+def setting_of(summary: dict, manifest: dict) -> str:
+    """Where a run's times come from: ``real``, ``emulated RATE`` or ``sim PROFILE``. Runs of
+    different settings are never compared or drawn as one line."""
+    if summary.get("simulated"):
+        profile = (manifest.get("simulation") or {}).get("profile") or {}
+        return f"sim {profile.get('name', '?')}"
+    network = manifest.get("network") or {}
+    if network.get("mode") == "emulated":
+        return f"emulated {network.get('inter_bw', '?')}"
+    return "real"
+
+
 def make_run_id(method: str, workload: str, gpus: int) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{method}-{workload}-{gpus}g-{secrets.token_hex(2)}"

@@ -235,6 +235,11 @@ class Run:
     attempt: dict | None = None  # restarts and resumes, for the summary
     checkpoints: list[dict] = field(default_factory=list)  # seconds and bytes of each save
 
+    @property
+    def node(self) -> int:
+        """This rank's node: the scope of the method's ``shared_node`` checkpoint state."""
+        return self.topology.node_of(self.topology.rank)
+
 
 @dataclass
 class LoopResult:
@@ -257,8 +262,7 @@ def train(
     result = LoopResult()
     found = latest_checkpoint(folder.path) if (config.resume or restart_count()) else None
     if found is not None:
-        node = run.topology.node_of(run.topology.rank)
-        result = restore(run, load_checkpoint(found[1], node=node))
+        result = restore(run, load_checkpoint(found[1], node=run.node))
     run.attempt = {"restarts": restart_count(), "resumed_at_iteration": result.done or None}
     training_loop(run, result)
     finish(run, result)
@@ -290,8 +294,9 @@ def checkpoint(run: Run, result: LoopResult) -> None:
     """Flush the rows so far, then save (collective); signals wait until both are whole."""
     with run.stop.held():
         flush_rows(run.folder, run.recorder)
-        node = run.topology.node_of(run.topology.rank)
-        stats = save_checkpoint(run.folder.path, result.done, rank_state(run, result), node=node)
+        stats = save_checkpoint(
+            run.folder.path, result.done, rank_state(run, result), node=run.node
+        )
     run.checkpoints.append(stats)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from suite.errors import BenchError
+from suite.results import setting_of
 
 
 @dataclass
@@ -31,13 +32,8 @@ class Run:
     def setting(self) -> str:
         """Where the run's times come from, unless a plain run: `` (sim PROFILE)`` or
         `` (emulated RATE)``. Runs of different settings never share a line or a label."""
-        if self.simulated:
-            profile = (self.manifest.get("simulation") or {}).get("profile") or {}
-            return f" (sim {profile.get('name', '?')})"
-        network = self.manifest.get("network") or {}
-        if network.get("mode") == "emulated":
-            return f" (emulated {network.get('inter_bw', '?')})"
-        return ""
+        setting = setting_of(self.summary, self.manifest)
+        return "" if setting == "real" else f" ({setting})"
 
     @property
     def label(self) -> str:
