@@ -1,3 +1,3 @@
 """Baselines PruneX is measured against. Importing this package registers them."""
 
-from baselines import ddp, localsgd, powersgd, topk  # noqa: F401
+from baselines import ddp, localsgd, powersgd, pruning, topk  # noqa: F401

@@ -61,6 +61,7 @@ class SGDBaseline:
 
     def apply_update(self) -> None:
         with self.ctx.recorder.phase("local_compute"):
+            self.ctx.apply_lr(self.optimizer)
             self.optimizer.step()
 
     def eval_model(self) -> nn.Module:

@@ -9,9 +9,8 @@ world average alone runs, as in torch.
 
 One iteration is one round of H local steps (``steps_per_iteration = H``, as for PruneX): every
 iteration ends with a world average, so all ranks then hold the same model, per-iteration
-bytes compare with PruneX's per-round bytes, and the runner's epoch arithmetic (iterations x
-steps_per_iteration / steps_per_epoch) holds as for every method. The loss is the round's
-sample-weighted mean.
+bytes compare with PruneX's per-round bytes. As for PruneX, a run's last round is cut to the
+sample budget that every method shares. The loss is the round's sample-weighted mean.
 
 Traffic: the averager all-reduces one flat copy of the parameters that have gradients over
 groups it creates itself (``new_subgroups`` in blocks of ``gpus_per_node`` contiguous ranks:
@@ -83,9 +82,15 @@ class HierarchicalLocalSGD(SGDBaseline):
 
     def step(self, iteration: int) -> dict:
         total, samples = 0.0, 0
-        for _ in range(self.steps_per_iteration):
+        steps = self.ctx.round_steps()
+        for k in range(steps):
             loss, n = self.forward_backward()
             self.apply_update()
+            if k == steps - 1 and steps < self.steps_per_iteration:
+                # the run's last round is cut to the budget: it still ends with the world
+                # average, which torch's averager takes at its step counts divisible by H
+                h = self.steps_per_iteration
+                self.averager.step = -(-self.averager.step // h) * h
             self.average()
             total += loss * n
             samples += n

@@ -17,7 +17,15 @@ import click
 
 from suite.errors import BenchError, RunFailed
 
-RECIPE_FIELDS = ("batch_size", "lr", "momentum", "weight_decay", "epochs")
+RECIPE_FIELDS = (
+    "batch_size",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "epochs",
+    "lr_schedule",
+    "warmup_epochs",
+)
 
 
 class IntList(click.ParamType):
@@ -95,7 +103,10 @@ def recipe_defaults(field: str) -> str:
     by_value: dict = {}
     for entry in WORKLOADS.entries():
         by_value.setdefault(getattr(entry.factory().recipe, field), []).append(entry.name)
-    return "; ".join(f"{v:g} ({', '.join(names)})" for v, names in by_value.items())
+    return "; ".join(
+        f"{v:{'' if isinstance(v, str) else 'g'}} ({', '.join(names)})"
+        for v, names in by_value.items()
+    )
 
 
 def method_options(mode: str):
@@ -162,6 +173,9 @@ def run_flags(func):
         click.option("--eval-every", type=int, default=None,
                      help="evaluate every N iterations and at the end (default: 10 evenly "
                      "spread evaluations, at most every third iteration)"),
+        click.option("--bn-recalibrate", type=int, default=0, show_default=True, metavar="N",
+                     help="before each evaluation, recompute the evaluated model's BatchNorm "
+                     "statistics on N training batches per rank (0: use the method's)"),
         click.option("--target-accuracy", type=float, default=None,
                      help="record time_to_target_seconds, e.g. 0.85"),
         click.option("--results-dir", default="results", show_default=True),
@@ -170,6 +184,10 @@ def run_flags(func):
         click.option("--lr", type=float, default=None, help="learning rate"),
         click.option("--momentum", type=float, default=None, help="SGD momentum"),
         click.option("--weight-decay", type=float, default=None, help="weight decay"),
+        click.option("--lr-schedule", type=click.Choice(["constant", "cosine", "step"]),
+                     default=None, help="lr over the run's samples, the same for every method"),
+        click.option("--warmup-epochs", type=float, default=None,
+                     help="linear lr warmup, in epochs of a rank's shard"),
         click.option("--network", type=click.Choice(["loopback", "emulated"]),
                      default="loopback", show_default=True,
                      help="emulated: each node in its own network namespace, inter-node links "

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from suite.errors import BenchError
+from suite.stats import half_width
 
 # metric -> +1 when higher is better, -1 when lower is better
 METRICS = {
@@ -33,10 +34,8 @@ ALIASES = {
     "time-to-target": "time_to_target_seconds",
     "bytes": "inter_node_bytes_per_iteration",
 }
-KEY = ["method", "workload", "dataset", "gpus", "options", "setting", "batch_size", "lr", "epochs"]
-#: two-sided 95 % Student t quantiles by degrees of freedom (normal beyond the table)
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+KEY = ["method", "workload", "dataset", "gpus", "options", "setting", "batch_size", "lr",
+       "lr_schedule", "epochs"]  # fmt: skip
 
 
 def parse_threshold(text: str) -> float:
@@ -114,17 +113,10 @@ def recipe_and_setting(folder: Path, summary: dict) -> dict:
         "setting": setting_of(summary, manifest),
         "batch_size": recipe.get("batch_size"),
         "lr": recipe.get("lr"),
+        # runs recorded before schedules existed trained at a constant lr
+        "lr_schedule": schedule_of(recipe) if recipe else None,
         "epochs": None if epochs is None else round(float(epochs), 3),
     }
-
-
-def t95(n: int) -> float:
-    """The 95 % two-sided t quantile for a mean of ``n`` repeats."""
-    df = n - 1
-    if df in T95:
-        return T95[df]
-    larger = [d for d in T95 if d > df]
-    return T95[min(larger)] if larger else 1.96
 
 
 def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
@@ -136,10 +128,7 @@ def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
     mean, std, count = grouped.mean(), grouped.std(), grouped.count()
     half = std.copy()
     for metric in METRICS:
-        half[metric] = [
-            t95(int(n)) * s / math.sqrt(n) if n >= 2 else math.nan
-            for s, n in zip(std[metric], count[metric])
-        ]
+        half[metric] = [half_width(s, int(n)) for s, n in zip(std[metric], count[metric])]
     return pd.concat({"mean": mean, "half": half, "n": count}, axis=1)
 
 
@@ -266,3 +255,10 @@ def as_json(table: pd.DataFrame, unmatched: dict, regressions: int, warnings: li
     rows = json.loads(table.to_json(orient="records")) if len(table) else []
     return json.dumps({"rows": rows, "unmatched": unmatched, "regressions": regressions,
                        "warnings": warnings}, indent=2)  # fmt: skip
+
+
+def schedule_of(recipe: dict) -> str:
+    """``cosine+warmup0.1`` or ``constant``: the lr schedule a manifest's recipe names."""
+    kind = recipe.get("lr_schedule", "constant")
+    warmup = recipe.get("warmup_epochs") or 0
+    return f"{kind}+warmup{warmup:g}" if warmup else kind

@@ -22,6 +22,7 @@ class RunConfig:
     iterations: int | None = None
     epochs: float | None = None
     eval_every: int | None = None
+    bn_recalibrate: int = 0  # training batches per rank that re-estimate BN stats before an eval
     target_accuracy: float | None = None
     seed: int = 0
     results_dir: str = "results"
@@ -32,6 +33,8 @@ class RunConfig:
     lr: float | None = None
     momentum: float | None = None
     weight_decay: float | None = None
+    lr_schedule: str | None = None
+    warmup_epochs: float | None = None
     synthetic_size: tuple[int, int] = (4096, 1024)
     # loopback, or emulated nodes with rate-limited inter-node links (suite.netemu)
     network: str = "loopback"

@@ -20,8 +20,11 @@ from suite.method import Method, RunContext
 from suite.options import resolve_settings, settings_dict
 from suite.registry import METHODS, WORKLOADS, load_builtins
 from suite.results import git_revision, versions
+from suite.schedule import LRSchedule
 from workloads.base import DatasetSpec, Recipe, Workload
 
+#: RunConfig fields that override the workload's recipe
+RECIPE_OVERRIDES = ("batch_size", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_epochs")
 #: evaluations of a run whose --eval-every is not given
 DEFAULT_EVALUATIONS = 10
 
@@ -30,11 +33,7 @@ def resolve_workload(config: RunConfig) -> tuple[Workload, Recipe, str]:
     """The workload, its recipe with the run's overrides, and the dataset's name."""
     load_builtins()
     workload = WORKLOADS.get(config.workload).factory()
-    overrides = {
-        k: getattr(config, k)
-        for k in ("batch_size", "lr", "momentum", "weight_decay")
-        if getattr(config, k) is not None
-    }
+    overrides = {k: getattr(config, k) for k in RECIPE_OVERRIDES if getattr(config, k) is not None}
     return workload, replace(workload.recipe, **overrides), config.dataset or workload.dataset
 
 
@@ -67,14 +66,30 @@ def build_method(
     )
     method = METHODS.get(config.method).factory(ctx)
     steps = method.steps_per_iteration
-    return ctx, method, count_iterations(config, loader.steps_per_epoch, steps, recipe)
+    ctx.budget_steps = budget_steps(config, loader.steps_per_epoch, steps, recipe)
+    batch = loader.batch_size
+    ctx.schedule = LRSchedule(
+        recipe.lr_schedule,
+        recipe.lr,
+        warmup_samples=round(recipe.warmup_epochs * loader.steps_per_epoch * batch),
+        total_samples=ctx.budget_steps * batch,
+    )
+    return ctx, method, math.ceil(ctx.budget_steps / steps)
+
+
+def budget_steps(config: RunConfig, steps_per_epoch: int, steps_per_iteration: int, recipe) -> int:
+    """Local steps per rank of the whole run. ``--epochs`` gives every method the same
+    number (a round-based method's last round is cut to fit); ``--iterations`` counts whole
+    iterations of the method's own size."""
+    if config.iterations is not None:
+        return config.iterations * steps_per_iteration
+    epochs = config.epochs if config.epochs is not None else recipe.epochs
+    return max(1, math.ceil(epochs * steps_per_epoch))
 
 
 def count_iterations(config: RunConfig, steps_per_epoch: int, steps_per_iteration: int, recipe):
-    if config.iterations is not None:
-        return config.iterations
-    epochs = config.epochs if config.epochs is not None else recipe.epochs
-    return max(1, math.ceil(epochs * steps_per_epoch / steps_per_iteration))
+    budget = budget_steps(config, steps_per_epoch, steps_per_iteration, recipe)
+    return math.ceil(budget / steps_per_iteration)
 
 
 def evaluation_points(iterations: int, eval_every: int | None) -> set[int]:
@@ -109,6 +124,13 @@ def make_manifest(
         "method_settings": settings_dict(ctx.settings),
         "recipe": ctx.recipe.__dict__,
         "planned_iterations": iterations,
+        "budget": {  # what every rank consumes, whatever the method's iteration size
+            "local_steps_per_rank": ctx.budget_steps,
+            "batch_size": ctx.loader.batch_size,
+            "samples_per_rank": ctx.budget_steps * ctx.loader.batch_size,
+            "lr_schedule": ctx.recipe.lr_schedule,
+            "warmup_epochs": ctx.recipe.warmup_epochs,
+        },
         "steps_per_iteration": method.steps_per_iteration,
         "steps_per_epoch": ctx.loader.steps_per_epoch,
         "train_samples": train_samples,

@@ -13,6 +13,7 @@ from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.options import AT_LEAST_1, POSITIVE, option
 from suite.recorder import Recorder
+from suite.schedule import LRSchedule
 from suite.topology import Topology
 from workloads.base import Recipe, Workload
 from workloads.sharding import ShardedLoader
@@ -62,6 +63,8 @@ class RunContext:
     loader: ShardedLoader
     device: torch.device
     settings: Any = None  # the method's settings dataclass, resolved from config.options
+    schedule: LRSchedule | None = None  # None: the recipe's constant lr
+    budget_steps: int | None = None  # local steps every rank takes in the whole run
 
     def option(self, name: str, default):
         """A setting by name (kept for plugins written before settings classes existed)."""
@@ -71,6 +74,26 @@ class RunContext:
     def local_steps_per_round(self) -> int:
         """H for a method with :class:`RoundSettings`, on this rank's shard."""
         return self.settings.steps_per_round(self.loader.steps_per_epoch)
+
+    def round_steps(self) -> int:
+        """Local steps of the round about to run: H, or what is left of the budget, so a
+        round-based method consumes the same samples as a step-based one (the last round
+        of a run may be short)."""
+        h = self.local_steps_per_round()
+        if self.budget_steps is None:
+            return h
+        return max(1, min(h, self.budget_steps - self.loader.step))
+
+    def apply_lr(self, optimizer: torch.optim.Optimizer) -> float:
+        """Set the scheduled lr for the step whose batch was just taken, and record it."""
+        if self.schedule is None:
+            return optimizer.param_groups[0]["lr"]
+        batch = self.loader.batch_size
+        lr = self.schedule.lr((self.loader.step - 1) * batch, batch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        self.recorder.set(lr=lr)
+        return lr
 
 
 class Method(Protocol):

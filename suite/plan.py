@@ -24,8 +24,10 @@ RECIPE_CHECKS = {
     **dict.fromkeys(("iterations", "epochs", "eval_every", "batch_size", "lr"), POSITIVE),
     "momentum": Check(lambda v: 0 <= v < 1, "in [0, 1)"),
     "weight_decay": Check(lambda v: v >= 0, "at least 0"),
+    "warmup_epochs": Check(lambda v: v >= 0, "at least 0"),
     **dict.fromkeys(("checkpoint_every", "checkpoint_minutes", "collective_timeout"), POSITIVE),
     "max_restarts": Check(lambda v: v >= 0, "at least 0"),
+    "bn_recalibrate": Check(lambda v: v >= 0, "at least 0"),
 }
 
 #: what one CPU rank holds besides its data and model: the interpreter with torch, timm and
@@ -220,8 +222,9 @@ def describe(config: RunConfig, run_dir: Path | str) -> str:
         f"ranks       {config.gpus} ({layout}); launcher {config.launcher}, "
         f"device {config.device}, network {config.network}"
         + (f" {config.inter_bw}" if config.inter_bw else ""),
-        f"recipe      batch {recipe.batch_size}/rank, lr {recipe.lr}, momentum "
-        f"{recipe.momentum}, weight decay {recipe.weight_decay}",
+        f"recipe      batch {recipe.batch_size}/rank, lr {recipe.lr} ({recipe.lr_schedule}, "
+        f"warmup {recipe.warmup_epochs:g} epochs), momentum {recipe.momentum}, weight decay "
+        f"{recipe.weight_decay}",
     ]
     try:  # the iteration count needs the shard size, known without reading the data
         train_samples, _ = split_sizes(dataset, config.synthetic_size)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from suite.checkpoint import checkpoint_root, latest_checkpoint, load_checkpoint, save_checkpoint
-from suite.comm import Communicator
+from suite.comm import Communicator, flatten, unflatten_into
 from suite.config import RunConfig
 from suite.context import (
     build_method,
@@ -83,15 +83,21 @@ class Evaluator:
     from 4.8 s to 2.1 s (channels-last alone: 2.8 s), and the training model is never touched.
     """
 
-    def __init__(self, test: TensorData, world, device: torch.device):
+    def __init__(
+        self, test: TensorData, world, device: torch.device, calibration: torch.Tensor | None = None
+    ):
         self.test, self.world, self.device = test, world, device
         self.slice = eval_slice(len(test), dist.get_rank(), dist.get_world_size())
         self.traceable = True
+        self.calibration = calibration  # (batches, B, C, H, W) training images, or None
 
     def inference_copy(self, model: nn.Module) -> nn.Module:
         from torch.fx.experimental.optimization import fuse
 
-        scored = copy.deepcopy(model).eval()
+        scored = copy.deepcopy(model)
+        if self.calibration is not None:
+            recalibrate_batchnorm(scored, self.calibration, self.world, self.device)
+        scored.eval()
         if self.traceable:
             try:
                 scored = fuse(scored, inplace=True)
@@ -115,6 +121,41 @@ class Evaluator:
         dist.all_reduce(totals, group=self.world.pg)
         correct, loss_sum, count = totals.tolist()
         return correct / count, loss_sum / count
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: nn.Module, batches: torch.Tensor, world, device) -> None:
+    """Recompute BN running statistics of ``model`` on ``batches`` with torch's
+    ``swa_utils.update_bn`` (cumulative averages), then average them over the world
+    (``--bn-recalibrate``).
+
+    Why: an averaged model, such as PruneX's consensus z or a local-SGD average, has BN
+    statistics averaged from the local models, which describe other activations than its
+    own (torch's SWA needs the same step); PruneX's z is also pruned after averaging.
+    """
+    from torch.optim.swa_utils import update_bn
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    update_bn(list(batches), model, device=device)
+    stats = [t for norm in norms for t in (norm.running_mean, norm.running_var)]
+    flat = flatten(stats)
+    dist.all_reduce(flat, group=world.pg)
+    unflatten_into(stats, flat.div_(world.size))
+
+
+def calibration_batches(
+    train: TensorData, loader: ShardedLoader, count: int
+) -> torch.Tensor | None:
+    """The first ``count`` batches of this rank's shard in a fixed order, unaugmented: the
+    same images at every evaluation, and the training stream is not touched."""
+    count = min(count, loader.steps_per_epoch)  # a small shard has fewer whole batches
+    if count <= 0:
+        return None
+    take = loader.shard_indices()[: count * loader.batch_size]
+    images = train.images[take]
+    return images.reshape(count, loader.batch_size, *images.shape[1:])
 
 
 def rank_main(config_json: str, run_dir: str | None = None) -> None:
@@ -361,7 +402,12 @@ def setup(
         manifest,
         iterations,
         evaluation_points(iterations, config.eval_every),
-        Evaluator(test_data, topology.world, device),
+        Evaluator(
+            test_data,
+            topology.world,
+            device,
+            calibration_batches(train_data, loader, config.bn_recalibrate),
+        ),
         stop,
         wire,
     )
@@ -528,6 +574,9 @@ def finish(run: Run, result: LoopResult) -> None:
             converged=result.converged,
         )
         summary.update(run.attempt or {}, processes=(folder.summary() or {}).get("processes"))
+        warnings = getattr(run.method, "warnings", None)
+        if warnings:
+            summary["warnings"] = list(warnings)
         if run.checkpoints:
             summary.update(
                 checkpoints_written=len(run.checkpoints),

@@ -27,6 +27,11 @@ def summarize(
     status: str = "ok",
 ) -> dict:
     topo = manifest["topology"]
+    budget = manifest.get("budget") or {}
+    local_steps = iterations_done * manifest["steps_per_iteration"]
+    if budget:  # the last round of a round-based method may be cut short
+        local_steps = min(local_steps, budget["local_steps_per_rank"])
+    batch = budget.get("batch_size", manifest["recipe"]["batch_size"])
     summary = {
         "run_id": manifest["run_id"],
         "status": status,
@@ -39,7 +44,8 @@ def summarize(
         "gpus_per_node": topo["gpus_per_node"],
         "iterations": iterations_done,
         "steps_per_iteration": manifest["steps_per_iteration"],
-        "epochs": iterations_done * manifest["steps_per_iteration"] / manifest["steps_per_epoch"],
+        "epochs": local_steps / manifest["steps_per_epoch"],
+        "samples_per_rank": local_steps * batch,
         "final_accuracy": None,
         "best_accuracy": None,
         "target_accuracy": config.target_accuracy,

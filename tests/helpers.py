@@ -58,6 +58,8 @@ def make_context(
     bn: bool = False,
     seed: int = 0,
     model_fn=None,
+    budget_steps: int | None = None,
+    schedule=None,
 ) -> RunContext:
     topo = build_topology(gpus_per_node)
     device = torch.device("cpu")
@@ -78,6 +80,8 @@ def make_context(
         loader,
         device,
         method_settings(config),
+        schedule,
+        budget_steps,
     )
 
 

@@ -54,10 +54,10 @@ def reference_rounds(
                 x, y = next(loaders[w])
                 opts[w].zero_grad()
                 nn.functional.cross_entropy(models[w](x), y).backward()
-                with torch.no_grad():
-                    for p, a in zip(params[w], anchors):
-                        p.grad += rho1 * (p - a)
                 opts[w].step()
+                with torch.no_grad():  # the exact proximal step of rho1/2 ||p - a||^2
+                    for p, a in zip(params[w], anchors):
+                        p.copy_((p + lr * rho1 * a) / (1 + lr * rho1))
                 if frozen:  # retraining on the fixed support
                     with torch.no_grad():
                         for b_idx, m in masks.items():

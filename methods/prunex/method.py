@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import torch
 import torch.distributed as dist
@@ -37,46 +38,21 @@ from torch import nn
 
 from methods.prunex import hsadmm
 from methods.prunex.hsadmm import StructuredMask
-from methods.prunex.packing import PackLayout
+from methods.prunex.penalties import initial_penalties
 from methods.prunex.state import admm_blocks, averaged_buffers
 from suite.comm import flatten, unflatten
-from suite.errors import BenchError
 from suite.method import RunContext
+from suite.packing import PackLayout, model_entries
+from suite.structured import load_masks, mask_artifact
+
+#: drift (fraction of the structured bits) and rounds in a row that count as oscillation
+OSCILLATION_DRIFT = 0.5
+OSCILLATION_ROUNDS = 3
 
 
-def load_masks(path: str, blocks, constrained: list[int], device) -> dict[int, StructuredMask]:
-    """The structured masks a PruneX run saved (its folder's masks.pt, or the file itself)."""
-    from pathlib import Path
-
-    file = Path(path) / "masks.pt" if Path(path).is_dir() else Path(path)
-    try:
-        saved = torch.load(file, map_location=device, weights_only=True)
-    except Exception as exc:  # unpickling raises many kinds; all mean "not a masks file"
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BenchError(f"--masks-from {path}: cannot read {file} ({why[:200]})") from None
-    if not isinstance(saved, dict):
-        raise BenchError(f"--masks-from {file}: not a mapping of layer names to masks")
-    masks = {}
-    for i in constrained:
-        entry = saved.get(blocks[i].name)
-        if entry is None:
-            raise BenchError(f"--masks-from {file} has no mask for layer {blocks[i].name}")
-        try:
-            mask = StructuredMask(
-                entry["filters"].bool(), entry["channels"].bool(), entry["shape"].bool()
-            )
-        except (TypeError, KeyError, AttributeError, IndexError):
-            raise BenchError(
-                f"--masks-from {file}: the entry of {blocks[i].name} is not a structured mask "
-                "(filters, channels, shape bitmaps)"
-            ) from None
-        if mask.weight_shape != tuple(blocks[i].shape):
-            raise BenchError(
-                f"--masks-from {file}: layer {blocks[i].name} has shape {mask.weight_shape}, "
-                f"this model's is {tuple(blocks[i].shape)}"
-            )
-        masks[i] = mask
-    return masks
+def proximal_weight(lr: float, rho: float) -> float:
+    """theta <- (theta + lr rho a) / (1 + lr rho) is lerp(theta, a, lr rho / (1 + lr rho))."""
+    return lr * rho / (1.0 + lr * rho)
 
 
 class PruneX:
@@ -122,8 +98,17 @@ class PruneX:
             self.z = [p.detach().clone() for p in self.params]  # global z
             self.u = [torch.zeros_like(p) for p in self.params]
             self.v = [torch.zeros_like(p) for p in self.params]
-        self.rho1 = [settings.rho1] * len(self.blocks)
-        self.rho2 = [settings.rho2 if hierarchical else 0.0] * len(self.blocks)
+        rho1, rho2 = initial_penalties(
+            settings,
+            lr=ctx.recipe.lr,
+            local_steps=self.steps_per_iteration,
+            hierarchical=hierarchical,
+        )
+        settings.rho1 = rho1  # the manifest's method settings record the values used
+        if hierarchical:
+            settings.rho2 = rho2
+        self.rho1 = [rho1] * len(self.blocks)
+        self.rho2 = [rho2] * len(self.blocks)
         self.constrained = [i for i, b in enumerate(self.blocks) if b.constrained]
         self.masks = {
             i: StructuredMask.full(self.blocks[i].shape, device=ctx.device)
@@ -131,6 +116,14 @@ class PruneX:
         }
         self.frozen = False
         self.stable_rounds = 0
+        self.structured_bits = sum(  # the group bits of the sets that have a keep
+            n
+            for i in self.constrained
+            for n, keep in zip(self.masks[i].set_sizes(), self.keeps.values())
+            if keep is not None
+        )
+        self.oscillating_rounds = 0  # consecutive rounds with drift above OSCILLATION_DRIFT
+        self.warnings: list[str] = []  # for summary.json
         self.layout: PackLayout | None = None
         self.fixed_buffers: list[torch.Tensor] | None = None
         self.support: dict[int, torch.Tensor] = {}  # dense masks once frozen
@@ -142,32 +135,36 @@ class PruneX:
         self.batches = iter(ctx.loader)
         self.loss_fn = nn.CrossEntropyLoss()
         if settings.masks_from is not None:  # retrain a known structure: frozen from round 0
-            self.masks = load_masks(settings.masks_from, self.blocks, self.constrained, ctx.device)
+            shapes = {self.blocks[i].name: self.blocks[i].shape for i in self.constrained}
+            loaded = load_masks(settings.masks_from, shapes, ctx.device)
+            self.masks = {i: loaded[self.blocks[i].name] for i in self.constrained}
             self.frozen = True
             self.restrict_to_support()
 
     # ------------------------------------------------------------------ round phases
     def local_compute(self) -> tuple[float, int]:
-        """Eq. (8): SGD on f_ij plus rho1 (theta - z_i + u), the gradient of the prox term."""
+        """Eq. (8) by proximal SGD: the optimizer's step on f_ij, then the exact proximal step
+        of rho1/2 ||theta - (z_i - u)||^2 (see methods/prunex/penalties.py for why the
+        penalty does not go through the momentum). The proximal step uses the recipe's peak
+        lr: the schedule anneals the gradient noise of f, while the exact step of the
+        deterministic penalty is stable at any size, so a round pulls the same all run."""
         device = self.ctx.device
         with torch.no_grad():
             anchors = torch._foreach_sub(self.z_node, self.u)  # z_i - u, fixed for the round
         total, samples = 0.0, 0
-        for _ in range(self.steps_per_iteration):
+        for _ in range(self.ctx.round_steps()):
             x, y = next(self.batches)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.loss_fn(self.model(x), y)
             loss.backward()
-            with torch.no_grad():
-                prox = torch._foreach_sub([p.detach() for p in self.params], anchors)
-                torch._foreach_mul_(prox, self.rho1)
-                torch._foreach_add_([p.grad for p in self.params], prox)
+            self.ctx.apply_lr(self.optimizer)
             self.optimizer.step()
-            if self.support:
-                with torch.no_grad():
-                    for i, mask in self.support.items():
-                        self.params[i].mul_(mask)
+            with torch.no_grad():
+                for param, anchor, rho in zip(self.params, anchors, self.rho1):
+                    param.lerp_(anchor, proximal_weight(self.ctx.recipe.lr, rho))
+                for i, mask in self.support.items():
+                    self.params[i].mul_(mask)
             total += loss.item() * len(y)
             samples += len(y)
         return total / samples, samples
@@ -222,9 +219,8 @@ class PruneX:
         return masks
 
     def pack_layout(self) -> PackLayout:
-        entries = [
-            (f"p:{b.name}", b.shape, self.masks.get(i)) for i, b in enumerate(self.blocks)
-        ] + [(f"b:{n}", buf.shape, None) for n, buf in zip(self.buffer_names, self.buffers)]
+        masks = {self.blocks[i].name: m for i, m in self.masks.items()}
+        entries = model_entries(self.model, masks)
         return PackLayout(entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device)
 
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
@@ -311,6 +307,7 @@ class PruneX:
                 self.layout = None  # the packed shapes changed
             self.masks = masks
             self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
+            self.watch_oscillation(drift)
         if self.hierarchical:
             z, buffers = self.global_consensus(z_node, buffer_mean)
         else:
@@ -342,12 +339,30 @@ class PruneX:
         rec.set(
             density=self.density(),
             mask_drift=drift,
+            mask_drift_fraction=drift / self.structured_bits if self.structured_bits else 0.0,
             frozen=was_frozen,
             packed_bytes=float(self.layout.nbytes) if self.layout is not None else math.nan,
             rho1_mean=sum(self.rho1) / len(self.rho1),
             rho2_mean=sum(self.rho2) / len(self.rho2),
         )
         return {"loss": loss, "samples": samples, "converged": converged}
+
+    def watch_oscillation(self, drift: int) -> None:
+        """Warn once when the masks keep swapping: drift above half the structured bits for
+        OSCILLATION_ROUNDS rounds in a row means the penalties cannot hold theta near its
+        anchor over a round (see methods/prunex/penalties.py)."""
+        high = self.structured_bits and drift > OSCILLATION_DRIFT * self.structured_bits
+        self.oscillating_rounds = self.oscillating_rounds + 1 if high else 0
+        if self.oscillating_rounds == OSCILLATION_ROUNDS and not self.warnings:
+            message = (
+                f"masks oscillate: penalties too weak for lr*H (mask drift above "
+                f"{OSCILLATION_DRIFT:.0%} of the {self.structured_bits} structured bits for "
+                f"{OSCILLATION_ROUNDS} rounds; mean rho1 {sum(self.rho1) / len(self.rho1):.3g});"
+                " raise --round-pull or --rho1"
+            )
+            self.warnings.append(message)
+            if self.ctx.topology.rank == 0:
+                print(f"warning: {message}", file=sys.stderr, flush=True)
 
     @torch.no_grad()
     def restrict_to_support(self) -> None:
@@ -487,6 +502,8 @@ class PruneX:
             "rho2": self.rho2,
             "frozen": self.frozen,
             "stable_rounds": self.stable_rounds,
+            "oscillating_rounds": self.oscillating_rounds,
+            "warnings": self.warnings,
         }
 
     @torch.no_grad()
@@ -512,6 +529,8 @@ class PruneX:
         }
         self.frozen = bool(state["frozen"])
         self.stable_rounds = int(state["stable_rounds"])
+        self.oscillating_rounds = int(state["oscillating_rounds"])
+        self.warnings = list(state["warnings"])
         self.layout, self.fixed_buffers = None, None
         self.support = (
             {i: self.masks[i].dense().to(self.params[i].dtype) for i in self.constrained}
@@ -519,16 +538,5 @@ class PruneX:
             else {}
         )
 
-    def mask_artifact(self) -> dict:
-        return {
-            self.blocks[i].name: {
-                "filters": m.filters,
-                "channels": m.channels,
-                "shape": m.shape,
-                "dense": m.dense(),
-            }
-            for i, m in self.masks.items()
-        }
-
     def artifacts(self) -> dict:
-        return {"masks.pt": self.mask_artifact()}
+        return {"masks.pt": mask_artifact({self.blocks[i].name: m for i, m in self.masks.items()})}

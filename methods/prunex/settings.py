@@ -10,29 +10,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from methods.prunex.penalties import DEFAULT_ROUND_PULL
 from suite.method import RoundSettings
-from suite.options import AT_LEAST_1, FRACTION, POSITIVE, option
-
-DEFAULT_CHANNEL_KEEP = 0.5  # paper sec. 5.1.5
+from suite.options import AT_LEAST_1, POSITIVE, Check, option
+from suite.structured import StructuredKeepSettings
 
 
 @dataclass
-class PruneXFlatSettings(RoundSettings):
+class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
     """Options shared by ``prunex`` and its flat-consensus ablation ``prunex-flat``."""
 
-    filter_keep: float | None = option(
-        None, "fraction of output filters kept per conv", check=FRACTION
-    )
-    channel_keep: float | None = option(
+    rho1: float | None = option(
         None,
-        "fraction of input channels kept per conv",
-        check=FRACTION,
-        shown_default=f"{DEFAULT_CHANNEL_KEEP} when no keep is given",
+        "initial intra-node penalty, absolute (paper sec. 5.1.5: 1.5e-3)",
+        check=POSITIVE,
+        shown_default="from --round-pull",
     )
-    shape_keep: float | None = option(
-        None, "fraction of kernel positions kept per conv", check=FRACTION
+    round_pull: float = option(
+        DEFAULT_ROUND_PULL,
+        "fraction of theta's distance to its anchor that one round of local SGD closes; "
+        "sets rho1 from the recipe's lr and H (methods/prunex/penalties.py)",
+        check=Check(lambda v: 0 < v < 1, "in (0, 1)"),
     )
-    rho1: float = option(1.5e-3, "initial intra-node penalty (paper sec. 5.1.5)", check=POSITIVE)
+    penalties: Literal["pull", "paper"] = option(
+        "pull",
+        "initial rho1, rho2 not given absolutely: pull: rho1 from --round-pull, rho2 = rho1/10; "
+        "paper: the paper's 1.5e-3 and 1.5e-4",
+    )
     rho_max: float = option(10.0, "cap on the adaptive penalties", check=POSITIVE)
     adaptive_rho: bool = option(
         True, "residual balancing of the penalties (Boyd et al. 3.4.1)", off_flag="fixed-rho"
@@ -41,45 +45,22 @@ class PruneXFlatSettings(RoundSettings):
     freeze_patience: int = option(
         3, "freeze the masks after N consecutive unchanged rounds", check=AT_LEAST_1
     )
-    masks_from: str | None = option(
-        None,
-        "start from a PruneX run's masks (its folder or masks.pt), frozen",
-        existing_path=True,
-    )
     eps_abs: float | None = option(
         None, "stop once Boyd's residual tests pass with this absolute tolerance", check=POSITIVE
     )
     eps_rel: float = option(1e-3, "relative residual tolerance of that test", check=POSITIVE)
-
-    def __post_init__(self) -> None:
-        if self.filter_keep is None and self.channel_keep is None and self.shape_keep is None:
-            self.channel_keep = DEFAULT_CHANNEL_KEEP
-
-    def check_model(self, model) -> None:
-        """Before any rank starts: ``--masks-from`` is readable and fits ``model``'s convs
-        (shapes only: ``model`` may live on the meta device)."""
-        if self.masks_from is not None:
-            from methods.prunex.method import load_masks
-            from methods.prunex.state import admm_blocks
-
-            blocks = admm_blocks(model)
-            constrained = [i for i, b in enumerate(blocks) if b.constrained]
-            load_masks(self.masks_from, blocks, constrained, "cpu")
-
-    @property
-    def keeps(self) -> dict[str, float | None]:
-        return {
-            "filter_keep": self.filter_keep,
-            "channel_keep": self.channel_keep,
-            "shape_keep": self.shape_keep,
-        }
 
 
 @dataclass
 class PruneXSettings(PruneXFlatSettings):
     """Hierarchical PruneX adds the inter-node level: its penalty and how leaders talk."""
 
-    rho2: float = option(1.5e-4, "initial inter-node penalty (paper sec. 5.1.5)", check=POSITIVE)
+    rho2: float | None = option(
+        None,
+        "initial inter-node penalty, absolute (paper sec. 5.1.5: 1.5e-4)",
+        check=POSITIVE,
+        shown_default="rho1 / 10, the paper's ratio",
+    )
     bucket_mb: float = option(32.0, "inter-node packing bucket size in MiB", check=POSITIVE)
     leader_mode: Literal["single", "sharded"] = option(
         "single",

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from suite.structured import structured_weights
+
 
 @dataclass(frozen=True)
 class Block:
@@ -19,13 +21,9 @@ class Block:
 
 def admm_blocks(model: nn.Module) -> list[Block]:
     """Conv weights are constrained (paper sec. 2.1); BN, biases and FC are dense blocks."""
-    conv_weights = {
-        f"{name}.weight" if name else "weight"
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Conv2d)
-    }
+    conv_weights = set(structured_weights(model))
     return [
-        Block(name, p.shape, name in conv_weights and p.dim() == 4)
+        Block(name, p.shape, name in conv_weights)
         for name, p in model.named_parameters()
         if p.requires_grad
     ]

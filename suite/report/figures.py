@@ -19,6 +19,7 @@ import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
 
 from suite.report.load import Run, final_density_of, first_line  # noqa: E402
+from suite.stats import mean_ci  # noqa: E402
 
 COMM_WORDS = ("allreduce", "allgather", "broadcast", "mask_sync")
 
@@ -111,14 +112,17 @@ def pareto(runs: list[Run], out: Path) -> Figure | Skipped:
          "run_id": r.run_id}
         for r in runs if r.summary.get("final_accuracy") is not None
     ]  # fmt: skip
-    frame = pd.DataFrame(rows)
-    if frame.empty:
+    per_run = pd.DataFrame(rows)
+    if per_run.empty:
         return Skipped(name, title, "no run has an accuracy (simulated runs carry none)")
+    frame = repeats_reduced(per_run, ["workload", "label", "method", "sparsity"], "accuracy")
     workloads = sorted(frame.workload.unique())
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.2), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         part = frame[frame.workload == workload]
         sns.scatterplot(part, x="sparsity", y="accuracy", hue="method", s=60, ax=ax)
+        ax.errorbar(part.sparsity, part.accuracy, yerr=part.accuracy_ci95.fillna(0), fmt="none",
+                    ecolor="grey", capsize=3, lw=1)  # fmt: skip
         dense = part[part.sparsity == 0]
         if len(dense):
             ax.axhline(dense.accuracy.max(), color="grey", ls="--", lw=1, label="best dense")
@@ -129,7 +133,19 @@ def pareto(runs: list[Run], out: Path) -> Figure | Skipped:
         ax.set_xlabel("sparsity of pruned layers (1 - density)")
         ax.legend(fontsize=7)
     files = _save(fig, out, name)
-    return Figure(name, title, files, frame, sorted(frame.run_id))
+    run_ids = sorted(per_run.run_id)
+    return Figure(name, title, files, frame, run_ids, "repeats: mean and 95 % interval")
+
+
+def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """Rows of equal ``keys`` (repeats of a configuration) as one: the mean of ``value``,
+    its 95 % half-width (``value_ci95``), the repeat count and every run id."""
+    rows = []
+    for key, group in frame.groupby(keys, sort=False):
+        mean, half, n = mean_ci(group[value])
+        rows.append({**dict(zip(keys, key)), value: mean, f"{value}_ci95": half, "repeats": n,
+                     "run_id": ",".join(group.run_id)})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def time_to_accuracy(runs: list[Run], out: Path) -> Figure | Skipped:
@@ -145,9 +161,18 @@ def time_to_accuracy(runs: list[Run], out: Path) -> Figure | Skipped:
         return Skipped(name, title, "no real run has evaluations")
     frame = pd.concat(parts, ignore_index=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    sns.lineplot(frame, x="train_seconds", y="accuracy", hue="run", marker="o", ax=axes[0])
-    sns.lineplot(frame, x="inter_gb", y="accuracy", hue="run", marker="o", ax=axes[1],
-                 legend=False)  # fmt: skip
+    colors = dict(zip(frame.run.unique(), sns.color_palette(n_colors=frame.run.nunique())))
+    for label, curve in frame.groupby("run", sort=False):
+        points = curve.groupby("iteration").agg(
+            train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
+            accuracy=("accuracy", "mean"), spread=("accuracy", lambda a: mean_ci(a)[1]),
+        )  # fmt: skip
+        band = points.spread.fillna(0)
+        for ax, x in zip(axes, ("train_seconds", "inter_gb")):
+            ax.plot(points[x], points.accuracy, marker="o", ms=3, color=colors[label],
+                    label=label)  # fmt: skip
+            ax.fill_between(points[x], points.accuracy - band, points.accuracy + band,
+                            color=colors[label], alpha=0.2, lw=0)  # fmt: skip
     axes[0].set_xlabel("training seconds")
     axes[1].set_xlabel("cumulative inter-node GB (all ranks)")
     if frame.inter_gb.max() > 0 and frame.inter_gb[frame.inter_gb > 0].min() > 0:
@@ -155,7 +180,14 @@ def time_to_accuracy(runs: list[Run], out: Path) -> Figure | Skipped:
     axes[0].legend(fontsize=6)
     files = _save(fig, out, name)
     table = frame[["run_id", "run", "iteration", "epoch", "train_seconds", "inter_gb", "accuracy"]]
-    return Figure(name, title, files, table, sorted(frame.run_id.unique()))
+    return Figure(
+        name,
+        title,
+        files,
+        table,
+        sorted(frame.run_id.unique()),
+        "repeats of a configuration: mean per evaluation, band the 95 % interval",
+    )
 
 
 def _comm_columns(frame: pd.DataFrame) -> list[str]:
@@ -201,20 +233,26 @@ def phase_breakdown(runs: list[Run], out: Path) -> Figure | Skipped:
     methods that synchronize every step and once per round compare; and each phase's share
     of the communication time."""
     name, title = "fig08_phase_breakdown", "Phase breakdown per local step"
-    rows, ids = {}, {}
+    rows = []
     for run in runs:
         phases = run.summary.get("phase_seconds") or {}
         if phases:
             steps = run.summary.get("steps_per_iteration") or 1
-            rows[run.label] = {k: v / steps for k, v in phases.items()}
-            ids[run.label] = run.run_id
+            rows.append({"run": run.label, "run_id": run.run_id,
+                         **{k: v / steps for k, v in phases.items()}})  # fmt: skip
     if not rows:
         return Skipped(name, title, "no run recorded phase timings")
-    frame = pd.DataFrame(rows).T.astype(float).fillna(0.0)
+    per_run = pd.DataFrame(rows).fillna(0.0)
+    ids = per_run.groupby("run").run_id.agg(",".join)  # repeats share a bar, none is dropped
+    frame = per_run.drop(columns="run_id").groupby("run").mean()
     frame = frame[frame.sum().sort_values(ascending=False).index]
     palette = dict(zip(frame.columns, sns.color_palette("tab20", len(frame.columns))))
     fig, axes = plt.subplots(1, 2, figsize=(13, 0.45 * len(frame) + 2), sharey=True)
     frame.plot.barh(stacked=True, ax=axes[0], color=palette, legend=False)
+    totals = per_run.drop(columns="run_id").set_index("run").sum(axis=1).groupby(level=0)
+    spread = [mean_ci(totals.get_group(label))[1] for label in frame.index]
+    axes[0].errorbar(frame.sum(axis=1), range(len(frame)), xerr=spread, fmt="none",
+                     ecolor="black", capsize=3, lw=1)  # fmt: skip
     axes[0].set_xlabel("seconds per local step (an iteration / its local steps)")
     comm = frame[[c for c in frame.columns if any(w in c for w in COMM_WORDS)]]
     if comm.shape[1]:
@@ -226,9 +264,12 @@ def phase_breakdown(runs: list[Run], out: Path) -> Figure | Skipped:
                    loc="upper left")  # fmt: skip
     files = _save(fig, out, name)
     table = frame.assign(run_id=[ids[label] for label in frame.index]).reset_index(names="run")
-    return Figure(name, title, files, table, sorted(ids.values()),
-                  "mean over ranks, per local step; DDP's all-reduce overlaps its backward "
-                  "(inside local_compute)")  # fmt: skip
+    run_ids = sorted(i for joined in ids for i in joined.split(","))
+    note = (
+        "mean over ranks, per local step, and over repeats (error bar: 95 % interval of "
+        "the total); DDP's all-reduce overlaps its backward (inside local_compute)"
+    )
+    return Figure(name, title, files, table, run_ids, note)
 
 
 def message_volume(runs: list[Run], out: Path) -> Figure | Skipped:

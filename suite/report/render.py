@@ -9,26 +9,43 @@ from pathlib import Path
 
 import pandas as pd
 
+from suite.compare import schedule_of
 from suite.report.figures import FIGURES, Skipped
 from suite.report.load import Run, final_density_of, load_runs
+from suite.stats import mean_ci
+
+#: what makes runs repeats of one configuration (they differ only in the seed)
+CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting", "batch_size",
+          "lr", "lr_schedule", "epochs", "simulated"]  # fmt: skip
+#: per-run numbers averaged over repeats; those in WITH_CI also get a 95 % half-width
+AVERAGED = ["final_acc", "best_acc", "s_per_iter", "train_s", "inter_MB_per_epoch",
+            "inter_MB_per_iter", "density"]  # fmt: skip
+WITH_CI = ["final_acc", "s_per_iter", "train_s", "inter_MB_per_epoch"]
 
 
-def summary_table(runs: list[Run]) -> pd.DataFrame:
-    """The report's main table: one row per run."""
+def run_table(runs: list[Run]) -> pd.DataFrame:
+    """One row per run (``runs.csv``)."""
     rows = []
     for run in runs:
         s = run.summary
         epochs = s.get("epochs") or float("nan")
+        recipe = run.manifest.get("recipe") or {}
         rows.append({
             "run_id": run.run_id,
             "method": s["method"],
             "workload": s["workload"],
+            "dataset": s.get("dataset"),
             "gpus": s["gpus"],
             "nodes": s.get("nodes"),
             "options": ",".join(f"{k}={v}" for k, v in sorted((s.get("options") or {}).items())),
+            "setting": run.setting.strip(" ()") or "real",
+            "batch_size": recipe.get("batch_size"),
+            "lr": recipe.get("lr"),
+            "lr_schedule": schedule_of(recipe) if recipe else None,
+            "seed": s.get("seed"),
             "final_acc": s.get("final_accuracy"),
             "best_acc": s.get("best_accuracy"),
-            "epochs": epochs,
+            "epochs": round(epochs, 3),
             "s_per_iter": s.get("iteration_seconds"),
             "train_s": s.get("train_seconds"),
             "inter_MB_per_epoch": (s.get("inter_node_bytes_total") or 0) / 1e6 / epochs,
@@ -36,7 +53,30 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
             "density": final_density_of(run),
             "simulated": bool(s.get("simulated")),
         })  # fmt: skip
-    return pd.DataFrame(rows).sort_values(["workload", "method", "gpus"], kind="stable")
+    return pd.DataFrame(rows).sort_values(["workload", "method", "gpus", "seed"], kind="stable")
+
+
+def summary_table(runs: list[Run]) -> pd.DataFrame:
+    """One row per configuration (``summary.csv``): repeats (seeds) reduced to their mean,
+    with the 95 % t half-width (``*_ci95``) of accuracy, time and bytes; ``run_id`` lists
+    every repeat, so none is ever dropped."""
+    per_run = run_table(runs)
+    keys = per_run[CONFIG].astype(object).where(per_run[CONFIG].notna(), "-").astype(str)
+    rows = []
+    for _, group in per_run.groupby([keys[c] for c in CONFIG], sort=False):
+        first = group.iloc[0]
+        row = {c: first[c] for c in CONFIG}
+        row.update(run_id=",".join(group.run_id), repeats=len(group),
+                   seeds=",".join(str(x) for x in group.seed))  # fmt: skip
+        for column in AVERAGED:
+            mean, half, _ = mean_ci(group[column])
+            row[column] = mean
+            if column in WITH_CI:
+                row[f"{column}_ci95"] = half
+        rows.append(row)
+    order = ["run_id", *CONFIG, "repeats", "seeds"]
+    frame = pd.DataFrame(rows)
+    return frame[order + [c for c in frame.columns if c not in order]]
 
 
 def _markdown(frame: pd.DataFrame) -> str:
@@ -52,10 +92,13 @@ def render(results_dir: str | Path, out: str | Path, echo=print) -> Path:
         echo(f"skipped run {line}")
     summary = summary_table(runs)
     summary.to_csv(out / "summary.csv", index=False)
+    run_table(runs).to_csv(out / "runs.csv", index=False)
     results = [draw(runs, out) for draw in FIGURES]
     md = [f"# prunex-bench report: {Path(results_dir)}", "",
           f"{len(runs)} runs. Every number below comes from these run folders.", "",
-          "## Summary", "", _markdown(summary), ""]  # fmt: skip
+          "## Summary", "", "One row per configuration: repeats (seeds) as their mean, "
+          "`*_ci95` the 95 % t half-width (empty for one repeat); each run in `runs.csv`.",
+          "", _markdown(summary), ""]  # fmt: skip
     page = [f"<h1>prunex-bench report: {html.escape(str(results_dir))}</h1>",
             "<h2>Summary</h2>", summary.to_html(index=False, float_format="%.4g")]  # fmt: skip
     for result in results:

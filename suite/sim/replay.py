@@ -357,7 +357,8 @@ def simulate_run(
     last: list[dict] = []
     replayed = 0
     for it in range(iterations):
-        epoch = (it + 1) * method.steps_per_iteration / loader.steps_per_epoch
+        local_steps = min((it + 1) * method.steps_per_iteration, ctx.budget_steps)
+        epoch = local_steps / loader.steps_per_epoch
         if it < replay:
             recorder.begin_iteration(it)
             comm.events.clear()

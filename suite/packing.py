@@ -1,5 +1,8 @@
 """Physical shrinkage (paper sec. 4.4): kept conv slices packed into dense, bucketed buffers.
 
+Framework code: PruneX and the pruning baselines pack with the same layout of the same
+model (``model_entries``), so at the same masks they send the same bytes.
+
 Leaders send c[K_out][:, K_in] (eq. 15) instead of the full conv tensor, so the inter-node
 payload scales with the kept filters x channels and needs no index metadata: every leader
 holds the same global mask, hence the same index sets and buffer layout. Buckets coalesce the
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.prunex.hsadmm import StructuredMask
+from suite.structured import StructuredMask
 
 DEFAULT_BUCKET_BYTES = 32 * 2**20
 
@@ -23,6 +26,20 @@ def packed_numel(shape: tuple[int, ...] | torch.Size, mask: StructuredMask | Non
     if mask is None:
         return math.prod(shape)
     return mask.kept_filters().numel() * mask.kept_channels().numel() * math.prod(shape[2:])
+
+
+def model_entries(
+    model: torch.nn.Module, masks: dict[str, StructuredMask]
+) -> list[tuple[str, torch.Size, StructuredMask | None]]:
+    """What a method packs of ``model``: every trainable parameter (``p:NAME``; a conv weight
+    with its mask in ``masks``), then every float buffer whole (``b:NAME``, BN statistics)."""
+    params = [
+        (f"p:{name}", p.shape, masks.get(name))
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    ]
+    buffers = [(f"b:{n}", b.shape, None) for n, b in model.named_buffers() if b.is_floating_point()]
+    return params + buffers
 
 
 @dataclass(frozen=True, eq=False)
