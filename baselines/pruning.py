@@ -30,7 +30,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from baselines.common import SGDBaseline, broadcast_initial_state
 from suite.comm import flatten, unflatten_into
@@ -44,6 +43,7 @@ from suite.structured import (
     conv_shapes,
     load_masks,
     mask_artifact,
+    or_across_nodes,
     project,
 )
 
@@ -166,7 +166,7 @@ class StructuredLocalSGD(SGDBaseline):
         keeps = keeps_at(self.targets, fraction)
         with self.ctx.recorder.phase("projection"):
             local = {n: project(self.params[n].data, **keeps)[1] for n in self.shapes}
-        agreed = self.agree(local)
+        agreed = or_across_nodes(local, self.ctx.comm, self.ctx.topology)
         self.applied = fraction
         drift = sum(self.masks[n].changed_groups(agreed[n]) for n in self.shapes)
         if drift:
@@ -174,19 +174,6 @@ class StructuredLocalSGD(SGDBaseline):
             self.layout = None
             self.restrict_to_support()
         return drift
-
-    def agree(self, local: dict[str, StructuredMask]) -> dict[str, StructuredMask]:
-        topo, comm = self.ctx.topology, self.ctx.comm
-        bits = torch.cat([local[n].to_bits() for n in self.shapes])
-        if topo.is_leader and topo.inter is not None:
-            comm.all_reduce(bits, topo.inter, phase="mask_sync", op=dist.ReduceOp.MAX)
-        comm.broadcast(bits, topo.intra, src=topo.intra.ranks[0], phase="mask_sync")
-        agreed, offset = {}, 0
-        for name, shape in self.shapes.items():
-            n = local[name].to_bits().numel()
-            agreed[name] = StructuredMask.from_bits(bits[offset : offset + n], shape)
-            offset += n
-        return agreed
 
     @torch.no_grad()
     def restrict_to_support(self) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed
 from torch import nn
 
 from suite.errors import BenchError
@@ -200,6 +201,21 @@ def project(
 def apply_mask(weight: torch.Tensor, mask: StructuredMask) -> torch.Tensor:
     """Zero the pruned groups: projection becomes masking once masks freeze (Alg. 1 line 11)."""
     return weight.masked_fill(~mask.dense(), 0)
+
+
+def or_across_nodes(masks: dict, comm, topology) -> dict:
+    """Eq. (14) of PruneX on the group bitmaps: node leaders OR their masks (MAX on uint8:
+    NCCL has no bitwise OR) and broadcast the union inside their node; same keys, in order."""
+    bits = torch.cat([m.to_bits() for m in masks.values()])
+    if topology.is_leader and topology.inter is not None:
+        comm.all_reduce(bits, topology.inter, phase="mask_sync", op=torch.distributed.ReduceOp.MAX)
+    comm.broadcast(bits, topology.intra, src=topology.intra.ranks[0], phase="mask_sync")
+    agreed, offset = {}, 0
+    for key, mask in masks.items():
+        n = mask.to_bits().numel()
+        agreed[key] = StructuredMask.from_bits(bits[offset : offset + n], mask.weight_shape)
+        offset += n
+    return agreed
 
 
 def mask_artifact(masks: dict[str, StructuredMask]) -> dict:

@@ -33,7 +33,6 @@ import math
 import sys
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from methods.prunex import hsadmm
@@ -43,7 +42,7 @@ from methods.prunex.state import admm_blocks, averaged_buffers
 from suite.comm import flatten, unflatten
 from suite.method import RunContext
 from suite.packing import PackLayout, model_entries
-from suite.structured import load_masks, mask_artifact
+from suite.structured import load_masks, mask_artifact, or_across_nodes
 
 #: drift (fraction of the structured bits) and rounds in a row that count as oscillation
 OSCILLATION_DRIFT = 0.5
@@ -206,17 +205,8 @@ class PruneX:
         """Eq. (14) on the structured index sets: OR (MAX on uint8) across node leaders."""
         if not self.hierarchical:
             return local_masks  # one node: every rank projected the same tensor
-        topo, comm = self.ctx.topology, self.ctx.comm
-        bits = torch.cat([local_masks[i].to_bits() for i in self.constrained])
-        if topo.is_leader and topo.inter is not None:
-            comm.all_reduce(bits, topo.inter, phase="mask_sync", op=dist.ReduceOp.MAX)
-        comm.broadcast(bits, topo.intra, src=topo.intra.ranks[0], phase="mask_sync")
-        masks, offset = {}, 0
-        for i in self.constrained:
-            n = local_masks[i].to_bits().numel()
-            masks[i] = StructuredMask.from_bits(bits[offset : offset + n], self.blocks[i].shape)
-            offset += n
-        return masks
+        ordered = {i: local_masks[i] for i in self.constrained}
+        return or_across_nodes(ordered, self.ctx.comm, self.ctx.topology)
 
     def pack_layout(self) -> PackLayout:
         masks = {self.blocks[i].name: m for i, m in self.masks.items()}
