@@ -26,7 +26,6 @@ all-ones control), ``--masks-from RUN`` trains on a PruneX run's final masks fro
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +40,7 @@ from suite.structured import (
     StructuredKeepSettings,
     StructuredMask,
     conv_shapes,
+    density_of,
     load_masks,
     mask_artifact,
     or_across_nodes,
@@ -215,19 +215,15 @@ class StructuredLocalSGD(SGDBaseline):
 
     # ------------------------------------------------------------------ interface
     def density(self) -> float:
-        kept = sum(m.density() * math.prod(self.shapes[n]) for n, m in self.masks.items())
-        total = sum(math.prod(s) for s in self.shapes.values())
-        return kept / total if total else 1.0
+        return density_of(self.masks)
 
     def eval_model(self):
         return self.module  # every round ends with the same model on every rank
 
     def state_dict(self) -> dict:
-        masks = {n: {"filters": m.filters, "channels": m.channels, "shape": m.shape}
-                 for n, m in self.masks.items()}  # fmt: skip
         return {
             **super().state_dict(),
-            "shared_world": {"masks": masks},
+            "shared_world": {"masks": {n: m.state() for n, m in self.masks.items()}},
             "applied": self.applied,
             "frozen": self.frozen,
         }
@@ -236,9 +232,7 @@ class StructuredLocalSGD(SGDBaseline):
         super().load_state_dict(state)
         device = self.ctx.device
         self.masks = {
-            n: StructuredMask(
-                m["filters"].to(device), m["channels"].to(device), m["shape"].to(device)
-            )
+            n: StructuredMask.from_state(m, device)
             for n, m in state["shared_world"]["masks"].items()
         }
         self.applied, self.frozen = float(state["applied"]), bool(state["frozen"])

@@ -84,6 +84,15 @@ class StructuredMask:
     def weight_shape(self) -> tuple[int, int, int, int]:
         return (self.filters.numel(), *self.shape.shape)
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The group bitmaps, for checkpoints and masks.pt (the element mask follows)."""
+        return {"filters": self.filters, "channels": self.channels, "shape": self.shape}
+
+    @classmethod
+    def from_state(cls, state: dict, device=None) -> StructuredMask:
+        """Inverse of ``state``; raises KeyError, TypeError or AttributeError on anything else."""
+        return cls(*(state[k].bool().to(device) for k in ("filters", "channels", "shape")))
+
     def set_sizes(self) -> tuple[int, int, int]:
         """Group bits of the filter, channel and shape sets."""
         return self.filters.numel(), self.channels.numel(), self.shape.numel()
@@ -220,10 +229,14 @@ def or_across_nodes(masks: dict, comm, topology) -> dict:
 
 def mask_artifact(masks: dict[str, StructuredMask]) -> dict:
     """``masks.pt`` of a run folder: per conv weight its group bitmaps and element mask."""
-    return {
-        name: {"filters": m.filters, "channels": m.channels, "shape": m.shape, "dense": m.dense()}
-        for name, m in masks.items()
-    }
+    return {name: {**m.state(), "dense": m.dense()} for name, m in masks.items()}
+
+
+def density_of(masks: dict) -> float:
+    """Fraction of the masked weights' elements kept (1.0 without masks)."""
+    total = sum(math.prod(m.weight_shape) for m in masks.values())
+    kept = sum(m.density() * math.prod(m.weight_shape) for m in masks.values())
+    return kept / total if total else 1.0
 
 
 def load_masks(path: str, shapes: dict[str, torch.Size], device) -> dict[str, StructuredMask]:
@@ -243,9 +256,7 @@ def load_masks(path: str, shapes: dict[str, torch.Size], device) -> dict[str, St
         if entry is None:
             raise BenchError(f"--masks-from {file} has no mask for layer {name}")
         try:
-            mask = StructuredMask(
-                entry["filters"].bool(), entry["channels"].bool(), entry["shape"].bool()
-            )
+            mask = StructuredMask.from_state(entry)
         except (TypeError, KeyError, AttributeError, IndexError):
             raise BenchError(
                 f"--masks-from {file}: the entry of {name} is not a structured mask "

@@ -21,6 +21,9 @@ PRUNEX = [
     "--method", "prunex", "--dataset", "synthetic", "--synthetic-size", "1024,256",
     "--gpus", "4", "--gpus-per-node", "2", "--batch-size", "16", "--local-steps", "2",
     "--freeze-round", "6", "--checkpoint-every", "3",
+    # random labels give the masks nothing to settle on; a fixed round pull keeps them still
+    # (adaptive penalties halve it, the masks swap, and the oscillation warning is a 2nd line)
+    "--fixed-rho",
 ]  # fmt: skip
 TOPK = [
     "--method", "topk", "--dataset", "synthetic", "--synthetic-size", "1024,256",

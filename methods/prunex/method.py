@@ -42,7 +42,7 @@ from methods.prunex.state import admm_blocks, averaged_buffers
 from suite.comm import flatten, unflatten
 from suite.method import RunContext
 from suite.packing import PackLayout, model_entries
-from suite.structured import load_masks, mask_artifact, or_across_nodes
+from suite.structured import density_of, load_masks, mask_artifact, or_across_nodes
 
 #: drift (fraction of the structured bits) and rounds in a row that count as oscillation
 OSCILLATION_DRIFT = 0.5
@@ -456,13 +456,7 @@ class PruneX:
 
     # ------------------------------------------------------------------ interface
     def density(self) -> float:
-        if not self.constrained:
-            return 1.0
-        kept = sum(
-            self.masks[i].density() * math.prod(self.blocks[i].shape) for i in self.constrained
-        )
-        total = sum(math.prod(self.blocks[i].shape) for i in self.constrained)
-        return kept / total
+        return density_of(self.masks)
 
     def eval_model(self) -> nn.Module:
         return self.consensus
@@ -479,14 +473,7 @@ class PruneX:
             "shared_world": {
                 "z": self.z,
                 "consensus": self.consensus.state_dict(),
-                "masks": {  # the group bitmaps; the element masks follow from them
-                    self.blocks[i].name: {
-                        "filters": m.filters,
-                        "channels": m.channels,
-                        "shape": m.shape,
-                    }  # fmt: skip
-                    for i, m in self.masks.items()
-                },
+                "masks": {self.blocks[i].name: m.state() for i, m in self.masks.items()},
             },
             "rho1": self.rho1,
             "rho2": self.rho2,
@@ -512,10 +499,7 @@ class PruneX:
         self.rho1, self.rho2 = list(state["rho1"]), list(state["rho2"])
         names = {b.name: i for i, b in enumerate(self.blocks)}
         self.masks = {
-            names[name]: StructuredMask(
-                m["filters"].to(device), m["channels"].to(device), m["shape"].to(device)
-            )
-            for name, m in world["masks"].items()
+            names[name]: StructuredMask.from_state(m, device) for name, m in world["masks"].items()
         }
         self.frozen = bool(state["frozen"])
         self.stable_rounds = int(state["stable_rounds"])

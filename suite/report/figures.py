@@ -383,7 +383,10 @@ def masks(runs: list[Run], out: Path, shown: int = 4) -> Figure | Skipped:
     if not candidates:
         return Skipped(name, title, "no run folder has masks.pt (PruneX runs save it)")
     saved, run = None, None
-    for run in sorted(candidates, key=lambda r: r.summary["gpus"], reverse=True):
+    # PruneX's learned masks first (the paper's figure), then those of the pruning baselines
+    learned = sorted(candidates, key=lambda r: (not r.summary["method"].startswith("prunex"),
+                                                -r.summary["gpus"]))  # fmt: skip
+    for run in learned:
         saved = read_masks(run)
         if saved is not None:
             break
