@@ -128,9 +128,7 @@ def make_manifest(
             "local_steps_per_rank": ctx.budget_steps,
             "batch_size": ctx.loader.batch_size,
             "samples_per_rank": ctx.budget_steps * ctx.loader.batch_size,
-            "lr_schedule": ctx.recipe.lr_schedule,
-            "warmup_epochs": ctx.recipe.warmup_epochs,
-        },
+        },  # the schedule over it is the recipe's (lr_schedule, warmup_epochs)
         "steps_per_iteration": method.steps_per_iteration,
         "steps_per_epoch": ctx.loader.steps_per_epoch,
         "train_samples": train_samples,
