@@ -32,8 +32,10 @@ def smoke(session):
     session.run("bench", "report", results, "-o", report)
 
 
-ALL_METHODS = ("prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
-               "gmp-hier,prune-retrain")
+ALL_METHODS = (
+    "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
+    "gmp-hier,prune-retrain"
+)
 REFERENCE = "results/reference"
 # a tenth of an epoch, evaluated once at the end: minutes on CPU, seconds on GPUs; rounds of 4
 # local steps, so PruneX's masks settle and freeze within it (its evaluated consensus is only

@@ -83,6 +83,8 @@ def half_precision_hook(
 class DDPMethod(SGDBaseline):
     """DDP over the world; ``hook`` and ``state`` replace the default recorded all-reduce."""
 
+    overlapped_phases = ("allreduce",)  # the comm hook runs while backward goes on
+
     def __init__(self, ctx: RunContext, hook: CommHook | None = None, state: object = None):
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         bucket_cap_mb = ctx.settings.bucket_cap_mb

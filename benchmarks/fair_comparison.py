@@ -7,6 +7,10 @@ then runs the remaining seeds. No method is tuned more than another.
 
     python benchmarks/fair_comparison.py                      # the full setting
     python benchmarks/fair_comparison.py --epochs 0.5 --seeds 0,1 --methods prunex,ddp
+    python benchmarks/fair_comparison.py --workload resnet18-fmnist --methods localsgd-hier,prunex \
+        --lrs 0.05 --seeds 0 --epochs 0.1 --local-steps 4 --warmup-epochs 0.01
+
+Flags the script does not know (``--local-steps 4``) go to every ``bench sweep`` as they are.
 
 Prints (and writes ``fair_comparison.md`` beside the results) the table of final accuracy
 mean +- 95 % interval and inter-node MB per epoch, with the lr each method used; then renders
@@ -46,7 +50,8 @@ def summaries(root: Path) -> pd.DataFrame:
                          "accuracy": 100 * s["final_accuracy"], "epochs": s["epochs"],
                          "inter_MB_per_epoch": s["inter_node_bytes_total"] / 1e6 / s["epochs"],
                          "samples_per_rank": s.get("samples_per_rank")})  # fmt: skip
-    return pd.DataFrame(rows)
+    # a cell run twice (e.g. after its identity changed) counts once
+    return pd.DataFrame(rows).drop_duplicates(["method", "seed", "lr"])
 
 
 def main() -> None:
@@ -62,12 +67,12 @@ def main() -> None:
     parser.add_argument("--bn-recalibrate", default="8")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--results-dir", default="results/fair_comparison")
-    args = parser.parse_args()
+    args, passed_on = parser.parse_known_args()  # any other flag goes to every bench sweep
     root = Path(args.results_dir)
     common = ["--workload", args.workload, "--gpus", args.gpus, "--gpus-per-node",
               args.gpus_per_node, "--epochs", args.epochs, "--channel-keep", args.channel_keep,
               "--bn-recalibrate", args.bn_recalibrate, "--device", args.device,
-              "--eval-every", "100000"]  # fmt: skip
+              "--eval-every", "100000", *passed_on]  # fmt: skip
     methods = args.methods.split(",")
     seeds = args.seeds.split(",")
     for method in methods:  # the lr sweep, seed 0
@@ -87,7 +92,8 @@ def main() -> None:
         ]
     )
     rows = []
-    for method, group in final.groupby("method", sort=False):
+    for method in [m for m in methods if m in set(final.method)]:
+        group = final[final.method == method]
         mean, half, n = mean_ci(group.accuracy)
         rows.append({"method": method, "lr (best of sweep)": best[method], "seeds": n,
                      "final accuracy %": f"{mean:.2f} +- {half:.2f}" if n > 1 else f"{mean:.2f}",
@@ -95,17 +101,21 @@ def main() -> None:
                      "samples/rank": int(group.samples_per_rank.mean())})  # fmt: skip
     table = pd.DataFrame(rows).to_markdown(index=False)
     lr_table = swept.pivot_table(index="method", columns="lr", values="accuracy").round(2)
+    lr_table = lr_table.reindex([m for m in methods if m in lr_table.index])
     text = f"{table}\n\nlr sweep (seed {seeds[0]}, final accuracy %):\n\n{lr_table.to_markdown()}\n"
     print(text)
     (root / "fair_comparison.md").write_text(text)
     chosen = root / "best"  # the report sees each method at its best lr only
     shutil.rmtree(chosen, ignore_errors=True)
-    for path in root.glob("*/*/summary.json"):
+    copied = set()
+    for path in sorted(root.glob("*/*/summary.json")):
         if path.parent.parent.name in ("lr_sweep", "seeds"):
             s = json.loads(path.read_text())
             recipe = json.loads((path.parent / "manifest.json").read_text())["recipe"]
-            if s["method"] in best and recipe["lr"] == best[s["method"]]:
+            key = (s["method"], s["seed"], recipe["lr"])
+            if s["method"] in best and recipe["lr"] == best[s["method"]] and key not in copied:
                 shutil.copytree(path.parent, chosen / path.parent.name)
+                copied.add(key)
     bench("report", str(chosen), "-o", str(root / "report"))
 
 

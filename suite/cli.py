@@ -178,6 +178,9 @@ def run_flags(func):
                      "statistics on N training batches per rank (0: use the method's)"),
         click.option("--target-accuracy", type=float, default=None,
                      help="record time_to_target_seconds, e.g. 0.85"),
+        click.option("--tensorboard", is_flag=True, default=None,
+                     help="live logs: TensorBoard events in the run folder's tensorboard/ "
+                     "(loss, accuracy, lr, phase seconds, bytes per link, density, rho)"),
         click.option("--results-dir", default="results", show_default=True),
         click.option("--tag", default=None, help="free-form label stored in the manifest"),
         click.option("--batch-size", type=int, default=None, help="per-rank batch"),
@@ -390,12 +393,16 @@ def compare_cmd(baseline, new, max_regression, max_accuracy_drop, metric, fmt) -
 @main.command("report")
 @click.argument("results_dir")
 @click.option("-o", "--output", default="reports/latest", show_default=True, help="report folder")
-def report_cmd(results_dir, output) -> None:
-    """Figures (PNG + SVG), report.md and a self-contained report.html from run folders."""
+@click.option("--width", type=click.Choice(["one", "two"]), default=None,
+              help="size every figure for one paper column (3.25 in) or the two-column page "
+              "(6.75 in); default: one column for single panels, else two")  # fmt: skip
+def report_cmd(results_dir, output, width) -> None:
+    """Figures (PDF, SVG, PNG), the summary as CSV, LaTeX and Markdown tables, report.md and a
+    self-contained report.html from run folders."""
     from suite.report.render import render
 
     try:
-        path = render(results_dir, output, echo=click.echo)
+        path = render(results_dir, output, echo=click.echo, width=width)
     except BenchError as exc:
         fail(exc)
     click.echo(f"report: {path}")

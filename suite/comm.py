@@ -129,7 +129,12 @@ class Communicator:
         flat = tensor.contiguous().view(-1)
         out = torch.empty(n * flat.numel(), dtype=tensor.dtype, device=tensor.device)
         self.account("all_gather", group, nbytes(tensor))
-        if n > 1:
+        if n > 1 and flat.is_cuda and dist.get_backend(group.pg) == "gloo":
+            # shared GPUs (see suite.ranks.backend_for): gloo gathers host tensors only
+            host = torch.empty(n * flat.numel(), dtype=tensor.dtype)
+            self._timed(phase, lambda: dist.all_gather_single(host, flat.cpu(), group=group.pg))
+            out.copy_(host)
+        elif n > 1:
             self._timed(phase, lambda: dist.all_gather_single(out, flat, group=group.pg))
         else:
             out.copy_(flat)

@@ -24,6 +24,7 @@ class RunConfig:
     eval_every: int | None = None
     bn_recalibrate: int = 0  # training batches per rank that re-estimate BN stats before an eval
     target_accuracy: float | None = None
+    tensorboard: bool = False  # rank 0 writes TensorBoard events to <run folder>/tensorboard
     seed: int = 0
     results_dir: str = "results"
     run_id: str | None = None

@@ -130,6 +130,7 @@ def make_manifest(
             "samples_per_rank": ctx.budget_steps * ctx.loader.batch_size,
         },  # the schedule over it is the recipe's (lr_schedule, warmup_epochs)
         "steps_per_iteration": method.steps_per_iteration,
+        "overlapped_phases": list(getattr(method, "overlapped_phases", ())),
         "steps_per_epoch": ctx.loader.steps_per_epoch,
         "train_samples": train_samples,
         "test_samples": test_samples,

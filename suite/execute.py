@@ -18,6 +18,7 @@ def run_config(kwargs: dict, options: dict, gpus: int) -> RunConfig:
     """A RunConfig from parsed flags (or an experiment file's values)."""
     fields = dict(kwargs)
     fields["download"] = bool(fields.get("download"))
+    fields["tensorboard"] = bool(fields.get("tensorboard"))
     if fields.get("synthetic_size") is None:
         fields.pop("synthetic_size", None)
     else:

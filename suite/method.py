@@ -99,6 +99,9 @@ class RunContext:
 class Method(Protocol):
     #: local mini-batch steps one iteration consumes (DDP: 1; PruneX: H per round)
     steps_per_iteration: int
+    #: phases that run during ``local_compute`` rather than after it (DDP's bucket
+    #: all-reduces overlap backward); reports draw them overlapped, not stacked
+    overlapped_phases: tuple[str, ...]
 
     def step(self, iteration: int) -> dict:
         """Run one iteration; return at least {"loss": float, "samples": int}."""

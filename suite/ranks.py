@@ -56,10 +56,37 @@ def pick_device(preference: str) -> torch.device:
     return torch.device("cpu")
 
 
+def ranks_per_gpu(local_ranks: int, gpus: int) -> int:
+    """How many of a machine's ranks share one GPU when they are placed round-robin (rank
+    ``r`` on GPU ``r % gpus``): 1 means every rank has its own."""
+    return -(-local_ranks // max(gpus, 1))
+
+
+def backend_for(device: torch.device, local_ranks: int, gpus: int) -> str:
+    """NCCL when every rank has a GPU of its own; gloo on CPU ranks and on shared GPUs (NCCL
+    refuses two ranks on one device; gloo moves CUDA tensors through the host)."""
+    if device.type == "cuda" and ranks_per_gpu(local_ranks, gpus) == 1:
+        return "nccl"
+    return "gloo"
+
+
+def gpu_sharing(device: torch.device, backend: str) -> dict | None:
+    """For the manifest: how ranks share GPUs, when they do. Shared GPUs and collectives on
+    gloo make timings unrepresentative of a real cluster; the record says so."""
+    if device.type != "cuda":
+        return None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count()
+    shared = ranks_per_gpu(local, gpus) > 1
+    return {"local_ranks": local, "gpus": gpus, "ranks_per_gpu": ranks_per_gpu(local, gpus),
+            "backend": backend, "timings_representative": not shared}  # fmt: skip
+
+
 def join_process_group(preference: str, timeout_seconds: float | None = None) -> torch.device:
     """Pick the device, then join the job's default process group on it: NCCL on CUDA,
-    gloo on CPU ranks, which get ``OMP_NUM_THREADS`` threads (1 unless set). Collectives
-    time out after ``timeout_seconds`` (default 10 minutes)."""
+    gloo on CPU ranks, which get ``OMP_NUM_THREADS`` threads (1 unless set), and on GPUs
+    shared round-robin by more ranks than there are GPUs. Collectives time out after
+    ``timeout_seconds`` (default 10 minutes)."""
     global _timeout
     if timeout_seconds is not None:
         _timeout = timedelta(seconds=timeout_seconds)
@@ -68,7 +95,9 @@ def join_process_group(preference: str, timeout_seconds: float | None = None) ->
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    backend = backend_for(device, local_ranks, gpus)
     # Groups torch creates for us without a timeout argument (HierarchicalModelAverager's
     # subgroups) take the module's default, gloo's 30 minutes: make it ours.
     from torch.distributed import distributed_c10d

@@ -32,8 +32,10 @@ from suite.context import (
     resolve_workload,
 )
 from suite.errors import BenchError
+from suite.livelog import FOLDER as TENSORBOARD_FOLDER
+from suite.livelog import TensorBoardLog
 from suite.method import Method
-from suite.ranks import collective_timeout, join_process_group
+from suite.ranks import collective_timeout, gpu_sharing, join_process_group
 from suite.recorder import Recorder
 from suite.results import (
     RunFolder,
@@ -369,6 +371,8 @@ def setup(
         config, ctx, method, dataset=dataset, iterations=iterations,
         train_samples=len(train_data), test_samples=len(test_data),
         device=str(device), backend=dist.get_backend(), topology=topology.describe(),
+        gpu_sharing=gpu_sharing(device, dist.get_backend()),
+        live_logs=live_logs_of(config, folder),
         hardware=hardware(), simulated=False, network=network_description(folder, config),
     )  # fmt: skip
     processes: list = [None] * world_size
@@ -411,6 +415,11 @@ def setup(
         stop,
         wire,
     )
+
+
+def live_logs_of(config: RunConfig, folder: RunFolder) -> dict:
+    """Where the run's live logs go, for the manifest."""
+    return {"tensorboard": str(folder.path / TENSORBOARD_FOLDER)} if config.tensorboard else {}
 
 
 def network_description(folder: RunFolder, config: RunConfig) -> dict:
@@ -471,6 +480,7 @@ def training_loop(run: Run, result: LoopResult) -> None:
     config, recorder, loader, method = run.config, run.recorder, run.loader, run.method
     accuracy = None
     progress = progress_bar(run)
+    live = TensorBoardLog(run.folder.path, result.done) if live_logging(run) else None
     wall_start = time.perf_counter() - result.wall_seconds
     last_checkpoint = time.monotonic()
     try:
@@ -496,6 +506,9 @@ def training_loop(run: Run, result: LoopResult) -> None:
             result.train_seconds += row["t_iteration"]
             result.done = it + 1
             result.converged = bool(info.get("converged", False))
+            if live is not None:
+                live.iteration(row, agreed.mean_loss, agreed.inter_bytes, agreed.intra_bytes)
+                live.layers(recorder.layers)
             finished = result.converged or result.done == run.iterations
             if result.done in run.eval_points or result.converged:
                 accuracy, test_loss = run.evaluate(method.eval_model())
@@ -514,6 +527,8 @@ def training_loop(run: Run, result: LoopResult) -> None:
                         inter_node_bytes=result.inter_bytes,
                         intra_node_bytes=result.intra_bytes,
                     )
+                if live is not None:
+                    live.evaluation(it, accuracy, test_loss)
             if progress is not None:
                 rate = int(info["samples"]) * dist.get_world_size() / max(row["t_iteration"], 1e-9)
                 post = {"loss": f"{agreed.mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
@@ -538,7 +553,14 @@ def training_loop(run: Run, result: LoopResult) -> None:
     finally:
         if progress is not None:
             progress.close()
+        if live is not None:
+            live.close()
     result.wall_seconds = time.perf_counter() - wall_start
+
+
+def live_logging(run: Run) -> bool:
+    """Rank 0 writes the live log (``--tensorboard``)."""
+    return run.config.tensorboard and dist.get_rank() == 0
 
 
 def interruption_message(run: Run, result: LoopResult, checkpointed: bool) -> str:

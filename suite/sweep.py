@@ -45,7 +45,9 @@ class Cell:
 
 def cell_id(config: RunConfig) -> str:
     described = json.loads(config.to_json())
-    for volatile in ("run_id", "results_dir", "launcher", "tag", *RELIABILITY_FIELDS):
+    # what only changes where a run is written or how it is watched leaves the cell as it is
+    for volatile in ("run_id", "results_dir", "launcher", "tag", "tensorboard",
+                     *RELIABILITY_FIELDS):  # fmt: skip
         described.pop(volatile, None)
     digest = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:8]
     return f"{config.method}-{config.workload}-{config.gpus}g-{digest}"

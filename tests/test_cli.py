@@ -60,7 +60,10 @@ def test_run_writes_complete_folder(tmp_path):
     proc = bench(
         "run",
         "--method",
-        "ddp",
+        "prunex",
+        "--local-steps",
+        "2",
+        "--tensorboard",
         *SMALL,
         "--iterations",
         "3",
@@ -96,6 +99,22 @@ def test_run_writes_complete_folder(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["topology"]["node_ranks"] == [[0, 1], [2, 3]]
     assert manifest["versions"]["torch"].startswith("2.14.1")
+    assert manifest["live_logs"] == {"tensorboard": str(run / "tensorboard")}
+    scalars = tensorboard_scalars(run / "tensorboard")
+    assert len(scalars["train/loss"]) == len(scalars["bytes/inter_node"]) == 3
+    assert scalars["train/lr"] == pytest.approx(rows[rows["rank"] == 0]["lr"].tolist())
+    assert scalars["eval/accuracy_percent"] == pytest.approx(list(100 * evals["accuracy"]))
+    assert {"seconds/local_compute", "seconds/inter_allreduce", "method/density"} <= set(scalars)
+    assert any(tag.startswith("rho1/") for tag in scalars)
+
+
+def tensorboard_scalars(logdir) -> dict[str, list[float]]:
+    """Every scalar series of the event files in ``logdir``, read back with TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def test_nan_loss_marks_failed_and_keeps_rows(tmp_path):

@@ -1,4 +1,5 @@
-"""Plugins through entry points, host-based node discovery, and the torchrun launcher path."""
+"""Plugins through entry points, host-based node discovery, GPU placement, and the torchrun
+launcher path."""
 
 import json
 import os
@@ -7,8 +8,10 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from suite.errors import BenchError
+from suite.ranks import backend_for, gpu_sharing, ranks_per_gpu
 from suite.registry import Registry
 from suite.topology import discover_gpus_per_node
 
@@ -53,6 +56,28 @@ def test_nodes_discovered_from_hostnames():
         discover_gpus_per_node(["a", "b", "a", "b"])
     with pytest.raises(BenchError, match="equal contiguous blocks"):
         discover_gpus_per_node(["a", "a", "a", "b"])
+
+
+def test_more_ranks_than_gpus_share_them_on_gloo():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert [ranks_per_gpu(n, 1) for n in (1, 2, 4)] == [1, 2, 4]
+    assert ranks_per_gpu(4, 8) == 1 and ranks_per_gpu(5, 2) == 3
+    assert backend_for(cuda, 4, 4) == "nccl"  # a GPU per rank
+    assert backend_for(cuda, 4, 1) == "gloo"  # NCCL refuses two ranks on one GPU
+    assert backend_for(cpu, 4, 0) == "gloo"
+    assert gpu_sharing(cpu, "gloo") is None  # nothing to say on CPU ranks
+
+
+def test_cuda_without_a_gpu_is_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run(
+        [sys.executable, "-m", "suite.cli", "run", "--device", "cuda", "--gpus", "2",
+         "--results-dir", str(tmp_path), "--dataset", "synthetic", "--iterations", "1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("no CUDA device is visible")
 
 
 def test_torchrun_launcher_uses_the_job_as_it_is(tmp_path):

@@ -1,7 +1,10 @@
 """One function per figure of the paper's evaluation, each drawn from run folders only.
 
 A function returns a ``Figure`` (files written, the table it plots, the run ids it used) or a
-``Skipped`` with the reason its data is missing; it never raises for missing data.
+``Skipped`` with the reason its data is missing; it never raises for missing data. Repeats of a
+configuration (runs that differ only in the seed) are always drawn as their mean with a 95 %
+interval, never as separate points; colours, markers, sizes and fonts come from
+``suite.report.style``.
 """
 
 from __future__ import annotations
@@ -13,12 +16,20 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from suite.report.load import Run, final_density_of, first_line  # noqa: E402
+from suite.report.style import (  # noqa: E402
+    legend_outside,
+    method_style,
+    options_text,
+    paper_figure,
+    phase_color,
+    save,
+    series_styles,
+)
 from suite.stats import mean_ci  # noqa: E402
 
 COMM_WORDS = ("allreduce", "allgather", "broadcast", "mask_sync")
@@ -41,15 +52,6 @@ class Skipped:
     reason: str
 
 
-def _save(fig, out: Path, name: str) -> list[Path]:
-    files = [out / f"{name}.png", out / f"{name}.svg"]
-    fig.tight_layout()
-    fig.savefig(files[0], dpi=120, bbox_inches="tight")
-    fig.savefig(files[1], bbox_inches="tight")
-    plt.close(fig)
-    return files
-
-
 def _epoch_seconds(run: Run) -> float | None:
     s = run.summary
     if not s.get("epochs") or s.get("train_seconds") is None:
@@ -57,21 +59,64 @@ def _epoch_seconds(run: Run) -> float | None:
     return s["train_seconds"] / s["epochs"]
 
 
-def scaling(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 9: speedup and parallel efficiency vs GPUs, relative to each line's smallest
-    configuration, from training seconds per epoch."""
+def labels_of(runs: list[Run]) -> dict[str, str]:
+    """run id -> the label of its configuration: repeats share it, and two configurations
+    never do (the recipe values that differ are added when needed)."""
+    base = {r.run_id: short_label(r, runs) for r in runs}
+    recipes: dict[str, set] = {}
+    for r in runs:
+        recipes.setdefault(base[r.run_id], set()).add(_recipe_key(r))
+    labels = {}
+    for r in runs:
+        label = base[r.run_id]
+        if len(recipes[label]) > 1:
+            recipe = r.manifest.get("recipe") or {}
+            label += ", " + ", ".join(f"{k} {recipe.get(k)}" for k in ("lr", "batch_size"))
+            label += f", {r.summary.get('epochs', 0):.3g} epochs"
+        labels[r.run_id] = label
+    return labels
+
+
+def short_label(run: Run, runs: list[Run]) -> str:
+    """``run.display`` without the pieces every run shares (the rank count of a one-size
+    comparison says nothing), plus the workload when there are several."""
+    shared = {key for key in ("ranks", "setting")
+              if len({r.display_parts[key] for r in runs}) == 1}  # fmt: skip
+    parts = {k: v for k, v in run.display_parts.items() if k not in shared}
+    setting = parts.pop("setting", "")
+    if len({r.summary["workload"] for r in runs}) > 1:
+        parts["workload"] = run.summary["workload"]
+    return ", ".join(p for p in parts.values() if p) + setting
+
+
+def _recipe_key(run: Run) -> tuple:
+    recipe = run.manifest.get("recipe") or {}
+    epochs = round(run.summary.get("epochs") or 0, 3)
+    return recipe.get("lr"), recipe.get("batch_size"), epochs, run.summary.get("dataset")
+
+
+def scaling(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 9: speedup and parallel efficiency vs ranks on log-log axes, relative to each
+    line's smallest configuration, from training seconds per epoch (median over repeats)."""
     name, title = "fig09_scaling", "Strong scaling: speedup and parallel efficiency"
+    workloads = {r.summary["workload"] for r in runs}
     rows = []
     for run in runs:
         seconds = _epoch_seconds(run)
         if seconds:
-            rows.append({"series": run.series, "workload": run.summary["workload"],
+            line = ", ".join(
+                p
+                for p in (method_style(run.method).name, options_text(run.summary.get("options")))
+                if p
+            )
+            line += run.setting + (f", {run.summary['workload']}" if len(workloads) > 1 else "")
+            rows.append({"series": line, "method": run.method, "workload": run.summary["workload"],
                          "gpus": run.summary["gpus"], "epoch_seconds": seconds,
-                         "run_id": run.run_id})  # fmt: skip
+                         "run_id": run.run_id, "word": run.ranks_word})  # fmt: skip
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
-    frame = frame.groupby(["workload", "series", "gpus"], as_index=False).agg(
+    frame = frame.groupby(["workload", "series", "method", "word", "gpus"], as_index=False).agg(
         epoch_seconds=("epoch_seconds", "median"), run_id=("run_id", ",".join)
     )
     lines = frame.groupby(["workload", "series"]).filter(lambda g: g.gpus.nunique() >= 2)
@@ -82,59 +127,94 @@ def scaling(runs: list[Run], out: Path) -> Figure | Skipped:
     lines = lines.join(base, on=["workload", "series"], rsuffix="_base")
     lines["speedup"] = lines.epoch_seconds_base / lines.epoch_seconds
     lines["efficiency"] = lines.speedup / (lines.gpus / lines.gpus_base)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    sns.lineplot(lines, x="gpus", y="speedup", hue="series", style="workload", marker="o",
-                 ax=axes[0])  # fmt: skip
-    ideal = sorted(lines.gpus.unique())
-    axes[0].plot(ideal, [g / min(ideal) for g in ideal], "k--", lw=1, label="ideal")
-    sns.lineplot(lines, x="gpus", y="efficiency", hue="series", style="workload", marker="o",
-                 ax=axes[1], legend=False)  # fmt: skip
-    axes[1].axhline(1.0, color="k", ls="--", lw=1)
-    for ax, label in zip(axes, ("speedup", "parallel efficiency")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ideal, [str(g) for g in ideal])
-        ax.set_xlabel("GPUs (ranks)")
-        ax.set_ylabel(label)
-    axes[0].legend(fontsize=7)
-    files = _save(fig, out, name)
+    styles = series_styles(zip(lines.series, lines.method))
+    ticks = sorted(lines.gpus.unique())
+    word = "GPUs" if set(lines.word) == {"GPUs"} else "ranks"
+    with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
+        speed, efficiency = axes[0]
+        for series, line in lines.groupby("series", sort=False):
+            line = line.sort_values("gpus")
+            speed.plot(line.gpus, line.speedup, label=series, ms=4, **styles[series])
+            efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series])
+        speed.plot(ticks, [g / min(ticks) for g in ticks], color="k", lw=0.8, ls=(0, (1, 1)),
+                   label="ideal")  # fmt: skip
+        efficiency.axhline(1.0, color="k", lw=0.8, ls=(0, (1, 1)))
+        speed.set_yscale("log", base=2)
+        for ax, label in ((speed, "speedup"), (efficiency, "parallel efficiency")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(g) for g in ticks])
+            ax.minorticks_off()
+            ax.set_xlabel(f"{word} (log scale)")
+            ax.set_ylabel(label)
+        speed.set_ylabel("speedup (log scale)")
+        legend_outside(fig, axes, ncol=2)
+        files = save(fig, out, name)
     ids = sorted({i for ids in lines.run_id for i in ids.split(",")})
     table = lines[["workload", "series", "gpus", "epoch_seconds", "speedup", "efficiency"]]
     return Figure(name, title, files, table, ids, "relative to each line's smallest GPU count")
 
 
-def pareto(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 12: final accuracy vs sparsity of the pruned layers, one panel per workload;
-    dense methods (sparsity 0) are the reference."""
-    name, title = "fig12_pareto", "Accuracy vs sparsity"
+def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
+    """Positions of the points no other point beats on both axes (smaller x, larger y),
+    in increasing x."""
+    front, best = [], -math.inf
+    for i in sorted(range(len(x)), key=lambda i: (x.iloc[i], -y.iloc[i])):
+        if y.iloc[i] > best:
+            front.append(i)
+            best = y.iloc[i]
+    return front
+
+
+def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 12: final accuracy vs the inter-node traffic spent to reach it, and vs the
+    density of the pruned layers, per workload, with the Pareto frontier."""
+    name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
+    labels = labels_of(runs)
     rows = [
-        {"workload": r.summary["workload"], "label": r.label, "method": r.summary["method"],
-         "sparsity": 1 - final_density_of(r), "accuracy": r.summary["final_accuracy"],
-         "run_id": r.run_id}
+        {"workload": r.summary["workload"], "label": labels[r.run_id], "method": r.method,
+         "density": final_density_of(r), "accuracy": 100 * r.summary["final_accuracy"],
+         "inter_gb": (r.summary.get("inter_node_bytes_total") or 0) / 1e9, "run_id": r.run_id}
         for r in runs if r.summary.get("final_accuracy") is not None
     ]  # fmt: skip
     per_run = pd.DataFrame(rows)
     if per_run.empty:
         return Skipped(name, title, "no run has an accuracy (simulated runs carry none)")
-    frame = repeats_reduced(per_run, ["workload", "label", "method", "sparsity"], "accuracy")
+    frame = repeats_reduced(per_run, ["workload", "label", "method"], "accuracy")
+    means = per_run.groupby(["workload", "label"])[["inter_gb", "density"]].mean()
+    frame = frame.join(means, on=["workload", "label"])
     workloads = sorted(frame.workload.unique())
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.2), squeeze=False)
-    for ax, workload in zip(axes[0], workloads):
-        part = frame[frame.workload == workload]
-        sns.scatterplot(part, x="sparsity", y="accuracy", hue="method", s=60, ax=ax)
-        ax.errorbar(part.sparsity, part.accuracy, yerr=part.accuracy_ci95.fillna(0), fmt="none",
-                    ecolor="grey", capsize=3, lw=1)  # fmt: skip
-        dense = part[part.sparsity == 0]
-        if len(dense):
-            ax.axhline(dense.accuracy.max(), color="grey", ls="--", lw=1, label="best dense")
-        for _, row in part.iterrows():
-            ax.annotate(row.label, (row.sparsity, row.accuracy), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
-        ax.set_title(workload)
-        ax.set_xlabel("sparsity of pruned layers (1 - density)")
-        ax.legend(fontsize=7)
-    files = _save(fig, out, name)
-    run_ids = sorted(per_run.run_id)
-    return Figure(name, title, files, frame, run_ids, "repeats: mean and 95 % interval")
+    styles = series_styles(zip(frame.label, frame.method))
+    with paper_figure(width or "two", nrows=len(workloads), ncols=2, ratio=0.8) as (fig, axes):
+        for row, workload in zip(axes, workloads):
+            part = frame[frame.workload == workload].reset_index(drop=True)
+            for ax, x, xlabel in ((row[0], "inter_gb", "inter-node traffic to the end (GB)"),
+                                  (row[1], "density", "density of the pruned layers")):  # fmt: skip
+                for _, point in part.iterrows():
+                    look = styles[point.label]
+                    ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), ms=4,
+                                color=look["color"], marker=look["marker"], capsize=2,
+                                lw=0.8, fillstyle=look["fillstyle"], ls="none",
+                                label=point.label)  # fmt: skip
+                front = part.iloc[pareto_front(part[x], part.accuracy)]
+                ax.step(front[x], front.accuracy, where="post", color="k", lw=0.6, alpha=0.6,
+                        label="Pareto frontier")  # fmt: skip
+                ax.set_xlabel(xlabel)
+                ax.set_ylabel("test accuracy (%)")
+                ax.set_title(workload)
+            if (part.inter_gb > 0).all() and part.inter_gb.max() > 10 * part.inter_gb.min():
+                row[0].set_xscale("log")
+        legend_outside(fig, axes, ncol=2)
+        files = save(fig, out, name)
+    return Figure(name, title, files, frame, sorted(per_run.run_id),
+                  "repeats: mean and 95 % interval; frontier: no other point has less traffic "
+                  "(or density) and more accuracy")  # fmt: skip
+
+
+def accuracy_bar(point) -> list[list[float]]:
+    """The 95 % interval of a mean accuracy (%) as error-bar lengths, cut to 0-100 %: with
+    two seeds t(0.975, 1) = 12.7 makes intervals wider than the scale."""
+    half = 0.0 if pd.isna(point.accuracy_ci95) else point.accuracy_ci95
+    return [[min(half, point.accuracy)], [min(half, 100 - point.accuracy)]]
 
 
 def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
@@ -148,176 +228,226 @@ def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def time_to_accuracy(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 5: accuracy vs training time and vs cumulative inter-node traffic."""
+def time_to_accuracy(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 5: test accuracy vs training time and vs cumulative inter-node traffic; repeats
+    as their mean curve with the 95 % band."""
     name, title = "fig05_time_to_accuracy", "Accuracy vs training time and inter-node GB"
+    labels = labels_of(runs)
     parts = []
     for run in runs:
         evals = run.table("evals")
         if evals is not None and len(evals) and not run.simulated:
-            parts.append(evals.assign(run=run.label, run_id=run.run_id,
+            parts.append(evals.assign(run=labels[run.run_id], method=run.method,
+                                      run_id=run.run_id, accuracy_pct=100 * evals.accuracy,
                                       inter_gb=evals.inter_node_bytes / 1e9))  # fmt: skip
     if not parts:
         return Skipped(name, title, "no real run has evaluations")
     frame = pd.concat(parts, ignore_index=True)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = dict(zip(frame.run.unique(), sns.color_palette(n_colors=frame.run.nunique())))
-    for label, curve in frame.groupby("run", sort=False):
-        points = curve.groupby("iteration").agg(
-            train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
-            accuracy=("accuracy", "mean"), spread=("accuracy", lambda a: mean_ci(a)[1]),
-        )  # fmt: skip
-        band = points.spread.fillna(0)
-        for ax, x in zip(axes, ("train_seconds", "inter_gb")):
-            ax.plot(points[x], points.accuracy, marker="o", ms=3, color=colors[label],
-                    label=label)  # fmt: skip
-            ax.fill_between(points[x], points.accuracy - band, points.accuracy + band,
-                            color=colors[label], alpha=0.2, lw=0)  # fmt: skip
-    axes[0].set_xlabel("training seconds")
-    axes[1].set_xlabel("cumulative inter-node GB (all ranks)")
-    if frame.inter_gb.max() > 0 and frame.inter_gb[frame.inter_gb > 0].min() > 0:
-        axes[1].set_xscale("log")
-    axes[0].legend(fontsize=6)
-    files = _save(fig, out, name)
+    styles = series_styles(zip(frame.run, frame.method))
+    with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
+        for label, curve in frame.groupby("run", sort=False):
+            points = curve.groupby("iteration").agg(
+                train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
+                accuracy=("accuracy_pct", "mean"), spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
+            )  # fmt: skip
+            band = points.spread.fillna(0)
+            low, high = (points.accuracy - band).clip(0, 100), (points.accuracy + band).clip(0, 100)
+            for ax, x in zip(axes[0], ("train_seconds", "inter_gb")):
+                ax.plot(points[x], points.accuracy, ms=3, label=label, **styles[label])
+                ax.fill_between(points[x], low, high, color=styles[label]["color"], alpha=0.2,
+                                lw=0)  # fmt: skip
+        axes[0, 0].set_xlabel("training time (s)")
+        axes[0, 1].set_xlabel("cumulative inter-node traffic (GB, all ranks)")
+        if frame.inter_gb.max() > 0 and frame.inter_gb[frame.inter_gb > 0].min() > 0:
+            axes[0, 1].set_xscale("log")
+        for ax in axes[0]:
+            ax.set_ylabel("test accuracy (%)")
+        legend_outside(fig, axes, ncol=2)
+        files = save(fig, out, name)
     table = frame[["run_id", "run", "iteration", "epoch", "train_seconds", "inter_gb", "accuracy"]]
-    return Figure(
-        name,
-        title,
-        files,
-        table,
-        sorted(frame.run_id.unique()),
-        "repeats of a configuration: mean per evaluation, band the 95 % interval",
-    )
+    note = "repeats of a configuration: mean per evaluation, band the 95 % interval"
+    return Figure(name, title, files, table, sorted(frame.run_id.unique()), note)
 
 
 def _comm_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in frame.columns if c.startswith("t_") and any(w in c for w in COMM_WORDS)]
 
 
-def comm_latency(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 7: communication seconds per iteration (slowest rank), per run."""
-    name, title = "fig07_comm_latency", "Communication latency per iteration"
+def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 7: communication seconds per local step (an iteration's, slowest rank, over its
+    local steps), as box plots over iterations and repeats: step- and round-based methods
+    on one axis."""
+    name, title = "fig07_comm_latency", "Communication time per local step"
+    labels = labels_of(runs)
     parts = []
     for run in runs:
         frame = run.table("iterations")
         if frame is None or not _comm_columns(frame):
             continue
+        steps = run.summary.get("steps_per_iteration") or 1
         comm = frame[_comm_columns(frame)].fillna(0).sum(axis=1)
-        per_iter = comm.groupby(frame.iteration).max()
-        parts.append(pd.DataFrame({"iteration": per_iter.index, "comm_seconds": per_iter.values,
-                                   "run": run.label, "run_id": run.run_id}))  # fmt: skip
+        per_step = comm.groupby(frame.iteration).max() / steps
+        parts.append(pd.DataFrame({"iteration": per_step.index, "comm_ms": 1e3 * per_step.values,
+                                   "run": labels[run.run_id], "method": run.method,
+                                   "run_id": run.run_id}))  # fmt: skip
     if not parts:
         return Skipped(name, title, "no run recorded communication phases")
     frame = pd.concat(parts, ignore_index=True)
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    sns.lineplot(frame, x="iteration", y="comm_seconds", hue="run", ax=ax)
-    ax.set_ylabel("communication seconds (slowest rank)")
-    ax.set_yscale("log")
-    ax.legend(fontsize=6)
-    files = _save(fig, out, name)
-    table = frame.groupby(["run_id", "run"], as_index=False).comm_seconds.agg(
-        ["mean", "std", "max"]
+    order = frame.groupby("run", sort=False).comm_ms.median().sort_values().index.tolist()
+    styles = series_styles(zip(frame.run, frame.method))
+    with paper_figure(width or "two", height=0.3 * len(order) + 0.5) as (fig, axes):
+        ax = axes[0, 0]
+        boxes = ax.boxplot([frame.comm_ms[frame.run == r] for r in order], orientation="horizontal",
+                           patch_artist=True, widths=0.6, showfliers=True,
+                           flierprops={"ms": 2}, medianprops={"color": "k"})  # fmt: skip
+        for patch, label in zip(boxes["boxes"], order):
+            patch.set(facecolor=styles[label]["color"], alpha=0.6)
+        ax.set_yticks(range(1, len(order) + 1), order)
+        ax.set_xlabel("communication per local step (ms)")
+        positive = frame.comm_ms[frame.comm_ms > 0]
+        if len(positive) and positive.max() > 100 * positive.min():
+            ax.set_xscale("log")
+        files = save(fig, out, name)
+    table = frame.groupby(["run", "run_id"], as_index=False).comm_ms.agg(
+        ["mean", "median", "std", "max"]
     )
-    return Figure(
-        name,
-        title,
-        files,
-        table,
-        sorted(frame.run_id.unique()),
-        "an iteration is a step (DDP, Top-K) or a round of local steps (PruneX)",
-    )
+    return Figure(name, title, files, table, sorted(frame.run_id.unique()),
+                  "box: iterations (and repeats) of a configuration; one iteration's time on its "
+                  "slowest rank over its local steps (DDP: 1; PruneX, local SGD: H)")  # fmt: skip
 
 
-def phase_breakdown(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 8: mean seconds per local step in each phase (mean over ranks), stacked, so
-    methods that synchronize every step and once per round compare; and each phase's share
-    of the communication time."""
+def phase_breakdown(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 8: mean seconds per local step in each phase (mean over ranks and repeats),
+    stacked in the order they run; phases that overlap local_compute (DDP's all-reduce
+    during backward) are drawn hatched inside it, not stacked on top."""
     name, title = "fig08_phase_breakdown", "Phase breakdown per local step"
-    rows = []
+    labels = labels_of(runs)
+    rows, overlapped, methods = [], set(), {}
     for run in runs:
         phases = run.summary.get("phase_seconds") or {}
         if phases:
             steps = run.summary.get("steps_per_iteration") or 1
-            rows.append({"run": run.label, "run_id": run.run_id,
+            label = labels[run.run_id]
+            rows.append({"run": label, "run_id": run.run_id,
                          **{k: v / steps for k, v in phases.items()}})  # fmt: skip
+            overlapped |= {(label, p) for p in run.overlapped_phases if p in phases}
+            methods[label] = run.method
     if not rows:
         return Skipped(name, title, "no run recorded phase timings")
     per_run = pd.DataFrame(rows).fillna(0.0)
     ids = per_run.groupby("run").run_id.agg(",".join)  # repeats share a bar, none is dropped
     frame = per_run.drop(columns="run_id").groupby("run").mean()
     frame = frame[frame.sum().sort_values(ascending=False).index]
-    palette = dict(zip(frame.columns, sns.color_palette("tab20", len(frame.columns))))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 0.45 * len(frame) + 2), sharey=True)
-    frame.plot.barh(stacked=True, ax=axes[0], color=palette, legend=False)
-    totals = per_run.drop(columns="run_id").set_index("run").sum(axis=1).groupby(level=0)
-    spread = [mean_ci(totals.get_group(label))[1] for label in frame.index]
-    axes[0].errorbar(frame.sum(axis=1), range(len(frame)), xerr=spread, fmt="none",
-                     ecolor="black", capsize=3, lw=1)  # fmt: skip
-    axes[0].set_xlabel("seconds per local step (an iteration / its local steps)")
-    comm = frame[[c for c in frame.columns if any(w in c for w in COMM_WORDS)]]
-    if comm.shape[1]:
-        share = comm.div(comm.sum(axis=1).where(comm.sum(axis=1) > 0), axis=0)
-        share.plot.barh(stacked=True, ax=axes[1], color=palette, legend=False)
-        axes[1].set_xlabel("share of communication time")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[c]) for c in frame.columns]
-    axes[1].legend(handles, list(frame.columns), fontsize=7, bbox_to_anchor=(1.02, 1),
-                   loc="upper left")  # fmt: skip
-    files = _save(fig, out, name)
+    stacked = frame.copy()
+    for label, phase in overlapped:
+        stacked.loc[label, phase] = 0.0
+    totals = stacked.sum(axis=1)
+    repeats = per_run.set_index("run").drop(columns="run_id")
+    spread = [mean_ci(repeats.loc[[label]].sum(axis=1)
+                      - sum(repeats.loc[[label], p] for lb, p in overlapped if lb == label))[1]
+              for label in frame.index]  # fmt: skip
+    with paper_figure(width or "two", height=0.3 * len(frame) + 1.0) as (fig, axes):
+        ax = axes[0, 0]
+        y = range(len(frame))
+        left = pd.Series(0.0, index=frame.index)
+        for phase in frame.columns:
+            ax.barh(y, stacked[phase], left=left, color=phase_color(phase), height=0.7,
+                    label=phase.replace("_", " "))  # fmt: skip
+            left += stacked[phase]
+        for label, phase in sorted(overlapped):
+            i = frame.index.get_loc(label)
+            ax.barh(i, frame.loc[label, phase], left=0, height=0.3, color=phase_color(phase),
+                    hatch="////", edgecolor="white", lw=0,
+                    label=f"{phase.replace('_', ' ')}, overlapped")  # fmt: skip
+        ax.errorbar(totals, y, xerr=spread, fmt="none", ecolor="k", capsize=2, lw=0.8)
+        ax.set_yticks(list(y), list(frame.index))
+        ax.set_xlabel("seconds per local step")
+        ax.margins(x=0.05)
+        legend_outside(fig, axes, ncol=4)
+        files = save(fig, out, name)
     table = frame.assign(run_id=[ids[label] for label in frame.index]).reset_index(names="run")
     run_ids = sorted(i for joined in ids for i in joined.split(","))
     note = (
-        "mean over ranks, per local step, and over repeats (error bar: 95 % interval of "
-        "the total); DDP's all-reduce overlaps its backward (inside local_compute)"
+        "an iteration's phases over its local steps, mean over ranks and repeats (error bar: "
+        "95 % interval of the total); hatched: communication that overlaps local compute "
+        "(DDP's bucket all-reduce during backward), drawn inside it, not stacked"
     )
     return Figure(name, title, files, table, run_ids, note)
 
 
-def message_volume(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 6: inter-node bytes per iteration over training, and per epoch per run."""
+def message_volume(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 6: inter-node traffic per epoch (mean and 95 % interval over repeats), and per
+    local step over training, so step- and round-based methods compare."""
     name, title = "fig06_inter_node_volume", "Inter-node message size and volume"
+    labels = labels_of(runs)
     parts, totals = [], []
     for run in runs:
         frame = run.table("iterations")
         if frame is None or "bytes_inter" not in frame:
             continue
-        per_iter = frame.groupby("iteration").bytes_inter.sum()
-        parts.append(pd.DataFrame({"iteration": per_iter.index, "inter_mb": per_iter.values / 1e6,
-                                   "run": run.label, "run_id": run.run_id}))  # fmt: skip
+        steps = run.summary.get("steps_per_iteration") or 1
+        per_iter = frame.groupby("iteration").agg(inter=("bytes_inter", "sum"),
+                                                  epoch=("epoch", "max"))  # fmt: skip
+        label = labels[run.run_id]
+        parts.append(pd.DataFrame({"epoch": per_iter.epoch, "run": label, "method": run.method,
+                                   "mb_per_step": per_iter.inter / 1e6 / steps}))  # fmt: skip
         epochs = run.summary.get("epochs") or math.nan
-        totals.append({"run": run.label, "run_id": run.run_id,
-                       "inter_gb_total": per_iter.sum() / 1e9,
-                       "inter_gb_per_epoch": per_iter.sum() / 1e9 / epochs})  # fmt: skip
+        totals.append({"run": label, "method": run.method, "run_id": run.run_id,
+                       "inter_gb_total": per_iter.inter.sum() / 1e9,
+                       "inter_gb_per_epoch": per_iter.inter.sum() / 1e9 / epochs})  # fmt: skip
     if not parts:
         return Skipped(name, title, "no run recorded inter-node bytes")
-    frame, total = pd.concat(parts, ignore_index=True), pd.DataFrame(totals)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    sns.lineplot(frame, x="iteration", y="inter_mb", hue="run", ax=axes[0])
-    axes[0].set_ylabel("inter-node MB per iteration (all ranks)")
-    if (frame.inter_mb > 0).any():
-        axes[0].set_yscale("log")
-    axes[0].legend(fontsize=6)
-    total = total.sort_values("inter_gb_per_epoch")
-    sns.barplot(total, y="run", x="inter_gb_per_epoch", ax=axes[1], color="tab:blue")
-    axes[1].set_xlabel("inter-node GB per epoch")
-    axes[1].set_ylabel("")
-    axes[1].tick_params(axis="y", labelsize=7)
-    if total.inter_gb_per_epoch.max() > 100 * max(total.inter_gb_per_epoch.min(), 1e-12):
-        axes[1].set_xscale("log")
-    files = _save(fig, out, name)
-    return Figure(name, title, files, total, sorted(total.run_id))
+    frame, per_run = pd.concat(parts, ignore_index=True), pd.DataFrame(totals)
+    total = repeats_reduced(per_run, ["run", "method"], "inter_gb_per_epoch")
+    total = total.sort_values("inter_gb_per_epoch").reset_index(drop=True)
+    styles = series_styles(zip(total.run, total.method))
+    with paper_figure(width or "two", ncols=2, ratio=max(0.75, 0.08 * len(total))) as (fig, axes):
+        bars, steps_ax = axes[0]
+        bars.barh(total.index, total.inter_gb_per_epoch, xerr=total.inter_gb_per_epoch_ci95,
+                  color=[styles[r]["color"] for r in total.run], height=0.7)  # fmt: skip
+        bars.set_yticks(total.index, total.run)
+        bars.set_xlabel("inter-node GB/epoch")
+        if total.inter_gb_per_epoch.max() > 100 * max(total.inter_gb_per_epoch.min(), 1e-12):
+            bars.set_xscale("log")
+        for label, curve in frame.groupby("run", sort=False):
+            mean = curve.groupby("epoch").mb_per_step.mean()
+            steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
+                          **styles[label])  # fmt: skip
+        steps_ax.set_xlabel("epoch")
+        steps_ax.set_ylabel("inter-node MB per local step")
+        if (frame.mb_per_step > 0).any():
+            steps_ax.set_yscale("log")
+        files = save(fig, out, name)
+    return Figure(name, title, files, total, sorted(per_run.run_id),
+                  "bytes are the ring's algorithmic volume summed over ranks")  # fmt: skip
+
+
+def round_axis(ax, rounds: pd.Series) -> None:
+    """An x axis of whole rounds (one round alone gets a round either side)."""
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if rounds.nunique() == 1:
+        ax.set_xlim(rounds.iloc[0] - 1, rounds.iloc[0] + 1)
 
 
 def _layer_runs(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.table("layers") is not None and len(r.table("layers"))]
 
 
-def residuals(runs: list[Run], out: Path, layers_shown: int = 4) -> Figure | Skipped:
+def residuals(
+    runs: list[Run], out: Path, layers_shown: int = 4, width: str | None = None
+) -> Figure | Skipped:
     """Figs. 10: intra- and inter-node primal residuals of a few layers over rounds."""
     name, title = "fig10_residuals", "Primal residuals per layer"
     chosen = _layer_runs(runs)
     if not chosen:
         return Skipped(name, title, "no PruneX run with layers.parquet")
-    run = max(chosen, key=lambda r: r.summary["gpus"])
+
+    def preference(r: Run) -> tuple:  # the largest run with a few rounds (one has no curve)
+        rounds = r.table("layers").iteration.nunique()
+        return rounds >= 3, r.summary["gpus"], rounds
+
+    run = max(chosen, key=preference)
     layers = run.table("layers")
     constrained = layers[layers.constrained]
     names = list(dict.fromkeys(constrained.layer))
@@ -329,37 +459,52 @@ def residuals(runs: list[Run], out: Path, layers_shown: int = 4) -> Figure | Ski
         )
         .dropna()
     )
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    sns.lineplot(part, x="iteration", y="value", hue="layer", style="residual", ax=ax)
-    ax.set_yscale("log")
-    ax.set_xlabel("round")
-    ax.set_ylabel("primal residual (L2)")
-    ax.set_title(run.label, fontsize=9)
-    ax.legend(fontsize=6)
-    files = _save(fig, out, name)
+    with paper_figure(width or "one", ratio=0.9) as (fig, axes):
+        ax = axes[0, 0]
+        colors = dict(zip(picked, ("#0077BB", "#EE7733", "#009988", "#CC3311", "#33BBEE")))
+        for (layer, kind), line in part.groupby(["layer", "residual"], sort=False):
+            ax.plot(line.iteration, line.value, color=colors[layer], marker=".", ms=3,
+                    ls="-" if kind == "r_intra" else "--",
+                    label=layer.removesuffix(".weight") if kind == "r_intra" else None)  # fmt: skip
+        ax.plot([], [], color="k", ls="-", label="intra-node")
+        ax.plot([], [], color="k", ls="--", label="inter-node")
+        ax.set_yscale("log")
+        round_axis(ax, part.iteration)
+        ax.set_ylabel("primal residual (L2)")
+        ax.set_title(run.display)
+        legend_outside(fig, axes, ncol=2)
+        files = save(fig, out, name)
     return Figure(name, title, files, part, [run.run_id])
 
 
-def penalties(runs: list[Run], out: Path) -> Figure | Skipped:
-    """Fig. 11: rho1 and rho2 (mean over layers) over rounds, per PruneX run."""
+def penalties(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 11: rho1 and rho2 (mean over layers) over rounds, per PruneX configuration."""
     name, title = "fig11_rho", "Adaptive penalties over rounds"
     chosen = _layer_runs(runs)
     if not chosen:
         return Skipped(name, title, "no PruneX run with layers.parquet")
+    labels = labels_of(chosen)
     parts = []
     for run in chosen:
         means = run.table("layers").groupby("iteration")[["rho1", "rho2"]].mean().reset_index()
         parts.append(means.melt(id_vars="iteration", var_name="penalty").assign(
-            run=run.label, run_id=run.run_id))  # fmt: skip
+            run=labels[run.run_id], method=run.method, run_id=run.run_id))  # fmt: skip
     frame = pd.concat(parts, ignore_index=True)
     frame = frame[frame.value > 0]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    sns.lineplot(frame, x="iteration", y="value", hue="run", style="penalty", ax=ax)
-    ax.set_yscale("log")
-    ax.set_xlabel("round")
-    ax.set_ylabel("rho (mean over layers)")
-    ax.legend(fontsize=6)
-    files = _save(fig, out, name)
+    styles = series_styles(zip(frame.run, frame.method))
+    with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
+        for ax, penalty in zip(axes[0], ("rho1", "rho2")):
+            part = frame[frame.penalty == penalty]
+            for label, line in part.groupby("run", sort=False):
+                mean = line.groupby("iteration").value.mean()  # repeats: their mean
+                ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
+                        label=label, **styles[label])  # fmt: skip
+            if part.value.max() > 10 * part.value.min():
+                ax.set_yscale("log")
+            round_axis(ax, part.iteration)
+            ax.set_ylabel(f"{penalty} (mean over layers)")
+        legend_outside(fig, axes, ncol=2)
+        files = save(fig, out, name)
     return Figure(name, title, files, frame, sorted(frame.run_id.unique()))
 
 
@@ -376,15 +521,16 @@ def read_masks(run: Run) -> dict | None:
     return None
 
 
-def masks(runs: list[Run], out: Path, shown: int = 4) -> Figure | Skipped:
-    """Fig. 13: the learned filter x channel masks of the largest conv layers."""
+def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) -> Figure | Skipped:
+    """Fig. 13: the learned filter x channel masks of the largest conv layers (the stem,
+    which reads the image's 1-3 channels, is left out when there are others)."""
     name, title = "fig13_masks", "Learned structured masks (output filters x input channels)"
     candidates = [r for r in runs if (r.folder / "masks.pt").exists()]
     if not candidates:
         return Skipped(name, title, "no run folder has masks.pt (PruneX runs save it)")
     saved, run = None, None
     # PruneX's learned masks first (the paper's figure), then those of the pruning baselines
-    learned = sorted(candidates, key=lambda r: (not r.summary["method"].startswith("prunex"),
+    learned = sorted(candidates, key=lambda r: (not r.method.startswith("prunex"),
                                                 -r.summary["gpus"]))  # fmt: skip
     for run in learned:
         saved = read_masks(run)
@@ -392,21 +538,30 @@ def masks(runs: list[Run], out: Path, shown: int = 4) -> Figure | Skipped:
             break
     if saved is None:
         return Skipped(name, title, "every masks.pt is unreadable (listed above)")
-    convs = sorted(saved.items(), key=lambda kv: kv[1]["dense"].numel(), reverse=True)[:shown]
-    fig, axes = plt.subplots(1, len(convs), figsize=(3.2 * len(convs), 3.4), squeeze=False)
-    rows = []
-    for ax, (layer, mask) in zip(axes[0], convs):
-        dense = mask["dense"].float()
-        grid = dense.flatten(2).amax(-1) if dense.dim() == 4 else dense
-        ax.imshow(grid.numpy(), cmap="gray_r", aspect="auto", interpolation="nearest",
-                  vmin=0, vmax=1)  # fmt: skip
-        density = float(dense.mean())
-        ax.set_title(f"{layer}\ndensity {density:.2f}", fontsize=7)
-        ax.set_xlabel("input channel", fontsize=7)
-        ax.set_ylabel("output filter", fontsize=7)
-        rows.append({"layer": layer, "shape": tuple(dense.shape), "density": density})
-    fig.suptitle(run.label, fontsize=9)
-    files = _save(fig, out, name)
+    convs = sorted(saved.items(), key=lambda kv: kv[1]["dense"].numel(), reverse=True)
+    inner = [(k, m) for k, m in convs if m["dense"].dim() < 2 or m["dense"].shape[1] > 3]
+    convs = (inner or convs)[:shown]
+    one_column = (width or "two") == "one" and len(convs) > 2
+    grid = (2, math.ceil(len(convs) / 2)) if one_column else (1, len(convs))
+    with paper_figure(width or "two", nrows=grid[0], ncols=grid[1], ratio=1.0,
+                      stack=False) as (fig, axes):  # fmt: skip
+        rows = []
+        for ax in axes.flat[len(convs) :]:
+            ax.set_visible(False)
+        for ax, (layer, mask) in zip(axes.flat, convs):
+            dense = mask["dense"].float()
+            grid = dense.flatten(2).amax(-1) if dense.dim() == 4 else dense
+            ax.imshow(grid.numpy(), cmap="gray_r", aspect="auto", interpolation="nearest",
+                      vmin=0, vmax=1)  # fmt: skip
+            density = float(dense.mean())
+            ax.set_title(f"{layer}\ndensity {density:.2f}")
+            ax.set_xlabel("input channel")
+            ax.grid(False)
+            rows.append({"layer": layer, "shape": tuple(dense.shape), "density": density})
+        for ax in axes[:, 0]:
+            ax.set_ylabel("output filter")
+        fig.suptitle(run.display, fontsize=8)
+        files = save(fig, out, name)
     return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept")
 
 

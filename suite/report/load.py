@@ -46,6 +46,43 @@ class Run:
         return text + self.setting
 
     @property
+    def method(self) -> str:
+        return self.summary["method"]
+
+    @property
+    def ranks_word(self) -> str:
+        """ "GPUs" when the ranks ran on CUDA devices, else "ranks"."""
+        return "GPUs" if str(self.manifest.get("device", "")).startswith("cuda") else "ranks"
+
+    @property
+    def display_parts(self) -> dict[str, str]:
+        """The pieces of a figure label: method, options, ranks, setting."""
+        from suite.report.style import method_style, options_text
+
+        return {
+            "method": method_style(self.method).name,
+            "options": options_text(self.summary.get("options")),
+            "ranks": f"{self.summary['gpus']} {self.ranks_word}",
+            "setting": self.setting,
+        }
+
+    @property
+    def display(self) -> str:
+        """The figure label: ``PruneX, channel keep 0.5, 4 ranks (emulated 1gbit)``."""
+        parts = self.display_parts
+        setting = parts.pop("setting")
+        return ", ".join(p for p in parts.values() if p) + setting
+
+    @property
+    def overlapped_phases(self) -> tuple[str, ...]:
+        """Phases that ran during local_compute (DDP's comm hooks); runs recorded before the
+        manifest said so: the DDP-based methods' all-reduce."""
+        if "overlapped_phases" in self.manifest:
+            return tuple(self.manifest["overlapped_phases"])
+        ddp_based = self.method.startswith("ddp") or self.method == "powersgd"
+        return ("allreduce",) if ddp_based else ()
+
+    @property
     def series(self) -> str:
         """The line a run belongs to in scaling plots: everything but the GPU count."""
         options = json.dumps(self.summary.get("options") or {}, sort_keys=True)

@@ -12,15 +12,16 @@ import pandas as pd
 from suite.compare import schedule_of
 from suite.report.figures import FIGURES, Skipped
 from suite.report.load import Run, final_density_of, load_runs
+from suite.report.tables import caption_of, paper_table, to_latex, to_markdown
 from suite.stats import mean_ci
 
 #: what makes runs repeats of one configuration (they differ only in the seed)
 CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting", "batch_size",
           "lr", "lr_schedule", "epochs", "simulated"]  # fmt: skip
 #: per-run numbers averaged over repeats; those in WITH_CI also get a 95 % half-width
-AVERAGED = ["final_acc", "best_acc", "s_per_iter", "train_s", "inter_MB_per_epoch",
+AVERAGED = ["final_acc", "best_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch",
             "inter_MB_per_iter", "density"]  # fmt: skip
-WITH_CI = ["final_acc", "s_per_iter", "train_s", "inter_MB_per_epoch"]
+WITH_CI = ["final_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch"]
 
 
 def run_table(runs: list[Run]) -> pd.DataFrame:
@@ -47,6 +48,7 @@ def run_table(runs: list[Run]) -> pd.DataFrame:
             "best_acc": s.get("best_accuracy"),
             "epochs": round(epochs, 3),
             "s_per_iter": s.get("iteration_seconds"),
+            "ms_per_step": ms_per_step(s, recipe),
             "train_s": s.get("train_seconds"),
             "inter_MB_per_epoch": (s.get("inter_node_bytes_total") or 0) / 1e6 / epochs,
             "inter_MB_per_iter": (s.get("inter_node_bytes_per_iteration") or 0) / 1e6,
@@ -54,6 +56,15 @@ def run_table(runs: list[Run]) -> pd.DataFrame:
             "simulated": bool(s.get("simulated")),
         })  # fmt: skip
     return pd.DataFrame(rows).sort_values(["workload", "method", "gpus", "seed"], kind="stable")
+
+
+def ms_per_step(summary: dict, recipe: dict) -> float | None:
+    """Training milliseconds per local step: comparable between methods whose iteration is
+    one step (DDP) and a round of H steps (PruneX, local SGD)."""
+    samples, batch = summary.get("samples_per_rank"), recipe.get("batch_size")
+    if not samples or not batch or summary.get("train_seconds") is None:
+        return None
+    return 1e3 * summary["train_seconds"] / (samples / batch)
 
 
 def summary_table(runs: list[Run]) -> pd.DataFrame:
@@ -83,8 +94,10 @@ def _markdown(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False, floatfmt=".4g")
 
 
-def render(results_dir: str | Path, out: str | Path, echo=print) -> Path:
-    """Draw every figure whose data exists into ``out``; returns the report.md path."""
+def render(results_dir: str | Path, out: str | Path, echo=print, width: str | None = None) -> Path:
+    """Draw every figure whose data exists into ``out``; returns the report.md path.
+    ``width`` "one" or "two" sizes every figure for one paper column or the two-column page
+    (default: each figure's own, one column for single panels, else two)."""
     runs, skipped_runs = load_runs(results_dir)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,12 +106,17 @@ def render(results_dir: str | Path, out: str | Path, echo=print) -> Path:
     summary = summary_table(runs)
     summary.to_csv(out / "summary.csv", index=False)
     run_table(runs).to_csv(out / "runs.csv", index=False)
-    results = [draw(runs, out) for draw in FIGURES]
+    paper, caption = paper_table(summary), caption_of(summary)
+    (out / "table.tex").write_text(to_latex(paper, caption))
+    (out / "table.md").write_text(f"{to_markdown(paper)}\n\n{caption}\n")
+    results = [draw(runs, out, width=width) for draw in FIGURES]
     md = [f"# prunex-bench report: {Path(results_dir)}", "",
           f"{len(runs)} runs. Every number below comes from these run folders.", "",
           "## Summary", "", "One row per configuration: repeats (seeds) as their mean, "
           "`*_ci95` the 95 % t half-width (empty for one repeat); each run in `runs.csv`.",
-          "", _markdown(summary), ""]  # fmt: skip
+          "", _markdown(summary), "",
+          "## Paper table", "", f"{caption}. Also as LaTeX: [table.tex](table.tex).", "",
+          to_markdown(paper), ""]  # fmt: skip
     page = [f"<h1>prunex-bench report: {html.escape(str(results_dir))}</h1>",
             "<h2>Summary</h2>", summary.to_html(index=False, float_format="%.4g")]  # fmt: skip
     for result in results:

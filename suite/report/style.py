@@ -1,0 +1,154 @@
+"""One look for every figure of every report: a fixed colour and marker per method, human
+labels, and paper sizes.
+
+Colours are Okabe & Ito's colour-blind-safe set (plus Tol's wine and grey), fixed per method
+here and nowhere else, so PruneX has the same colour in every figure and for any subset of
+runs. Sizes and fonts come from ``tueplots`` (ICML's 3.25 in column and 6.75 in page
+width, sans-serif, no LaTeX needed), with every text at 7 pt or more at print size. Every
+figure is saved as PDF (vector, for the paper), SVG and PNG (300 dpi, for reports).
+"""
+
+from __future__ import annotations
+
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from tueplots import axes as tue_axes
+from tueplots import bundles
+
+#: print widths in inches: one column, and the two-column page
+WIDTHS = {"one": 3.25, "two": 6.75}
+#: the smallest text at print size (issue: readable in one column)
+MIN_POINTS = 7
+
+
+@dataclass(frozen=True)
+class MethodStyle:
+    name: str  # the display name
+    color: str
+    marker: str
+
+
+#: every built-in method's display name, colour and marker (Okabe-Ito; Tol's wine, grey)
+METHOD_STYLES = {
+    "prunex": MethodStyle("PruneX", "#D55E00", "o"),
+    "prunex-flat": MethodStyle("PruneX (AR)", "#CC79A7", "s"),
+    "ddp": MethodStyle("DDP", "#000000", "^"),
+    "ddp-bf16": MethodStyle("DDP bf16", "#777777", "v"),
+    "ddp-fp16": MethodStyle("DDP fp16", "#777777", "<"),
+    "powersgd": MethodStyle("PowerSGD", "#56B4E9", "D"),
+    "topk": MethodStyle("Top-K", "#0072B2", "P"),
+    "topk-hier": MethodStyle("Top-K (hier.)", "#0072B2", "X"),
+    "localsgd-hier": MethodStyle("Local SGD (hier.)", "#009E73", "*"),
+    "gmp-hier": MethodStyle("GMP (hier.)", "#E69F00", "h"),
+    "prune-retrain": MethodStyle("Prune-retrain", "#882255", "p"),
+}
+_SPARE_MARKERS = "o^sDvP<X>h"
+
+
+def method_style(method: str) -> MethodStyle:
+    """The method's fixed style; a plugin method gets grey and a marker fixed by its name."""
+    if method in METHOD_STYLES:
+        return METHOD_STYLES[method]
+    marker = _SPARE_MARKERS[zlib.crc32(method.encode()) % len(_SPARE_MARKERS)]
+    return MethodStyle(method, "#999999", marker)
+
+
+def options_text(options: dict | None) -> str:
+    """``{"channel_keep": 0.5}`` as ``channel keep 0.5`` (never JSON)."""
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted((options or {}).items()))
+
+
+def rank_word(manifests: list[dict]) -> str:
+    """ "GPUs" when every run placed its ranks on GPUs, else "ranks"."""
+    on_gpu = manifests and all(str(m.get("device", "")).startswith("cuda") for m in manifests)
+    return "GPUs" if on_gpu else "ranks"
+
+
+@contextmanager
+def paper_figure(
+    width: str = "two", *, nrows: int = 1, ncols: int = 1, ratio: float = 0.62,
+    height: float | None = None, stack: bool = True,
+):  # fmt: skip
+    """A figure ``width`` ("one" column or "two"-column page) wide, each panel ``ratio``
+    times its width tall (or the whole figure ``height`` inches), in the paper style; yields
+    (fig, axes as an nrows x ncols array). In one column, side-by-side panels are stacked
+    unless ``stack`` is False."""
+    rc = {
+        **bundles.icml2024(column="half" if width == "one" else "full", usetex=False,
+                           family="sans-serif"),
+        **tue_axes.lines(),
+        **tue_axes.grid(grid_alpha=0.3),
+        "font.sans-serif": ["Helvetica", "Nimbus Sans", "DejaVu Sans"],
+        **{key: MIN_POINTS for key in ("legend.fontsize", "xtick.labelsize", "ytick.labelsize")},
+        "font.size": 8, "axes.labelsize": 8, "axes.titlesize": 8,
+        "legend.title_fontsize": MIN_POINTS, "legend.frameon": False,
+    }  # fmt: skip
+    stacked = stack and width == "one" and ncols > 1
+    rows, cols = (nrows * ncols, 1) if stacked else (nrows, ncols)
+    tall = height if height is not None else WIDTHS[width] / cols * ratio * rows
+    with plt.rc_context(rc):
+        fig, axes = plt.subplots(rows, cols, figsize=(WIDTHS[width], tall), squeeze=False)
+        yield fig, axes.reshape(nrows, ncols)
+
+
+def save(fig, out: Path, name: str) -> list[Path]:
+    """PNG (first: what report.md and report.html show), PDF and SVG of ``fig``."""
+    files = [out / f"{name}.png", out / f"{name}.pdf", out / f"{name}.svg"]
+    fig.savefig(files[0], dpi=300)
+    for file in files[1:]:
+        fig.savefig(file)
+    plt.close(fig)
+    return files
+
+
+def legend_outside(fig, axes, **kwargs) -> None:
+    """One legend for the figure, below the panels, never on the data."""
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles and not label.startswith("_"):
+                handles[label] = handle
+                labels.append(label)
+    if handles:
+        ncol = kwargs.pop("ncol", min(len(labels), 3))
+        if fig.get_figwidth() < 4:  # one column: long labels side by side would not fit
+            ncol = 1 if max(map(len, labels)) > 24 else min(ncol, 2)
+        fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
+                   ncol=ncol, **kwargs)  # fmt: skip
+
+
+#: seconds-per-phase colours (Tol's bright and muted sets), fixed per phase name;
+#: communication phases are saturated, computation light
+PHASE_COLORS = {
+    "local_compute": "#BBBBBB", "projection": "#DDCC77", "dual_update": "#999933",
+    "compress": "#44AA99", "decompress": "#117733", "pack": "#88CCEE", "unpack": "#332288",
+    "mask_sync": "#AA3377", "intra_allreduce": "#4477AA", "intra_allgather": "#66CCEE",
+    "inter_allreduce": "#EE6677", "allreduce": "#CC3311", "allgather": "#882255",
+    "broadcast": "#228833",
+}  # fmt: skip
+LINESTYLES = ("-", "--", ":", "-.")
+FILLSTYLES = ("full", "none", "left", "bottom")  # points have no line style to tell apart
+
+
+def series_styles(pairs) -> dict[str, dict]:
+    """``(label, method)`` pairs -> plot keywords: the method's fixed colour and marker;
+    several configurations of one method are told apart by line style and marker fill."""
+    styles: dict[str, dict] = {}
+    used: dict[str, int] = {}
+    for label, method in pairs:
+        if label not in styles:
+            look = method_style(method)
+            n = used.get(method, 0)
+            styles[label] = {"color": look.color, "marker": look.marker,
+                             "ls": LINESTYLES[n % len(LINESTYLES)],
+                             "fillstyle": FILLSTYLES[n % len(FILLSTYLES)]}  # fmt: skip
+            used[method] = n + 1
+    return styles
+
+
+def phase_color(phase: str) -> str:
+    return PHASE_COLORS.get(phase, "#DDDDDD")

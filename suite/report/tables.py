@@ -1,0 +1,85 @@
+"""The summary as a table a paper can paste: one row per configuration, mean +- 95 %
+interval over its repeats, human names; LaTeX (booktabs, through pandas' Styler) and
+Markdown from the same cells."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from suite.report.style import method_style
+
+PM = "±"
+TEXT = ("Method", "Workload", "Options", "Setting")
+#: (summary column, header, decimals, scale) of the numbers a paper reports
+NUMBERS = [
+    ("final_acc", "Accuracy (%)", 2, 100.0),
+    ("inter_MB_per_epoch", "Inter-node MB/epoch", 1, 1.0),
+    ("ms_per_step", "ms/local step", 1, 1.0),
+    ("train_s", "Train time (s)", 1, 1.0),
+]
+
+
+def mean_pm(mean: float, half: float, decimals: int) -> str:
+    """``81.82 ± 0.51``; the mean alone for one repeat (no interval)."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    if half is None or (isinstance(half, float) and math.isnan(half)):
+        return f"{mean:.{decimals}f}"
+    return f"{mean:.{decimals}f} {PM} {half:.{decimals}f}"
+
+
+def human_options(options: str) -> str:
+    """``channel_keep=0.5,local_steps=4`` as ``channel keep 0.5, local steps 4``."""
+    if not isinstance(options, str) or not options:
+        return ""
+    return ", ".join(part.replace("_", " ").replace("=", " ") for part in options.split(","))
+
+
+def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """``summary.csv``'s rows as the paper's columns."""
+    rows = []
+    for _, row in summary.iterrows():
+        cells = {
+            "Method": method_style(row.method).name,
+            "Workload": row.workload,
+            "Ranks": int(row.gpus),
+            "Options": human_options(row.options),
+            "Setting": row.setting,
+            "Seeds": int(row.repeats),
+        }
+        for column, header, decimals, scale in NUMBERS:
+            half = row.get(f"{column}_ci95")
+            cells[header] = mean_pm(
+                row[column] * scale, None if half is None else half * scale, decimals
+            )
+        rows.append(cells)
+    table = pd.DataFrame(rows)
+    constant = [c for c in ("Workload", "Setting") if table[c].nunique() == 1]
+    empty = ["Options"] if (table["Options"] == "").all() else []
+    return table.drop(columns=constant + empty)  # said once in the caption, not in every row
+
+
+def to_latex(table: pd.DataFrame, caption: str) -> str:
+    """A booktabs ``table`` environment; cells escaped for LaTeX, ``±`` as ``$\\pm$``."""
+    styler = table.style.hide(axis="index").format(escape="latex")
+    styler = styler.format_index(escape="latex", axis=1)
+    text = styler.to_latex(
+        hrules=True,
+        column_format="".join("l" if c in TEXT else "r" for c in table.columns),
+        caption=caption.replace("%", r"\%"),
+        position="t",
+    )
+    return text.replace(PM, r"$\pm$")
+
+
+def caption_of(summary: pd.DataFrame) -> str:
+    """What every row shares (workload, setting, epochs), and how repeats are reduced."""
+    shared = [f"{column} {summary[column].iloc[0]}" for column in ("workload", "setting", "epochs")
+              if summary[column].nunique() == 1]  # fmt: skip
+    return "; ".join([*shared, "mean ± 95 % t interval over seeds"])
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    return table.to_markdown(index=False)
