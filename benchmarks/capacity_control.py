@@ -22,19 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+from runs import sweep
 
 from suite.stats import mean_ci
-
-
-def bench(*args: str) -> None:
-    proc = subprocess.run(["bench", *args], text=True)
-    if proc.returncode not in (0, 1):  # 1: a cell failed; it is reported, the rest stands
-        sys.exit(proc.returncode)
 
 
 def finished_runs(root: Path, method: str | None = None):
@@ -89,7 +83,7 @@ def main() -> None:
                      "density": final_density(folder)})  # fmt: skip
         for arm, extra in arms.items():
             out = root / arm
-            bench("sweep", "--method", "prune-retrain", *flags, *extra, "--results-dir", str(out))
+            sweep("--method", "prune-retrain", *flags, *extra, "--results-dir", str(out))
             for run, s, m in finished_runs(out, "prune-retrain"):
                 same_lr = m["recipe"]["lr"] == manifest["recipe"]["lr"]
                 if s["seed"] == summary["seed"] and same_lr:

@@ -23,21 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+from runs import bench, sweep
 
 from suite.stats import mean_ci
 
 METHODS = "ddp,localsgd-hier,prunex,prunex-flat,gmp-hier,prune-retrain,topk,powersgd"
-
-
-def bench(*args: str) -> None:
-    proc = subprocess.run(["bench", *args], text=True)
-    if proc.returncode not in (0, 1):  # 1: a cell failed; it is reported, the rest stands
-        sys.exit(proc.returncode)
 
 
 def summaries(root: Path) -> pd.DataFrame:
@@ -77,13 +70,13 @@ def main() -> None:
     seeds = args.seeds.split(",")
     for method in methods:  # the lr sweep, seed 0
         for lr in args.lrs.split(","):
-            bench("sweep", "--method", method, "--lr", lr, "--seed", seeds[0], *common,
+            sweep("--method", method, "--lr", lr, "--seed", seeds[0], *common,
                   "--results-dir", str(root / "lr_sweep"))  # fmt: skip
     swept = summaries(root / "lr_sweep")
     best = swept.loc[swept.groupby("method").accuracy.idxmax()].set_index("method").lr
     for method in methods:  # the other seeds at the method's best lr
         if method in best and len(seeds) > 1:
-            bench("sweep", "--method", method, "--lr", str(best[method]), "--seed",
+            sweep("--method", method, "--lr", str(best[method]), "--seed",
                   ",".join(seeds[1:]), *common, "--results-dir", str(root / "seeds"))  # fmt: skip
     final = pd.concat(
         [
