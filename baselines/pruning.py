@@ -7,8 +7,9 @@ models every ``--intra-average-period`` steps) and end each round the way PruneX
   projection       keep the largest-norm filter/channel/shape groups of the node mean
                    (suite.structured.project, PruneX's own projection) at this round's keep
   mask_sync        leaders OR the group bitmaps (MAX on uint8), broadcast in the node
-  pack             leaders: the kept slices of every conv, other tensors whole, into buckets
-                   (suite.packing: PruneX's layout, so equal masks give equal bytes)
+  pack             leaders: the kept slices of every conv (only the live ones with the
+                   default ``--pack live``), into buckets (suite.packing: PruneX's layout,
+                   so equal masks give equal bytes)
   inter_allreduce  leaders: AVG of the packed buckets;  broadcast: to the node;  unpack
 
 A pruned group stays zero: theta and its momentum are masked after every local step, so
@@ -32,9 +33,11 @@ import torch
 
 from baselines.common import SGDBaseline, broadcast_initial_state
 from suite.comm import flatten, unflatten_into
+from suite.dependency import trace_channel_groups
+from suite.liveness import LiveSlices, live_slices
 from suite.method import RoundSettings, RunContext
-from suite.options import AT_LEAST_1, FRACTION, POSITIVE, Check, option
-from suite.packing import PackLayout, model_entries
+from suite.options import AT_LEAST_1, FRACTION, Check, option
+from suite.packing import PackingSettings, PackLayout, model_entries
 from suite.registry import METHODS
 from suite.structured import (
     StructuredKeepSettings,
@@ -51,11 +54,10 @@ UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 @dataclass
-class PruningSettings(RoundSettings, StructuredKeepSettings):
+class PruningSettings(RoundSettings, StructuredKeepSettings, PackingSettings):
     intra_average_period: int = option(
         4, "average inside each node every N local steps", check=AT_LEAST_1
     )
-    bucket_mb: float = option(32.0, "inter-node packing bucket size in MiB", check=POSITIVE)
 
 
 @dataclass
@@ -109,6 +111,12 @@ class StructuredLocalSGD(SGDBaseline):
         self.applied = 0.0  # pruned fraction of the masks in use
         self.frozen = False
         self.layout: PackLayout | None = None
+        self.channel_groups = (  # --pack live: traced once, like PruneX's
+            trace_channel_groups(self.module, ctx.example_input())
+            if settings.pack == "live"
+            else None
+        )
+        self.live: LiveSlices | None = None
         if settings.masks_from is not None:
             self.masks = load_masks(settings.masks_from, self.shapes, ctx.device)
             self.frozen, self.applied = True, 1.0
@@ -177,9 +185,18 @@ class StructuredLocalSGD(SGDBaseline):
 
     @torch.no_grad()
     def restrict_to_support(self) -> None:
-        """Zero theta and its momentum off the masks; keep them there from now on."""
-        for name, mask in self.masks.items():
-            dense = mask.dense().to(self.params[name].dtype)
+        """Zero theta and its momentum off the masks (and off the dead slices with ``--pack
+        live``); keep them there from now on."""
+        support = {name: mask.dense() for name, mask in self.masks.items()}
+        self.live = None
+        if self.channel_groups is not None:
+            self.live = live_slices(self.module, self.channel_groups, self.masks)
+            for name, p in self.params.items():
+                keep = self.live.element_mask(name, p.shape, device=p.device)
+                if keep is not None and not keep.all():
+                    support[name] = keep & support[name] if name in support else keep
+        for name, dense in support.items():
+            dense = dense.to(self.params[name].dtype)
             self.support[name] = dense
             self.params[name].mul_(dense)
             momentum = self.optimizer.state.get(self.params[name], {}).get("momentum_buffer")
@@ -192,7 +209,9 @@ class StructuredLocalSGD(SGDBaseline):
         unpack (zero off the kept slices)."""
         topo, rec, comm = self.ctx.topology, self.ctx.recorder, self.ctx.comm
         if self.layout is None:
-            entries = model_entries(self.module, self.masks)
+            if self.channel_groups is not None and self.live is None:
+                self.live = live_slices(self.module, self.channel_groups, self.masks)
+            entries = model_entries(self.module, self.masks, live=self.live)
             self.layout = PackLayout(
                 entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device
             )
@@ -236,10 +255,10 @@ class StructuredLocalSGD(SGDBaseline):
             for n, m in state["shared_world"]["masks"].items()
         }
         self.applied, self.frozen = float(state["applied"]), bool(state["frozen"])
-        self.layout = None
+        self.layout, self.live = None, None
         self.support = {}
         if self.applied > 0:
-            self.support = {n: m.dense().to(self.params[n].dtype) for n, m in self.masks.items()}
+            self.restrict_to_support()  # theta and momentum are already zero off it
 
     def artifacts(self) -> dict:
         return {"masks.pt": mask_artifact(self.masks)}

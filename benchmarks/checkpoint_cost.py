@@ -77,7 +77,7 @@ def resnet152_rank_state() -> dict:
     recorder = Recorder(0, device)
     loader = ShardedLoader(data, 0, 1, recipe.batch_size, 0)
     ctx = RunContext(config, topo, Communicator(topo, recorder, device), recorder, workload,
-                     recipe, model, loader, device, method_settings(config))  # fmt: skip
+                     recipe, model, loader, device, method_settings(config), spec=spec)  # fmt: skip
     method = REGISTRY.get("prunex").factory(ctx)
     method.step(0)  # momentum buffers exist from the first step on
     state = {"method": method.state_dict(), "loader": loader.state_dict(),

@@ -408,6 +408,32 @@ def report_cmd(results_dir, output, width) -> None:
     click.echo(f"report: {path}")
 
 
+@main.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", default=None, help="model file (default: RUN_DIR/exported.pt)")
+@click.option("--data-dir", default=None, help="dataset folder (default: the run's)")
+@click.option("--repeats", type=click.IntRange(3), default=20, show_default=True,
+              help="timed forward passes per latency (at most 10 s each)")  # fmt: skip
+def export_cmd(run_dir, output, data_dir, repeats) -> None:
+    """Remove a pruning run's pruned and dead channels physically (Torch-Pruning) and save the
+    smaller model; check it against the masked dense model, and write parameters, FLOPs,
+    CPU latency and test accuracy (dense and exported) to RUN_DIR/export.json."""
+    from suite.export import export_run
+
+    try:
+        record = export_run(run_dir, output, data_dir=data_dir, repeats=repeats, echo=click.echo)
+    except BenchError as exc:
+        fail(exc)
+    dense, small = record["dense"], record["exported"]
+    click.echo(f"{'':>12} {'dense':>14} {'exported':>14} {'ratio':>7}")
+    for key in dense:
+        ratio = record["ratios"].get(key, float("nan"))
+        click.echo(f"{key:>12} {dense[key]:>14.4g} {small[key]:>14.4g} {ratio:>7.3f}")
+    click.echo(f"test accuracy of the exported model: {100 * small['test_accuracy']:.2f} %  "
+               f"(max |diff| to the masked dense model {record['max_abs_diff']:.2g})")  # fmt: skip
+    click.echo(f"model: {record['model_file']}  record: {Path(run_dir) / 'export.json'}")
+
+
 @main.command("recover")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option(

@@ -62,8 +62,9 @@ def build_method(
     torch.manual_seed(config.seed)
     model = workload.build_model(spec).to(device)
     ctx = RunContext(
-        config, topology, comm, recorder, workload, recipe, model, loader, device, settings
-    )
+        config, topology, comm, recorder, workload, recipe, model, loader, device, settings,
+        spec=spec,
+    )  # fmt: skip
     method = METHODS.get(config.method).factory(ctx)
     steps = method.steps_per_iteration
     ctx.budget_steps = budget_steps(config, loader.steps_per_epoch, steps, recipe)

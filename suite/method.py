@@ -10,12 +10,13 @@ from torch import nn
 
 from suite.comm import Communicator
 from suite.config import RunConfig
+from suite.dependency import example_input
 from suite.errors import BenchError
 from suite.options import AT_LEAST_1, POSITIVE, option
 from suite.recorder import Recorder
 from suite.schedule import LRSchedule
 from suite.topology import Topology
-from workloads.base import Recipe, Workload
+from workloads.base import DatasetSpec, Recipe, Workload
 from workloads.sharding import ShardedLoader
 
 DEFAULT_MAX_LOCAL_STEPS = 32
@@ -65,6 +66,13 @@ class RunContext:
     settings: Any = None  # the method's settings dataclass, resolved from config.options
     schedule: LRSchedule | None = None  # None: the recipe's constant lr
     budget_steps: int | None = None  # local steps every rank takes in the whole run
+    spec: DatasetSpec | None = None  # the dataset's input shape, for tracing the model's graph
+
+    def example_input(self) -> torch.Tensor:
+        """One zero input of the dataset's shape (channel dependencies are traced with it)."""
+        if self.spec is None:
+            raise BenchError("this run context has no dataset spec to trace the model with")
+        return example_input(self.spec, self.device)
 
     def option(self, name: str, default):
         """A setting by name (kept for plugins written before settings classes existed)."""

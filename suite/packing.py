@@ -7,38 +7,90 @@ Leaders send c[K_out][:, K_in] (eq. 15) instead of the full conv tensor, so the 
 payload scales with the kept filters x channels and needs no index metadata: every leader
 holds the same global mask, hence the same index sets and buffer layout. Buckets coalesce the
 slices into few large collectives (~32 MB, as in PyTorch DDP's gradient bucketing).
+
+Two packings (``--pack``): ``dense-masks`` sends each conv's own [K_out, K_in] block and every
+other tensor whole (the paper's sec. 4.4); ``live`` sends only the live slices
+(suite/liveness.py): filters no conv reads any more, their BN entries, and input channels no
+filter writes are left out too, on both ends, so still no index travels.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from suite.liveness import LiveSlices
+from suite.options import POSITIVE, option
 from suite.structured import StructuredMask
 
 DEFAULT_BUCKET_BYTES = 32 * 2**20
+PACKINGS = ("live", "dense-masks")
+
+#: what of one tensor is sent: None (all of it), a conv's StructuredMask (its [K_out, K_in]
+#: block), or explicit (rows, cols) index sets of dims 0 and 1 (None: the whole dim)
+Keep = StructuredMask | tuple[torch.Tensor | None, torch.Tensor | None] | None
 
 
-def packed_numel(shape: tuple[int, ...] | torch.Size, mask: StructuredMask | None) -> int:
-    """Elements sent for one tensor: |K_out| |K_in| KH KW with a mask, all of them without."""
-    if mask is None:
-        return math.prod(shape)
-    return mask.kept_filters().numel() * mask.kept_channels().numel() * math.prod(shape[2:])
+@dataclass
+class PackingSettings:
+    """How leaders pack the inter-node exchange: shared by PruneX and the pruning baselines,
+    so the same flags give the same bytes."""
+
+    pack: Literal["live", "dense-masks"] = option(
+        "live",
+        "live: send only slices that change the output (dead filters, their BN entries and "
+        "unread channels left out, suite/liveness.py); dense-masks: each conv's own kept "
+        "[filters, channels] block and every other tensor whole",
+    )
+    bucket_mb: float = option(32.0, "inter-node packing bucket size in MiB", check=POSITIVE)
+
+
+def index_sets(shape, keep: Keep) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(rows, cols) kept of a tensor of ``shape`` (``None``: the whole dim)."""
+    if keep is None:
+        return None, None
+    if isinstance(keep, StructuredMask):
+        if keep.weight_shape != tuple(shape):
+            raise ValueError(f"a mask of a {keep.weight_shape} weight for {tuple(shape)}")
+        return keep.kept_filters(), keep.kept_channels()
+    return keep
+
+
+def packed_numel(shape: tuple[int, ...] | torch.Size, keep: Keep) -> int:
+    """Elements sent for one tensor: |rows| |cols| times the trailing dims (|K_out| |K_in| KH
+    KW for a conv's mask), all of them for ``None``."""
+    rows, cols = index_sets(shape, keep)
+    n = math.prod(shape[2:]) if len(shape) > 2 else 1
+    n *= shape[0] if rows is None else rows.numel()
+    if len(shape) > 1:
+        n *= shape[1] if cols is None else cols.numel()
+    return n
 
 
 def model_entries(
-    model: torch.nn.Module, masks: dict[str, StructuredMask]
-) -> list[tuple[str, torch.Size, StructuredMask | None]]:
-    """What a method packs of ``model``: every trainable parameter (``p:NAME``; a conv weight
-    with its mask in ``masks``), then every float buffer whole (``b:NAME``, BN statistics)."""
+    model: torch.nn.Module, masks: dict[str, StructuredMask], live: LiveSlices | None = None
+) -> list[tuple[str, torch.Size, Keep]]:
+    """What a method packs of ``model``: every trainable parameter (``p:NAME``), then every
+    float buffer (``b:NAME``, BN statistics). Without ``live``, conv weights send their
+    mask's block and the rest goes whole (``--pack dense-masks``); with it, every tensor
+    sends its live slices (``--pack live``)."""
+
+    def keep(name: str) -> Keep:
+        return masks.get(name) if live is None else live.of(name)
+
     params = [
-        (f"p:{name}", p.shape, masks.get(name))
+        (f"p:{name}", p.shape, keep(name))
         for name, p in model.named_parameters()
         if p.requires_grad
     ]
-    buffers = [(f"b:{n}", b.shape, None) for n, b in model.named_buffers() if b.is_floating_point()]
+    buffers = [
+        (f"b:{n}", b.shape, None if live is None else live.of(n))
+        for n, b in model.named_buffers()
+        if b.is_floating_point()
+    ]
     return params + buffers
 
 
@@ -49,15 +101,16 @@ class _Slot:
     bucket: int
     offset: int
     numel: int
-    k_out: torch.Tensor | None  # kept filters; None: the tensor is packed whole
-    k_in: torch.Tensor | None
+    rows: torch.Tensor | None  # kept indices of dim 0 (K_out of a conv); None: all
+    cols: torch.Tensor | None  # kept indices of dim 1 (K_in of a conv); None: all
 
 
 class PackLayout:
     """Where each tensor's kept slice lives in the buckets; fixed for a given set of masks.
 
-    ``entries`` is an ordered list of (name, shape, mask or None): conv weights with a
-    ``StructuredMask`` contribute their [K_out, K_in] slice, the rest (BN, biases, FC) go whole.
+    ``entries`` is an ordered list of (name, shape, keep) (see ``Keep``): conv weights with a
+    ``StructuredMask`` contribute their [K_out, K_in] slice, index sets their [rows, cols]
+    slice, ``None`` the whole tensor.
     Tensors fill buckets in order; a bucket holds at most ``bucket_bytes`` unless a single
     tensor is larger, which then gets a bucket of its own. Buffers and index sets live on
     ``device`` (default: the masks' device, CPU when there are none).
@@ -73,7 +126,7 @@ class PackLayout:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         if device is None:
-            masks = [m for _, _, m in entries if m is not None]
+            masks = [m for _, _, m in entries if isinstance(m, StructuredMask)]
             device = masks[0].filters.device if masks else "cpu"
         self.dtype = dtype
         self.device = torch.device(device)
@@ -81,20 +134,20 @@ class PackLayout:
         itemsize = torch.empty((), dtype=dtype).element_size()
         self.slots: list[_Slot] = []
         bucket_numels: list[int] = []
-        for name, shape, mask in entries:
+        for name, shape, keep in entries:
             shape = torch.Size(shape)
-            k_out = k_in = None
-            if mask is not None:
-                if mask.weight_shape != tuple(shape):
-                    raise ValueError(f"{name}: mask of a {mask.weight_shape} weight for {shape}")
-                k_out = mask.kept_filters().to(self.device)
-                k_in = mask.kept_channels().to(self.device)
-            n = packed_numel(shape, mask)
+            try:
+                rows, cols = index_sets(shape, keep)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+            rows = None if rows is None else rows.to(self.device)
+            cols = None if cols is None else cols.to(self.device)
+            n = packed_numel(shape, (rows, cols))
             full = bucket_numels and (bucket_numels[-1] + n) * itemsize > bucket_bytes
             if not bucket_numels or (full and bucket_numels[-1] > 0):
                 bucket_numels.append(0)
             bucket = len(bucket_numels) - 1
-            self.slots.append(_Slot(name, shape, bucket, bucket_numels[bucket], n, k_out, k_in))
+            self.slots.append(_Slot(name, shape, bucket, bucket_numels[bucket], n, rows, cols))
             bucket_numels[bucket] += n
         self.bucket_numels = bucket_numels
 
@@ -130,12 +183,11 @@ class PackLayout:
                     f"got {t.dtype} of shape {tuple(t.shape)}"
                 )
             view = buffers[slot.bucket].narrow(0, slot.offset, slot.numel)
-            if slot.k_out is None:
-                view.copy_(t.reshape(-1))
-            else:
-                kept = t.index_select(0, slot.k_out)
-                dest = view.view(slot.k_out.numel(), slot.k_in.numel(), *slot.shape[2:])
-                torch.index_select(kept, 1, slot.k_in, out=dest)
+            if slot.rows is not None:
+                t = t.index_select(0, slot.rows)
+            if slot.cols is not None:
+                t = t.index_select(1, slot.cols)
+            view.copy_(t.reshape(-1))
         return buffers
 
     def unpack(self, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -143,11 +195,18 @@ class PackLayout:
         full = {}
         for slot in self.slots:
             view = buffers[slot.bucket].narrow(0, slot.offset, slot.numel)
-            if slot.k_out is None:
+            if slot.rows is None and slot.cols is None:
                 full[slot.name] = view.reshape(slot.shape).clone()
+                continue
+            rows = slot.rows if slot.rows is not None else torch.arange(slot.shape[0])
+            block_shape = (rows.numel(), *slot.shape[1:])
+            if slot.cols is not None:
+                block_shape = (rows.numel(), slot.cols.numel(), *slot.shape[2:])
+            block = view.view(block_shape)
+            t = torch.zeros(slot.shape, dtype=view.dtype, device=view.device)
+            if slot.cols is None:
+                t.index_copy_(0, rows.to(view.device), block)
             else:
-                block = view.view(slot.k_out.numel(), slot.k_in.numel(), *slot.shape[2:])
-                t = torch.zeros(slot.shape, dtype=view.dtype, device=view.device)
-                t.index_put_((slot.k_out[:, None], slot.k_in[None, :]), block)
-                full[slot.name] = t
+                t.index_put_((rows.to(view.device)[:, None], slot.cols[None, :]), block)
+            full[slot.name] = t
         return full

@@ -82,6 +82,7 @@ def make_context(
         method_settings(config),
         schedule,
         budget_steps,
+        spec=DatasetSpec("tiny", in_chans=1, image_size=8, num_classes=4),
     )
 
 

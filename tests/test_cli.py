@@ -106,6 +106,15 @@ def test_run_writes_complete_folder(tmp_path):
     assert scalars["eval/accuracy_percent"] == pytest.approx(list(100 * evals["accuracy"]))
     assert {"seconds/local_compute", "seconds/inter_allreduce", "method/density"} <= set(scalars)
     assert any(tag.startswith("rho1/") for tag in scalars)
+    # the physically smaller model of that run, with its record
+    proc = bench("export", str(run), "--repeats", "3", "-o", str(tmp_path / "small.pt"))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((run / "export.json").read_text())
+    assert record["max_abs_diff"] <= 1e-5 and record["model_file"] == str(tmp_path / "small.pt")
+    assert record["exported"]["parameters"] < record["dense"]["parameters"]
+    assert record["exported"]["flops"] < record["dense"]["flops"]
+    assert 0 <= record["exported"]["test_accuracy"] <= 1
+    assert set(record["dense"]) == {"parameters", "flops", "latency_ms_b1", "latency_ms_b128"}
 
 
 def tensorboard_scalars(logdir) -> dict[str, list[float]]:
@@ -139,3 +148,4 @@ def test_nan_loss_marks_failed_and_keeps_rows(tmp_path):
     rows = pd.read_parquet(run / "iterations.parquet")  # complete, readable file
     assert 0 < rows["iteration"].nunique() < 6
     assert set(rows.groupby("iteration").size()) == {4}  # every kept row is whole
+    assert "no masks.pt: ddp trains a dense model" in one_line_error(bench("export", str(run)))

@@ -12,6 +12,8 @@ import torch.distributed as dist
 
 from methods.prunex.method import PruneX, proximal_weight
 from methods.prunex.penalties import rho1_for_pull, round_pull
+from suite.dependency import trace_channel_groups
+from suite.liveness import live_slices
 from suite.packing import PackLayout, model_entries, packed_numel
 from suite.registry import METHODS, load_builtins
 from suite.report.figures import phase_breakdown
@@ -160,10 +162,15 @@ def pruning_worker(rank):
     rows = run_iterations(method, ctx.recorder, 2)  # the fixed support, packed
     out["bits"] = torch.cat([method.masks[n].to_bits() for n in method.shapes])
     out["bytes_inter"] = [r["bytes_inter"] for r in rows]
-    out["packed_numel"] = sum(
+    # PruneX's formula at these masks: the live slices (--pack live, both methods' default)
+    groups = trace_channel_groups(method.module, ctx.example_input())
+    live = live_slices(method.module, groups, method.masks)
+    tensors = {**method.params, **method.buffers}
+    out["packed_numel"] = sum(packed_numel(t.shape, live.of(n)) for n, t in tensors.items())
+    out["mask_block_numel"] = sum(
         packed_numel(p.shape, method.masks.get(n)) for n, p in method.params.items()
     ) + sum(b.numel() for b in method.buffers.values())
-    layout = PackLayout(model_entries(method.module, method.masks))
+    layout = PackLayout(model_entries(method.module, method.masks, live=live))
     out["layout_numel"] = layout.numel
     out["density"] = method.density()
     return out
@@ -186,6 +193,7 @@ def test_pruned_exchange_sends_prunex_packed_bytes(pruned):
         # two leaders: a ring all-reduce sends 2 (n - 1) / n = 1 x the packed fp32 buffer
         assert leader["layout_numel"] == leader["packed_numel"]
         assert leader["bytes_inter"] == [4.0 * leader["packed_numel"]] * 2
+        assert leader["packed_numel"] < leader["mask_block_numel"]  # dead filters stay home
     assert all(r["bytes_inter"] == [0.0, 0.0] for r in followers)
 
 

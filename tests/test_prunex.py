@@ -83,8 +83,33 @@ def test_hierarchical_consistency_constraints_bytes_and_freeze():
     assert out[0]["history"][-1]["layout_bytes"] < dense
 
 
+def test_live_packing_zeroes_dead_slices_and_sends_only_live_ones():
+    out = run_ranks(prunex_worker, 4, OPTIONS, True)  # --pack live is the default
+    for o in out[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(o["z"], out[0]["z"]))
+    names = [name for name, _, _ in out[0]["blocks"]]
+    z = dict(zip(names, out[0]["z"]))
+    for k in range(ROUNDS):
+        bits = out[0]["history"][k]["masks"][names.index("conv2.weight")]
+        read = hsadmm.StructuredMask.from_bits(bits, (8, 6, 3, 3)).kept_channels()
+        n = read.numel()
+        # by hand for TinyCNN(bn=True): conv1's filters (and bn1's entries) that conv2 no
+        # longer reads are dead; conv2 keeps its 8 filters (fc reads them) x n channels
+        live = 1 * 9 * n + 2 * n + 8 * n * 9 + 2 * 8 + (4 * 8 + 4) + 2 * n + 2 * 8
+        assert out[0]["history"][k]["layout_bytes"] == 4 * live, k
+    dead = torch.ones(6, dtype=torch.bool)
+    dead[read] = False
+    assert dead.any()
+    assert z["conv1.weight"][dead].abs().sum() == 0
+    assert z["bn1.weight"][dead].abs().sum() == 0 and z["bn1.bias"][dead].abs().sum() == 0
+    assert z["conv1.weight"][~dead].abs().sum() > 0
+    dense = run_ranks(prunex_worker, 4, {**OPTIONS, "pack": "dense-masks"}, True)
+    assert dense[0]["history"][-1]["layout_bytes"] > out[0]["history"][-1]["layout_bytes"]
+
+
 def test_distributed_run_equals_single_process_simulation():
-    options = {**OPTIONS, "adaptive_rho": False}
+    # the reference packs each conv's own mask block: today's paper packing
+    options = {**OPTIONS, "adaptive_rho": False, "pack": "dense-masks"}
     out = run_ranks(prunex_worker, 4, options, True)
     z_ref, _ = reference_rounds(
         lambda: (torch.manual_seed(0), TinyCNN(bn=True))[1],

@@ -107,6 +107,28 @@ def test_report_draws_every_figure_and_names_runs(swept, tmp_path):
 
 
 @pytest.mark.slow
+def test_report_shows_exported_size_next_to_accuracy(swept, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(swept, results)
+    prunex = next(p.parent for p in results.glob("prunex-*/masks.pt"))
+    proc = bench("export", str(prunex), "--repeats", "3")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((prunex / "export.json").read_text())
+    out = tmp_path / "report"
+    assert bench("report", str(results), "-o", str(out)).returncode == 0
+    pareto = pd.read_csv(out / "fig12_pareto.csv")
+    gflops = dict(zip(pareto.method, pareto.gflops))  # dense methods: the dense model's
+    assert gflops["ddp"] == pytest.approx(record["dense"]["flops"] / 1e9)
+    assert pareto.gflops.min() == pytest.approx(record["exported"]["flops"] / 1e9)
+    runs = pd.read_csv(out / "runs.csv").set_index("run_id")
+    assert runs.loc[record["run_id"], "exported_params_M"] == pytest.approx(
+        record["exported"]["parameters"] / 1e6
+    )
+    assert runs.exported_params_M.notna().sum() == 1
+    assert "Exported params (M)" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow
 def test_a_method_keeps_its_colour_in_any_subset_of_runs(swept, tmp_path):
     subset = tmp_path / "subset"
     subset.mkdir()

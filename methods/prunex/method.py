@@ -7,6 +7,8 @@ Hierarchical (``prunex``), one round k:
   mask_sync        leaders OR their filter/channel/shape bitmaps (MAX on uint8)      eq. (14)
                    and broadcast the global bitmaps to followers
   pack             leaders: c_i = z_i + v_i, kept [K_out, K_in] slices into buckets  eq. (15)
+                   (``--pack live``, the default: only the live slices, suite/liveness.py;
+                   the dead ones are zeroed in z_i first, so z is zero there too)
   inter_allreduce  leaders: AVG of the packed buckets                                eq. (11)
   broadcast        leaders -> followers: the packed buckets
   unpack           zero-filled scatter back to full shapes: global z
@@ -40,6 +42,8 @@ from methods.prunex.hsadmm import StructuredMask
 from methods.prunex.penalties import initial_penalties
 from methods.prunex.state import admm_blocks, averaged_buffers
 from suite.comm import flatten, unflatten
+from suite.dependency import trace_channel_groups
+from suite.liveness import LiveSlices, live_slices
 from suite.method import RunContext
 from suite.packing import PackLayout, model_entries
 from suite.structured import density_of, load_masks, mask_artifact, or_across_nodes
@@ -126,6 +130,15 @@ class PruneX:
         self.layout: PackLayout | None = None
         self.fixed_buffers: list[torch.Tensor] | None = None
         self.support: dict[int, torch.Tensor] = {}  # dense masks once frozen
+        # --pack live: the model's channel groups, traced once; the live slices of the
+        # current masks and, per block with dead elements, its live-element mask
+        self.channel_groups = (
+            trace_channel_groups(self.model, ctx.example_input())
+            if hierarchical and settings.pack == "live"
+            else None
+        )
+        self.live: LiveSlices | None = None
+        self.live_elements: dict[int, torch.Tensor] = {}
 
         self.consensus = copy.deepcopy(self.model)  # the model evaluated: z + averaged BN stats
         self.optimizer = torch.optim.SGD(
@@ -138,6 +151,7 @@ class PruneX:
             loaded = load_masks(settings.masks_from, shapes, ctx.device)
             self.masks = {i: loaded[self.blocks[i].name] for i in self.constrained}
             self.frozen = True
+            self.trace_live_slices()
             self.restrict_to_support()
 
     # ------------------------------------------------------------------ round phases
@@ -210,8 +224,21 @@ class PruneX:
 
     def pack_layout(self) -> PackLayout:
         masks = {self.blocks[i].name: m for i, m in self.masks.items()}
-        entries = model_entries(self.model, masks)
+        entries = model_entries(self.model, masks, live=self.live)
         return PackLayout(entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device)
+
+    def trace_live_slices(self) -> None:
+        """``--pack live``: the live slices of the agreed masks (identical on every rank: the
+        masks are), and the element masks that zero the dead ones in z_i."""
+        if self.channel_groups is None:
+            return
+        masks = {self.blocks[i].name: m for i, m in self.masks.items()}
+        self.live = live_slices(self.model, self.channel_groups, masks)
+        self.live_elements = {}
+        for i, block in enumerate(self.blocks):
+            keep = self.live.element_mask(block.name, block.shape, device=self.ctx.device)
+            if keep is not None and not keep.all():
+                self.live_elements[i] = keep
 
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
         """Pack z_i + v_i, average between nodes (eq. 11), spread in the node, unpack.
@@ -293,11 +320,15 @@ class PruneX:
         if not self.frozen and self.constrained:
             masks = self.agree_masks(local_masks)
             drift = sum(self.masks[i].changed_groups(masks[i]) for i in self.constrained)
-            if drift:
-                self.layout = None  # the packed shapes changed
             self.masks = masks
+            if drift or (self.live is None and self.channel_groups is not None):
+                self.layout = None  # the packed shapes changed
+                self.trace_live_slices()
             self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
             self.watch_oscillation(drift)
+        with torch.no_grad():
+            for i, keep in self.live_elements.items():  # dead slices are zero in z_i
+                z_node[i].mul_(keep)
         if self.hierarchical:
             z, buffers = self.global_consensus(z_node, buffer_mean)
         else:
@@ -359,13 +390,16 @@ class PruneX:
         """Retraining on the fixed support (sec. 4.5, Algorithm 1 line 11 onwards).
 
         Once the masks freeze, the problem is "standard distributed training on a fixed
-        sparse manifold": theta, its momentum and u are zeroed off the global mask and theta
-        is kept there after every local step, so local training trains the pruned network
-        itself (as in StructADMM's masked retraining, ref. [45]) and BN statistics come
-        from the network that is evaluated.
+        sparse manifold": theta, its momentum and u are zeroed off the global mask (and off
+        the dead slices with ``--pack live``) and theta is kept there after every local step,
+        so local training trains the pruned network itself (as in StructADMM's masked
+        retraining, ref. [45]) and BN statistics come from the network that is evaluated.
         """
-        for i in self.constrained:
-            mask = self.masks[i].dense().to(self.params[i].dtype)
+        for i in sorted(set(self.constrained) | set(self.live_elements)):
+            mask = self.masks[i].dense() if i in self.masks else self.u[i].new_ones((), dtype=bool)
+            if i in self.live_elements:
+                mask = mask & self.live_elements[i]
+            mask = mask.to(self.params[i].dtype)
             self.support[i] = mask
             self.params[i].mul_(mask)
             self.u[i].mul_(mask)
@@ -506,11 +540,10 @@ class PruneX:
         self.oscillating_rounds = int(state["oscillating_rounds"])
         self.warnings = list(state["warnings"])
         self.layout, self.fixed_buffers = None, None
-        self.support = (
-            {i: self.masks[i].dense().to(self.params[i].dtype) for i in self.constrained}
-            if self.frozen
-            else {}
-        )
+        self.trace_live_slices()
+        self.support = {}
+        if self.frozen:
+            self.restrict_to_support()  # theta, u and momentum are already zero off it
 
     def artifacts(self) -> dict:
         return {"masks.pt": mask_artifact({self.blocks[i].name: m for i, m in self.masks.items()})}

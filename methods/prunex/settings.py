@@ -13,6 +13,7 @@ from typing import Literal
 from methods.prunex.penalties import DEFAULT_ROUND_PULL
 from suite.method import RoundSettings
 from suite.options import AT_LEAST_1, POSITIVE, Check, option
+from suite.packing import PackingSettings
 from suite.structured import StructuredKeepSettings
 
 
@@ -52,7 +53,7 @@ class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
 
 
 @dataclass
-class PruneXSettings(PruneXFlatSettings):
+class PruneXSettings(PruneXFlatSettings, PackingSettings):
     """Hierarchical PruneX adds the inter-node level: its penalty and how leaders talk."""
 
     rho2: float | None = option(
@@ -61,7 +62,6 @@ class PruneXSettings(PruneXFlatSettings):
         check=POSITIVE,
         shown_default="rho1 / 10, the paper's ratio",
     )
-    bucket_mb: float = option(32.0, "inter-node packing bucket size in MiB", check=POSITIVE)
     leader_mode: Literal["single", "sharded"] = option(
         "single",
         "single: one leader per node carries the inter-node all-reduce; sharded: every local "

@@ -170,32 +170,40 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
     density of the pruned layers, per workload, with the Pareto frontier."""
     name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
     labels = labels_of(runs)
+    dense_gflops = {r.summary["workload"]: r.export["dense"]["flops"] / 1e9 for r in runs
+                    if r.export}  # fmt: skip
     rows = [
         {"workload": r.summary["workload"], "label": labels[r.run_id], "method": r.method,
          "density": final_density_of(r), "accuracy": 100 * r.summary["final_accuracy"],
-         "inter_gb": (r.summary.get("inter_node_bytes_total") or 0) / 1e9, "run_id": r.run_id}
+         "inter_gb": (r.summary.get("inter_node_bytes_total") or 0) / 1e9,
+         "gflops": exported_gflops(r, dense_gflops), "run_id": r.run_id}
         for r in runs if r.summary.get("final_accuracy") is not None
     ]  # fmt: skip
     per_run = pd.DataFrame(rows)
     if per_run.empty:
         return Skipped(name, title, "no run has an accuracy (simulated runs carry none)")
     frame = repeats_reduced(per_run, ["workload", "label", "method"], "accuracy")
-    means = per_run.groupby(["workload", "label"])[["inter_gb", "density"]].mean()
+    means = per_run.groupby(["workload", "label"])[["inter_gb", "density", "gflops"]].mean()
     frame = frame.join(means, on=["workload", "label"])
     workloads = sorted(frame.workload.unique())
     styles = series_styles(zip(frame.label, frame.method))
-    with paper_figure(width or "two", nrows=len(workloads), ncols=2, ratio=0.8) as (fig, axes):
+    panels = [("inter_gb", "inter-node traffic to the end (GB)"),
+              ("density", "density of the pruned layers")]  # fmt: skip
+    if frame.gflops.notna().any():  # `bench export` ran: the deployed model's cost too
+        panels.append(("gflops", "GFLOPs per image of the exported model"))
+    grid = paper_figure(width or "two", nrows=len(workloads), ncols=len(panels), ratio=0.8)
+    with grid as (fig, axes):
         for row, workload in zip(axes, workloads):
             part = frame[frame.workload == workload].reset_index(drop=True)
-            for ax, x, xlabel in ((row[0], "inter_gb", "inter-node traffic to the end (GB)"),
-                                  (row[1], "density", "density of the pruned layers")):  # fmt: skip
-                for _, point in part.iterrows():
+            for ax, (x, xlabel) in zip(row, panels):
+                shown = part[part[x].notna()].reset_index(drop=True)
+                for _, point in shown.iterrows():
                     look = styles[point.label]
                     ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), ms=4,
                                 color=look["color"], marker=look["marker"], capsize=2,
                                 lw=0.8, fillstyle=look["fillstyle"], ls="none",
                                 label=point.label)  # fmt: skip
-                front = part.iloc[pareto_front(part[x], part.accuracy)]
+                front = shown.iloc[pareto_front(shown[x], shown.accuracy)]
                 ax.step(front[x], front.accuracy, where="post", color="k", lw=0.6, alpha=0.6,
                         label="Pareto frontier")  # fmt: skip
                 ax.set_xlabel(xlabel)
@@ -207,7 +215,17 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
         files = save(fig, out, name)
     return Figure(name, title, files, frame, sorted(per_run.run_id),
                   "repeats: mean and 95 % interval; frontier: no other point has less traffic "
-                  "(or density) and more accuracy")  # fmt: skip
+                  "(or density, or exported GFLOPs) and more accuracy")  # fmt: skip
+
+
+def exported_gflops(run: Run, dense_gflops: dict[str, float]) -> float:
+    """GFLOPs per image of the model a run deploys: its ``bench export``, or for a dense
+    method the dense model's (from any export of the workload); NaN otherwise."""
+    if run.export:
+        return run.export["exported"]["flops"] / 1e9
+    if final_density_of(run) == 1.0 and not (run.folder / "masks.pt").exists():
+        return dense_gflops.get(run.summary["workload"], math.nan)
+    return math.nan
 
 
 def accuracy_bar(point) -> list[list[float]]:

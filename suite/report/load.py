@@ -109,6 +109,18 @@ class Run:
     def epochs(self) -> float | None:
         return self.summary.get("epochs")
 
+    @cached_property
+    def export(self) -> dict | None:
+        """``export.json`` of ``bench export`` (the physically smaller model), if any."""
+        path = self.folder / "export.json"
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
+            return None
+
 
 def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
     """Finished (status ok) runs anywhere under ``results_dir``, and a line per run skipped."""

@@ -20,7 +20,7 @@ CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting"
           "lr", "lr_schedule", "epochs", "simulated"]  # fmt: skip
 #: per-run numbers averaged over repeats; those in WITH_CI also get a 95 % half-width
 AVERAGED = ["final_acc", "best_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch",
-            "inter_MB_per_iter", "density"]  # fmt: skip
+            "inter_MB_per_iter", "density", "exported_params_M", "exported_GFLOPs"]  # fmt: skip
 WITH_CI = ["final_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch"]
 
 
@@ -53,9 +53,17 @@ def run_table(runs: list[Run]) -> pd.DataFrame:
             "inter_MB_per_epoch": (s.get("inter_node_bytes_total") or 0) / 1e6 / epochs,
             "inter_MB_per_iter": (s.get("inter_node_bytes_per_iteration") or 0) / 1e6,
             "density": final_density_of(run),
+            "exported_params_M": exported(run, "parameters") / 1e6,
+            "exported_GFLOPs": exported(run, "flops") / 1e9,
             "simulated": bool(s.get("simulated")),
         })  # fmt: skip
     return pd.DataFrame(rows).sort_values(["workload", "method", "gpus", "seed"], kind="stable")
+
+
+def exported(run: Run, key: str) -> float:
+    """A number of the run's exported model (``bench export``); NaN without one."""
+    value = (run.export or {}).get("exported", {}).get(key)
+    return float("nan") if value is None else float(value)
 
 
 def ms_per_step(summary: dict, recipe: dict) -> float | None:

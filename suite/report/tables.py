@@ -18,6 +18,8 @@ NUMBERS = [
     ("inter_MB_per_epoch", "Inter-node MB/epoch", 1, 1.0),
     ("ms_per_step", "ms/local step", 1, 1.0),
     ("train_s", "Train time (s)", 1, 1.0),
+    ("exported_params_M", "Exported params (M)", 3, 1.0),  # where `bench export` ran
+    ("exported_GFLOPs", "Exported GFLOPs", 3, 1.0),
 ]
 
 
@@ -50,6 +52,8 @@ def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
             "Seeds": int(row.repeats),
         }
         for column, header, decimals, scale in NUMBERS:
+            if column not in row:
+                continue
             half = row.get(f"{column}_ci95")
             cells[header] = mean_pm(
                 row[column] * scale, None if half is None else half * scale, decimals
@@ -58,6 +62,7 @@ def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     constant = [c for c in ("Workload", "Setting") if table[c].nunique() == 1]
     empty = ["Options"] if (table["Options"] == "").all() else []
+    empty += [h for _, h, _, _ in NUMBERS if h in table and (table[h] == "-").all()]
     return table.drop(columns=constant + empty)  # said once in the caption, not in every row
 
 

@@ -45,7 +45,7 @@ from suite.context import build_method, make_manifest, resolve_workload
 from suite.errors import BenchError
 from suite.recorder import Recorder
 from suite.registry import METHODS
-from suite.results import RunFolder, make_run_id, write_json, write_table
+from suite.results import RunFolder, make_run_id, write_json, write_table, write_torch
 from suite.sim.costmodel import Link, collective_time
 from suite.sim.profile import Profile
 from suite.summary import summarize
@@ -409,6 +409,8 @@ def simulate_run(
     write_table(folder.path / "iterations.parquet", frame)
     if recorder.layers:
         write_table(folder.path / "layers.parquet", recorder.layers)
+    for name, obj in method.artifacts().items():  # masks.pt: what the replay's masks were
+        write_torch(folder.path / name, obj)
     summary = summarize(
         config=config,
         manifest=manifest,

@@ -1,0 +1,130 @@
+"""Inter-node bytes per PruneX round, before (``--pack dense-masks``) and after (``--pack
+live``) live-weight packing, next to the live-weight limit, for the paper's three models.
+
+Each cell is a ``bench sim`` of PruneX on 8 GPUs (2 nodes x 4), so the bytes come from the
+method's own step code, masks agreed by OR between the nodes. The ratio is the leaders'
+packed buffer of the last round over that of a dense run (``--channel-keep 1``).
+
+The live-weight limit is counted here independently of suite/liveness.py, by the rule of
+issue 14 written out for timm's residual blocks and read off the run's own ``masks.pt``:
+inside a block, conv j's filters live only where conv j+1 keeps the channel and conv j+1's
+inputs only where conv j's filters live; BN entries go with their filters; the last conv of a
+block and the downsample write the residual stream, which stays whole; stem and fc as masked.
+
+    python benchmarks/live_weights.py [--models resnet18,resnet152,wrn50_2] [-o DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+import torch
+from runs import bench, only_run
+
+from suite.registry import WORKLOADS, load_builtins
+from suite.structured import StructuredMask
+from workloads.datasets import dataset_spec
+
+KEEPS = {
+    "channel 0.5": ["--channel-keep", "0.5"],
+    "filter+channel 0.5": ["--filter-keep", "0.5", "--channel-keep", "0.5"],
+}
+SIM = ["--gpus", "8", "--gpus-per-node", "4", "--iterations", "2", "--replay", "2",
+       "--local-steps", "1", "--batch-size", "8"]  # fmt: skip
+
+
+def last_round(run: Path) -> dict:
+    rows = pd.read_parquet(run / "iterations.parquet")
+    last = rows[rows["iteration"] == rows["iteration"].max()]
+    return {
+        "packed": float(last["packed_bytes"].iloc[0]),
+        "inter": float(last["bytes_inter"].sum()),
+    }
+
+
+def simulate(workload: str, pack: str, keep: list[str], out: Path) -> Path:
+    folder = out / f"{workload}-{pack}-{'_'.join(keep).replace('--', '')}"
+    if not folder.is_dir():
+        bench("sim", "--method", "prunex", "--workload", workload, *SIM, "--pack", pack,
+              *keep, "--results-dir", str(folder))  # fmt: skip
+    return only_run(folder)
+
+
+def live_limit(model: torch.nn.Module, masks: dict[str, StructuredMask]) -> int:
+    """Elements a leader must send at least: the rule of the module docstring."""
+    modules = dict(model.named_modules())
+
+    def kept(name):
+        mask = masks.get(f"{name}.weight")
+        conv = modules[name]
+        f = torch.zeros(conv.out_channels, dtype=bool)
+        c = torch.zeros(conv.in_channels, dtype=bool)
+        f[slice(None) if mask is None else mask.kept_filters()] = True
+        c[slice(None) if mask is None else mask.kept_channels()] = True
+        return f, c
+
+    total = 0
+    counted = set()
+    for name, block in model.named_modules():
+        convs = [f"{name}.conv{j}" for j in (1, 2, 3) if hasattr(block, f"conv{j}")]
+        if len(convs) < 2 or not hasattr(block, "bn1"):
+            continue  # not a residual block
+        sets = [list(kept(c)) for c in convs]
+        for j in range(len(convs) - 1):  # filters die with the next conv's pruned channels
+            sets[j][0] &= sets[j + 1][1]
+            sets[j + 1][1] &= sets[j][0]
+        for j, conv in enumerate(convs):
+            f, c = sets[j]
+            k = math.prod(modules[conv].kernel_size)
+            total += int(f.sum()) * int(c.sum()) * k + 4 * int(f.sum())  # + BN w, b, mean, var
+            counted |= {conv, f"{name}.bn{j + 1}"}
+    for name, module in modules.items():  # stem, downsample, fc and their BN: as masked
+        if name in counted or not any(True for _ in module.parameters(recurse=False)):
+            continue
+        if isinstance(module, torch.nn.Conv2d):
+            f, c = kept(name)
+            total += int(f.sum()) * int(c.sum()) * math.prod(module.kernel_size)
+        else:
+            total += sum(p.numel() for p in module.parameters(recurse=False))
+            total += sum(b.numel() for b in module.buffers(recurse=False) if b.is_floating_point())
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet18,resnet152,wrn50_2")
+    parser.add_argument("-o", "--output", default="results/live_weights")
+    args = parser.parse_args()
+    out = Path(args.output)
+    load_builtins()
+    rows = []
+    for model_name in args.models.split(","):
+        workload = f"{model_name}-cifar10"
+        dense = last_round(simulate(workload, "dense-masks", ["--channel-keep", "1"], out))
+        torch.manual_seed(0)
+        model = WORKLOADS.get(workload).factory().build_model(dataset_spec("cifar10"))
+        for label, keep in KEEPS.items():
+            before = last_round(simulate(workload, "dense-masks", keep, out))
+            run = simulate(workload, "live", keep, out)
+            after = last_round(run)
+            saved = torch.load(run / "masks.pt", weights_only=True)
+            masks = {n: StructuredMask.from_state(m) for n, m in saved.items()}
+            rows.append({
+                "model": model_name, "keep": label,
+                "before (dense-masks)": before["packed"] / dense["packed"],
+                "after (live)": after["packed"] / dense["packed"],
+                "live limit": 4 * live_limit(model, masks) / dense["packed"],
+                "inter bytes/round before": before["inter"] / dense["inter"],
+                "inter bytes/round after": after["inter"] / dense["inter"],
+                "dense MB/round": dense["packed"] / 1e6,
+            })  # fmt: skip
+    table = pd.DataFrame(rows)
+    print(table.to_markdown(index=False, floatfmt=".3f"))
+    (out / "table.md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+
+
+if __name__ == "__main__":
+    main()
