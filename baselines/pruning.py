@@ -191,10 +191,9 @@ class StructuredLocalSGD(SGDBaseline):
         self.live = None
         if self.channel_groups is not None:
             self.live = live_slices(self.module, self.channel_groups, self.masks)
-            for name, p in self.params.items():
-                keep = self.live.element_mask(name, p.shape, device=p.device)
-                if keep is not None and not keep.all():
-                    support[name] = keep & support[name] if name in support else keep
+            shapes = {name: p.shape for name, p in self.params.items()}
+            for name, keep in self.live.partial_masks(shapes, device=self.ctx.device).items():
+                support[name] = keep & support[name] if name in support else keep
         for name, dense in support.items():
             dense = dense.to(self.params[name].dtype)
             self.support[name] = dense

@@ -62,6 +62,16 @@ class LiveSlices:
             keep[:, dead] = False
         return keep
 
+    def partial_masks(self, shapes: dict[str, torch.Size], device=None) -> dict[str, torch.Tensor]:
+        """Live-element masks of those tensors in ``shapes`` (name -> shape) that have a dead
+        element: what a method multiplies into z_i or theta to keep the dead slices zero."""
+        masks = {}
+        for name, shape in shapes.items():
+            keep = self.element_mask(name, shape, device=device)
+            if keep is not None and not keep.all():
+                masks[name] = keep
+        return masks
+
 
 def live_slices(
     model: nn.Module, groups: list[ChannelGroup], masks: dict[str, StructuredMask]
@@ -164,8 +174,10 @@ def _bool_at(index: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def zero_dead(tensors: dict[str, torch.Tensor], live: LiveSlices) -> None:
-    """Zero, in place, every dead element of ``tensors`` (name -> tensor; e.g. z's blocks)."""
-    for name, tensor in tensors.items():
-        keep = live.element_mask(name, tensor.shape, device=tensor.device)
-        if keep is not None:
-            tensor.masked_fill_(~keep, 0)
+    """Zero, in place, every dead element of ``tensors`` (name -> tensor, on one device)."""
+    if not tensors:
+        return
+    device = next(iter(tensors.values())).device
+    shapes = {name: t.shape for name, t in tensors.items()}
+    for name, keep in live.partial_masks(shapes, device=device).items():
+        tensors[name].masked_fill_(~keep, 0)

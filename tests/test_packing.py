@@ -183,3 +183,23 @@ def test_bad_inputs_raise():
         layout.pack({"w": torch.zeros(6, 5, 3, 2)})
     with pytest.raises(ValueError):
         layout.pack({"w": torch.zeros(CONV, dtype=torch.float64)})
+
+
+def test_index_sets_pack_rows_and_columns_of_any_tensor():
+    """Live packing: a BN vector keeps some entries, a linear weight some input columns, a
+    conv some filters and channels; unpack is exactly zero elsewhere."""
+    g = torch.Generator().manual_seed(0)
+    tensors = {"bn": torch.randn(6, generator=g), "fc": torch.randn(4, 6, generator=g),
+               "conv": torch.randn(5, 6, 3, 3, generator=g)}  # fmt: skip
+    rows, cols = torch.tensor([0, 2, 5]), torch.tensor([1, 4])
+    entries = [("bn", (6,), (rows, None)), ("fc", (4, 6), (None, cols)),
+               ("conv", (5, 6, 3, 3), (torch.tensor([1, 3]), cols))]  # fmt: skip
+    layout = PackLayout(entries)
+    assert layout.numel == 3 + 4 * 2 + 2 * 2 * 9
+    assert [packed_numel(shape, keep) for _, shape, keep in entries] == [3, 8, 36]
+    full = layout.unpack(layout.pack(tensors))
+    for name, t in tensors.items():
+        kept = full[name] != 0
+        assert torch.equal(full[name][kept], t[kept])
+    assert kept.sum() == 36 and torch.equal(full["bn"].nonzero().flatten(), rows)
+    assert torch.equal(full["fc"].abs().sum(0).nonzero().flatten(), cols)

@@ -234,11 +234,10 @@ class PruneX:
             return
         masks = {self.blocks[i].name: m for i, m in self.masks.items()}
         self.live = live_slices(self.model, self.channel_groups, masks)
-        self.live_elements = {}
-        for i, block in enumerate(self.blocks):
-            keep = self.live.element_mask(block.name, block.shape, device=self.ctx.device)
-            if keep is not None and not keep.all():
-                self.live_elements[i] = keep
+        index = {block.name: i for i, block in enumerate(self.blocks)}
+        shapes = {block.name: block.shape for block in self.blocks}
+        partial = self.live.partial_masks(shapes, device=self.ctx.device)
+        self.live_elements = {index[name]: keep for name, keep in partial.items()}
 
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
         """Pack z_i + v_i, average between nodes (eq. 11), spread in the node, unpack.
