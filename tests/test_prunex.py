@@ -103,8 +103,6 @@ def test_live_packing_zeroes_dead_slices_and_sends_only_live_ones():
     assert z["conv1.weight"][dead].abs().sum() == 0
     assert z["bn1.weight"][dead].abs().sum() == 0 and z["bn1.bias"][dead].abs().sum() == 0
     assert z["conv1.weight"][~dead].abs().sum() > 0
-    dense = run_ranks(prunex_worker, 4, {**OPTIONS, "pack": "dense-masks"}, True)
-    assert dense[0]["history"][-1]["layout_bytes"] > out[0]["history"][-1]["layout_bytes"]
 
 
 def test_distributed_run_equals_single_process_simulation():
