@@ -181,8 +181,7 @@ def export_run(
             f"{run_dir}: the exported model differs from the masked dense model by {diff:.3g} "
             f"(> {TOLERANCE}); nothing written"
         )
-    tensors = {**dict(model.named_parameters())}
-    live_params = sum(packed_numel(t.shape, live.of(n)) for n, t in tensors.items())
+    live_params = sum(packed_numel(p.shape, live.of(n)) for n, p in model.named_parameters())
     sample = test.images[:1]
 
     def measure(net: nn.Module) -> dict:
