@@ -106,19 +106,19 @@ class StructuredLocalSGD(SGDBaseline):
         self.params = dict(self.module.named_parameters())
         self.buffers = dict((n, b) for n, b in self.module.named_buffers() if b.is_floating_point())
         self.shapes = conv_shapes(self.module)
-        self.masks = {n: StructuredMask.full(s, device=ctx.device) for n, s in self.shapes.items()}
         self.support: dict[str, torch.Tensor] = {}  # dense masks of the pruned weights
         self.applied = 0.0  # pruned fraction of the masks in use
         self.frozen = False
-        self.layout: PackLayout | None = None
         self.channel_groups = (  # --pack live: traced once, like PruneX's
             trace_channel_groups(self.module, ctx.example_input())
             if settings.pack == "live"
             else None
         )
-        self.live: LiveSlices | None = None
+        self.use_masks(
+            {n: StructuredMask.full(s, device=ctx.device) for n, s in self.shapes.items()}
+        )
         if settings.masks_from is not None:
-            self.masks = load_masks(settings.masks_from, self.shapes, ctx.device)
+            self.use_masks(load_masks(settings.masks_from, self.shapes, ctx.device))
             self.frozen, self.applied = True, 1.0
             self.restrict_to_support()
 
@@ -178,19 +178,24 @@ class StructuredLocalSGD(SGDBaseline):
         self.applied = fraction
         drift = sum(self.masks[n].changed_groups(agreed[n]) for n in self.shapes)
         if drift:
-            self.masks = agreed
-            self.layout = None
+            self.use_masks(agreed)
             self.restrict_to_support()
         return drift
+
+    def use_masks(self, masks: dict[str, StructuredMask]) -> None:
+        """New masks: their live slices (``--pack live``), and a pack layout to rebuild."""
+        self.masks = masks
+        self.layout: PackLayout | None = None
+        self.live: LiveSlices | None = None
+        if self.channel_groups is not None:
+            self.live = live_slices(self.module, self.channel_groups, masks)
 
     @torch.no_grad()
     def restrict_to_support(self) -> None:
         """Zero theta and its momentum off the masks (and off the dead slices with ``--pack
         live``); keep them there from now on."""
         support = {name: mask.dense() for name, mask in self.masks.items()}
-        self.live = None
-        if self.channel_groups is not None:
-            self.live = live_slices(self.module, self.channel_groups, self.masks)
+        if self.live is not None:
             shapes = {name: p.shape for name, p in self.params.items()}
             for name, keep in self.live.partial_masks(shapes, device=self.ctx.device).items():
                 support[name] = keep & support[name] if name in support else keep
@@ -208,8 +213,6 @@ class StructuredLocalSGD(SGDBaseline):
         unpack (zero off the kept slices)."""
         topo, rec, comm = self.ctx.topology, self.ctx.recorder, self.ctx.comm
         if self.layout is None:
-            if self.channel_groups is not None and self.live is None:
-                self.live = live_slices(self.module, self.channel_groups, self.masks)
             entries = model_entries(self.module, self.masks, live=self.live)
             self.layout = PackLayout(
                 entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device
@@ -249,12 +252,9 @@ class StructuredLocalSGD(SGDBaseline):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         device = self.ctx.device
-        self.masks = {
-            n: StructuredMask.from_state(m, device)
-            for n, m in state["shared_world"]["masks"].items()
-        }
+        saved = state["shared_world"]["masks"]
+        self.use_masks({n: StructuredMask.from_state(m, device) for n, m in saved.items()})
         self.applied, self.frozen = float(state["applied"]), bool(state["frozen"])
-        self.layout, self.live = None, None
         self.support = {}
         if self.applied > 0:
             self.restrict_to_support()  # theta and momentum are already zero off it

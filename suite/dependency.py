@@ -90,7 +90,7 @@ def trace_channel_groups(model: nn.Module, example_input: torch.Tensor) -> list[
 
 
 def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup:
-    root_dep, root_idxs = tp_group[0]
+    _, root_idxs = tp_group[0]
     group = ChannelGroup(size=len(root_idxs))
     for dep, idxs in tp_group:
         module = dep.target.module

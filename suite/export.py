@@ -134,7 +134,6 @@ def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict[str, Structured
     if not (run_dir / "model.pt").is_file():
         raise BenchError(f"{run_dir}: no model.pt (the run did not finish): nothing to export")
     load_builtins()
-    torch.manual_seed(0)
     model = WORKLOADS.get(config["workload"]).factory().build_model(dataset_spec(config["dataset"]))
     try:
         state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)

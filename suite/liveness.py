@@ -110,10 +110,14 @@ def live_slices(
             entries = torch.zeros(modules[norm.module].num_features, dtype=torch.bool)
             entries[norm.index] = live
             _rows_of_norm(rows, norm.module, entries, modules)
-        for linear in group.linear_readers:
+        for linear in group.linear_readers:  # a linear after a concat reads several groups
+            key = f"{linear.module}.weight"
             read = torch.ones(modules[linear.module].in_features, dtype=torch.bool)
+            if key in cols:
+                read[:] = False
+                read[cols[key]] = True
             read[linear.index] = live
-            cols[f"{linear.module}.weight"] = read.nonzero().flatten()
+            cols[key] = read.nonzero().flatten()
     return LiveSlices(rows, cols, channels)
 
 

@@ -27,7 +27,6 @@ from suite.options import POSITIVE, option
 from suite.structured import StructuredMask
 
 DEFAULT_BUCKET_BYTES = 32 * 2**20
-PACKINGS = ("live", "dense-masks")
 
 #: what of one tensor is sent: None (all of it), a conv's StructuredMask (its [K_out, K_in]
 #: block), or explicit (rows, cols) index sets of dims 0 and 1 (None: the whole dim)

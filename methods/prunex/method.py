@@ -139,6 +139,7 @@ class PruneX:
         )
         self.live: LiveSlices | None = None
         self.live_elements: dict[int, torch.Tensor] = {}
+        self.trace_live_slices()  # of the all-ones masks; again whenever the masks change
 
         self.consensus = copy.deepcopy(self.model)  # the model evaluated: z + averaged BN stats
         self.optimizer = torch.optim.SGD(
@@ -320,7 +321,7 @@ class PruneX:
             masks = self.agree_masks(local_masks)
             drift = sum(self.masks[i].changed_groups(masks[i]) for i in self.constrained)
             self.masks = masks
-            if drift or (self.live is None and self.channel_groups is not None):
+            if drift:
                 self.layout = None  # the packed shapes changed
                 self.trace_live_slices()
             self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
