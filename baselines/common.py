@@ -8,31 +8,18 @@ they live here once and every method's local compute is timed the same way.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.method import RunContext, average_buffers_for_eval
+from suite.api import Method, RunContext, average_buffers_for_eval, phases
 
 
-def broadcast_initial_state(module: nn.Module) -> None:
-    """Rank 0's parameters and buffers everywhere, as DDP's constructor does.
-
-    Setup, outside any iteration, so it is not method traffic.
-    """
-    with torch.no_grad():
-        for t in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(t, src=0)
-
-
-class SGDBaseline:
+class SGDBaseline(Method):
     """The recipe's momentum SGD over ``model`` (a DDP wrapper or the plain module).
 
     Subclasses add the exchange between ``forward_backward`` and ``apply_update`` (or, for
     DDP, inside backward through a comm hook).
     """
-
-    steps_per_iteration = 1
 
     def __init__(self, ctx: RunContext, model: nn.Module):
         self.ctx = ctx
@@ -53,14 +40,14 @@ class SGDBaseline:
         device = self.ctx.device
         x, y = next(self.batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with self.ctx.recorder.phase("local_compute"):
+        with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.loss_fn(self.model(x), y)
             loss.backward()
         return loss.item(), len(y)
 
     def apply_update(self) -> None:
-        with self.ctx.recorder.phase("local_compute"):
+        with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):
             self.ctx.apply_lr(self.optimizer)
             self.optimizer.step()
 
@@ -73,6 +60,3 @@ class SGDBaseline:
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-
-    def artifacts(self) -> dict:
-        return {}

@@ -21,12 +21,18 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from baselines.common import SGDBaseline
-from suite.comm import Communicator
-from suite.method import RunContext
-from suite.options import POSITIVE, option
-from suite.recorder import Recorder
-from suite.registry import METHODS
-from suite.topology import CommGroup
+from suite.api import (
+    METHODS,
+    POSITIVE,
+    CommGroup,
+    Communicator,
+    Look,
+    Recorder,
+    RunContext,
+    StepResult,
+    option,
+    phases,
+)
 
 CommHook = Callable[[object, object], torch.futures.Future]
 
@@ -46,12 +52,12 @@ def instrumented_allreduce_hook(comm: Communicator, group: CommGroup) -> CommHoo
     def hook(_state, bucket):
         buffer = bucket.buffer()
         buffer.div_(group.size)
-        return comm.all_reduce_async(buffer, group, phase="allreduce")
+        return comm.all_reduce_async(buffer, group, phase=phases.ALLREDUCE)
 
     return hook
 
 
-def timed_hook(hook: CommHook, recorder: Recorder, phase: str = "allreduce") -> CommHook:
+def timed_hook(hook: CommHook, recorder: Recorder, phase: str = phases.ALLREDUCE) -> CommHook:
     """``hook`` with the span from its launch to its future's completion recorded, as
     ``Communicator.all_reduce_async`` records its own collectives."""
 
@@ -83,7 +89,7 @@ def half_precision_hook(
 class DDPMethod(SGDBaseline):
     """DDP over the world; ``hook`` and ``state`` replace the default recorded all-reduce."""
 
-    overlapped_phases = ("allreduce",)  # the comm hook runs while backward goes on
+    overlapped_phases = (phases.ALLREDUCE,)  # the comm hook runs while backward goes on
 
     def __init__(self, ctx: RunContext, hook: CommHook | None = None, state: object = None):
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -101,10 +107,10 @@ class DDPMethod(SGDBaseline):
         )
         super().__init__(ctx, model)
 
-    def step(self, iteration: int) -> dict:
+    def step(self, iteration: int) -> StepResult:
         loss, samples = self.forward_backward()  # buckets are averaged during backward
         self.apply_update()
-        return {"loss": loss, "samples": samples}
+        return StepResult(loss, samples)
 
 
 @METHODS.register(
@@ -112,6 +118,7 @@ class DDPMethod(SGDBaseline):
     "Dense baseline: PyTorch DDP, ring all-reduce of full fp32 gradients every step "
     "(paper sec. 5.1.4)",
     settings=DDPSettings,
+    look=Look("DDP", "#000000", "^"),
 )
 def make_ddp(ctx: RunContext) -> DDPMethod:
     return DDPMethod(ctx)
@@ -127,6 +134,7 @@ def make_half_precision_ddp(ctx: RunContext, torch_hook: CommHook, dtype: torch.
     "DDP with torch's bf16_compress_hook: gradients cast to bfloat16 for the all-reduce "
     "(half DDP's bytes), fp32 update",
     settings=DDPSettings,
+    look=Look("DDP bf16", "#777777", "v"),
 )
 def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.bf16_compress_hook, torch.bfloat16)
@@ -137,6 +145,7 @@ def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
     "DDP with torch's fp16_compress_hook: gradients divided by N, cast to float16 for the "
     "all-reduce (half DDP's bytes), fp32 update",
     settings=DDPSettings,
+    look=Look("DDP fp16", "#777777", "<"),
 )
 def make_ddp_fp16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.fp16_compress_hook, torch.float16)

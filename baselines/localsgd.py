@@ -38,12 +38,22 @@ from torch.distributed.algorithms.model_averaging.hierarchical_model_averager im
 )
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
-from baselines.common import SGDBaseline, broadcast_initial_state
-from suite.comm import flatten, nbytes, unflatten_into
-from suite.method import RoundSettings, RunContext
-from suite.options import AT_LEAST_1, option
-from suite.registry import METHODS
-from suite.topology import CommGroup
+from baselines.common import SGDBaseline
+from suite.api import (
+    AT_LEAST_1,
+    METHODS,
+    CommGroup,
+    Look,
+    RoundSettings,
+    RunContext,
+    StepResult,
+    broadcast_initial_state,
+    flatten,
+    nbytes,
+    option,
+    phases,
+    unflatten_into,
+)
 
 
 @dataclass
@@ -77,10 +87,11 @@ class HierarchicalLocalSGD(SGDBaseline):
         """The averager's process group as a CommGroup, with the phase its time goes to."""
         ranks = tuple(dist.get_process_group_ranks(pg))
         within_node = len({self.ctx.topology.node_of(r) for r in ranks}) == 1
-        name, phase = ("intra", "intra_allreduce") if within_node else ("world", "allreduce")
-        return CommGroup(name, ranks, pg), phase
+        if within_node:
+            return CommGroup("intra", ranks, pg), phases.INTRA_ALLREDUCE
+        return CommGroup("world", ranks, pg), phases.ALLREDUCE
 
-    def step(self, iteration: int) -> dict:
+    def step(self, iteration: int) -> StepResult:
         total, samples = 0.0, 0
         steps = self.ctx.round_steps()
         for k in range(steps):
@@ -94,7 +105,7 @@ class HierarchicalLocalSGD(SGDBaseline):
             self.average()
             total += loss * n
             samples += n
-        return {"loss": total / samples, "samples": samples}
+        return StepResult(total / samples, samples)
 
     def average(self) -> None:
         """Torch's averaging for this step, if one is due, recorded on the group torch picks."""
@@ -133,6 +144,7 @@ class HierarchicalLocalSGD(SGDBaseline):
     settings=LocalSGDSettings,
     not_simulable="torch's model averager builds its own subgroups, which a one-process "
     "replay cannot stand in for",
+    look=Look("Local SGD (hier.)", "#009E73", "*"),
 )
 def make_localsgd_hier(ctx: RunContext) -> HierarchicalLocalSGD:
     return HierarchicalLocalSGD(ctx)

@@ -25,11 +25,17 @@ from dataclasses import dataclass
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from baselines.ddp import CommHook, DDPMethod, DDPSettings, timed_hook
-from suite.comm import Communicator, nbytes
-from suite.method import RunContext
-from suite.options import AT_LEAST_1, at_least, option
-from suite.registry import METHODS
-from suite.topology import CommGroup
+from suite.api import (
+    AT_LEAST_1,
+    METHODS,
+    CommGroup,
+    Communicator,
+    Look,
+    RunContext,
+    at_least,
+    nbytes,
+    option,
+)
 
 
 @dataclass
@@ -106,6 +112,7 @@ class PowerSGD(DDPMethod):
     "DDP with torch's PowerSGD hook: rank-2 (--powersgd-rank) P/Q all-reduces with error "
     "feedback and warm start, vanilla all-reduce before --start-powersgd-iter (10)",
     settings=PowerSGDSettings,
+    look=Look("PowerSGD", "#56B4E9", "D"),
 )
 def make_powersgd(ctx: RunContext) -> PowerSGD:
     return PowerSGD(ctx)

@@ -5,11 +5,11 @@ models every ``--intra-average-period`` steps) and end each round the way PruneX
 
   intra_allreduce  node mean of the parameters and BN statistics
   projection       keep the largest-norm filter/channel/shape groups of the node mean
-                   (suite.structured.project, PruneX's own projection) at this round's keep
+                   (PruneX's own projection) at this round's keep
   mask_sync        leaders OR the group bitmaps (MAX on uint8), broadcast in the node
   pack             leaders: the kept slices of every conv (only the live ones with the
-                   default ``--pack live``), into buckets (suite.packing: PruneX's layout,
-                   so equal masks give equal bytes)
+                   default ``--pack live``), into buckets: PruneX's structured round
+                   (StructuredRound), so equal masks give equal bytes
   inter_allreduce  leaders: AVG of the packed buckets;  broadcast: to the node;  unpack
 
 A pruned group stays zero: theta and its momentum are masked after every local step, so
@@ -31,23 +31,25 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.common import SGDBaseline, broadcast_initial_state
-from suite.comm import flatten, unflatten_into
-from suite.dependency import trace_channel_groups
-from suite.liveness import LiveSlices, live_slices
-from suite.method import RoundSettings, RunContext
-from suite.options import AT_LEAST_1, FRACTION, Check, option
-from suite.packing import PackingSettings, PackLayout, model_entries
-from suite.registry import METHODS
-from suite.structured import (
+from baselines.common import SGDBaseline
+from suite.api import (
+    AT_LEAST_1,
+    FRACTION,
+    METHODS,
+    Check,
+    Look,
+    PackingSettings,
+    RoundSettings,
+    RunContext,
+    StepResult,
     StructuredKeepSettings,
-    StructuredMask,
-    conv_shapes,
-    density_of,
-    load_masks,
-    mask_artifact,
-    or_across_nodes,
+    StructuredRound,
+    broadcast_initial_state,
+    flatten,
+    option,
+    phases,
     project,
+    unflatten_into,
 )
 
 UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
@@ -101,29 +103,29 @@ class StructuredLocalSGD(SGDBaseline):
         self.pruned_fraction = pruned_fraction
         self.steps_per_iteration = ctx.local_steps_per_round()
         self.period = settings.intra_average_period
-        self.bucket_bytes = int(settings.bucket_mb * 2**20)
         self.targets = settings.keeps
         self.params = dict(self.module.named_parameters())
         self.buffers = dict((n, b) for n, b in self.module.named_buffers() if b.is_floating_point())
-        self.shapes = conv_shapes(self.module)
-        self.support: dict[str, torch.Tensor] = {}  # dense masks of the pruned weights
+        self.structure = StructuredRound(ctx, self.module, settings)  # PruneX's, shared
         self.applied = 0.0  # pruned fraction of the masks in use
         self.frozen = False
-        self.channel_groups = (  # --pack live: traced once, like PruneX's
-            trace_channel_groups(self.module, ctx.example_input())
-            if settings.pack == "live"
-            else None
-        )
-        self.use_masks(
-            {n: StructuredMask.full(s, device=ctx.device) for n, s in self.shapes.items()}
-        )
         if settings.masks_from is not None:
-            self.use_masks(load_masks(settings.masks_from, self.shapes, ctx.device))
+            self.structure.use_masks(self.structure.load(settings.masks_from))
             self.frozen, self.applied = True, 1.0
             self.restrict_to_support()
 
+    @property
+    def masks(self):
+        """The agreed masks, by conv weight name."""
+        return self.structure.masks
+
+    @property
+    def shapes(self):
+        """The constrained conv weights' shapes, by name."""
+        return self.structure.shapes
+
     # ------------------------------------------------------------------ one round
-    def step(self, iteration: int) -> dict:
+    def step(self, iteration: int) -> StepResult:
         total, samples = 0.0, 0
         steps = self.ctx.round_steps()
         for k in range(1, steps + 1):
@@ -147,14 +149,12 @@ class StructuredLocalSGD(SGDBaseline):
             density=self.density(),
             mask_drift=drift,
             frozen=self.frozen,
-            packed_bytes=float(self.layout.nbytes),
+            packed_bytes=self.structure.packed_bytes,
         )
-        return {"loss": total / samples, "samples": samples}
+        return StepResult(total / samples, samples)
 
     def keep_support(self) -> None:
-        with torch.no_grad():
-            for name, mask in self.support.items():
-                self.params[name].mul_(mask)
+        self.structure.keep(self.params)
 
     def node_average(self) -> None:
         """Mean of the parameters and BN statistics over the node (in place)."""
@@ -164,7 +164,7 @@ class StructuredLocalSGD(SGDBaseline):
         tensors = [p.data for p in self.params.values()] + list(self.buffers.values())
         with torch.no_grad():
             flat = flatten(tensors).div_(topo.gpus_per_node)
-            self.ctx.comm.all_reduce(flat, topo.intra, phase="intra_allreduce")
+            self.ctx.comm.all_reduce(flat, topo.intra, phase=phases.INTRA_ALLREDUCE)
             unflatten_into(tensors, flat)
 
     @torch.no_grad()
@@ -172,71 +172,35 @@ class StructuredLocalSGD(SGDBaseline):
         """Masks of the node mean at this round's keeps, OR-agreed by the leaders (eq. 14 of
         PruneX); returns the number of group bits that changed."""
         keeps = keeps_at(self.targets, fraction)
-        with self.ctx.recorder.phase("projection"):
+        with self.ctx.recorder.phase(phases.PROJECTION):
             local = {n: project(self.params[n].data, **keeps)[1] for n in self.shapes}
-        agreed = or_across_nodes(local, self.ctx.comm, self.ctx.topology)
         self.applied = fraction
-        drift = sum(self.masks[n].changed_groups(agreed[n]) for n in self.shapes)
+        drift = self.structure.agree(local)
         if drift:
-            self.use_masks(agreed)
             self.restrict_to_support()
         return drift
 
-    def use_masks(self, masks: dict[str, StructuredMask]) -> None:
-        """New masks: their live slices (``--pack live``), and a pack layout to rebuild."""
-        self.masks = masks
-        self.layout: PackLayout | None = None
-        self.live: LiveSlices | None = None
-        if self.channel_groups is not None:
-            self.live = live_slices(self.module, self.channel_groups, masks)
-
-    @torch.no_grad()
     def restrict_to_support(self) -> None:
         """Zero theta and its momentum off the masks (and off the dead slices with ``--pack
         live``); keep them there from now on."""
-        support = {name: mask.dense() for name, mask in self.masks.items()}
-        if self.live is not None:
-            shapes = {name: p.shape for name, p in self.params.items()}
-            for name, keep in self.live.partial_masks(shapes, device=self.ctx.device).items():
-                support[name] = keep & support[name] if name in support else keep
-        for name, dense in support.items():
-            dense = dense.to(self.params[name].dtype)
-            self.support[name] = dense
-            self.params[name].mul_(dense)
-            momentum = self.optimizer.state.get(self.params[name], {}).get("momentum_buffer")
-            if momentum is not None:
-                momentum.mul_(dense)
+        self.structure.restrict(self.params, self.optimizer)
 
     @torch.no_grad()
     def exchange_between_nodes(self) -> None:
         """PruneX's inter-node step on the node means: pack, leaders average, broadcast,
         unpack (zero off the kept slices)."""
-        topo, rec, comm = self.ctx.topology, self.ctx.recorder, self.ctx.comm
-        if self.layout is None:
-            entries = model_entries(self.module, self.masks, live=self.live)
-            self.layout = PackLayout(
-                entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device
-            )
-        values = {f"p:{n}": p.data for n, p in self.params.items()}
-        values.update({f"b:{n}": b for n, b in self.buffers.items()})
-        if topo.is_leader:
-            with rec.phase("pack"):
-                packed = self.layout.pack(values)
-        else:
-            packed = self.layout.allocate()
-        for bucket in packed:
-            if topo.is_leader and topo.inter is not None:
-                comm.all_reduce(bucket, topo.inter, phase="inter_allreduce")
-                bucket.div_(topo.num_nodes)
-            comm.broadcast(bucket, topo.intra, src=topo.intra.ranks[0], phase="broadcast")
-        with rec.phase("unpack"):
-            full = self.layout.unpack(packed)
-        for name, value in values.items():
-            value.copy_(full[name])
+        params = {n: p.data for n, p in self.params.items()}
+        full_params, full_buffers = self.structure.exchange(
+            params, self.buffers, reuse_buffers=self.frozen
+        )
+        for name, value in full_params.items():
+            params[name].copy_(value)
+        for name, value in full_buffers.items():
+            self.buffers[name].copy_(value)
 
     # ------------------------------------------------------------------ interface
     def density(self) -> float:
-        return density_of(self.masks)
+        return self.structure.density()
 
     def eval_model(self):
         return self.module  # every round ends with the same model on every rank
@@ -244,23 +208,20 @@ class StructuredLocalSGD(SGDBaseline):
     def state_dict(self) -> dict:
         return {
             **super().state_dict(),
-            "shared_world": {"masks": {n: m.state() for n, m in self.masks.items()}},
+            "shared_world": {"masks": self.structure.mask_state()},
             "applied": self.applied,
             "frozen": self.frozen,
         }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        device = self.ctx.device
-        saved = state["shared_world"]["masks"]
-        self.use_masks({n: StructuredMask.from_state(m, device) for n, m in saved.items()})
+        self.structure.load_mask_state(state["shared_world"]["masks"])
         self.applied, self.frozen = float(state["applied"]), bool(state["frozen"])
-        self.support = {}
         if self.applied > 0:
             self.restrict_to_support()  # theta and momentum are already zero off it
 
     def artifacts(self) -> dict:
-        return {"masks.pt": mask_artifact(self.masks)}
+        return self.structure.artifacts()
 
 
 @METHODS.register(
@@ -271,6 +232,7 @@ class StructuredLocalSGD(SGDBaseline):
     settings=GMPSettings,
     not_simulable="its masks come from the trained weights' magnitudes, which a replay on "
     "stand-in batches does not have",
+    look=Look("GMP (hier.)", "#E69F00", "h"),
 )
 def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     end = ctx.settings.prune_end
@@ -284,6 +246,7 @@ def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     settings=PruneRetrainSettings,
     not_simulable="its masks come from the trained weights' magnitudes, which a replay on "
     "stand-in batches does not have",
+    look=Look("Prune-retrain", "#882255", "p"),
 )
 def make_prune_retrain(ctx: RunContext) -> StructuredLocalSGD:
     at = ctx.settings.prune_at

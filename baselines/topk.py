@@ -24,12 +24,20 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.common import SGDBaseline, broadcast_initial_state
-from suite.comm import flatten, unflatten_into
-from suite.errors import BenchError
-from suite.method import RunContext
-from suite.options import FRACTION, option
-from suite.registry import METHODS
+from baselines.common import SGDBaseline
+from suite.api import (
+    FRACTION,
+    METHODS,
+    BenchError,
+    Look,
+    RunContext,
+    StepResult,
+    broadcast_initial_state,
+    flatten,
+    option,
+    phases,
+    unflatten_into,
+)
 
 
 @dataclass
@@ -98,7 +106,7 @@ class TopK(SGDBaseline):
             [p.numel() for p in self.sparse], ctx.settings.topk_ratio
         )
 
-    def step(self, iteration: int) -> dict:
+    def step(self, iteration: int) -> StepResult:
         loss, samples = self.forward_backward()
         with torch.no_grad():
             if self.hierarchical:
@@ -106,42 +114,43 @@ class TopK(SGDBaseline):
             else:
                 self.exchange_flat()
         self.apply_update()
-        return {"loss": loss, "samples": samples}
+        return StepResult(loss, samples)
 
     def _compress(self, flat_sparse: torch.Tensor) -> torch.Tensor:
-        with self.ctx.recorder.phase("compress"):
+        with self.ctx.recorder.phase(phases.COMPRESS):
             return pack(*self.compressor.compress(flat_sparse))
 
     def exchange_flat(self) -> None:
         world, comm, rec = self.ctx.topology.world, self.ctx.comm, self.ctx.recorder
         sparse = [p.grad for p in self.sparse]
-        pieces = comm.all_gather(self._compress(flatten(sparse)), world, phase="allgather")
-        with rec.phase("decompress"):
+        pieces = comm.all_gather(self._compress(flatten(sparse)), world, phase=phases.ALLGATHER)
+        with rec.phase(phases.DECOMPRESS):
             unflatten_into(sparse, self.compressor.decompress(*unpack(pieces)))
         if self.dense:
             dense = [p.grad for p in self.dense]
-            flat = comm.all_reduce(flatten(dense), world, phase="allreduce")
+            flat = comm.all_reduce(flatten(dense), world, phase=phases.ALLREDUCE)
             unflatten_into(dense, flat.div_(world.size))
 
     def exchange_hierarchical(self) -> None:
         topo, comm, rec = self.ctx.topology, self.ctx.comm, self.ctx.recorder
         grads = [p.grad for p in [*self.sparse, *self.dense]]
-        node_mean = comm.all_reduce(flatten(grads), topo.intra, phase="intra_allreduce")
+        node_mean = comm.all_reduce(flatten(grads), topo.intra, phase=phases.INTRA_ALLREDUCE)
         node_mean.div_(topo.gpus_per_node)
         split = self.compressor.offsets[-1]  # sparse entries first, then the 1-D ones
         gathered = topo.num_nodes * 2 * self.compressor.k
         if topo.inter is not None:  # node leader
             pieces = comm.all_gather(
-                self._compress(node_mean[:split]), topo.inter, phase="allgather"
+                self._compress(node_mean[:split]), topo.inter, phase=phases.ALLGATHER
             )
             dense = node_mean[split:]
             if dense.numel():
-                comm.all_reduce(dense, topo.inter, phase="inter_allreduce").div_(topo.num_nodes)
+                comm.all_reduce(dense, topo.inter, phase=phases.INTER_ALLREDUCE)
+                dense.div_(topo.num_nodes)
             payload = torch.cat([pieces.reshape(-1), dense])
         else:
             payload = torch.empty(gathered + node_mean.numel() - split, device=node_mean.device)
-        comm.broadcast(payload, topo.intra, src=topo.intra.ranks[0], phase="broadcast")
-        with rec.phase("decompress"):
+        comm.broadcast(payload, topo.intra, src=topo.intra.ranks[0], phase=phases.BROADCAST)
+        with rec.phase(phases.DECOMPRESS):
             pieces = payload[:gathered].view(topo.num_nodes, -1)
             sparse_mean = self.compressor.decompress(*unpack(pieces))
             unflatten_into(grads, torch.cat([sparse_mean, payload[gathered:]]))
@@ -160,6 +169,7 @@ class TopK(SGDBaseline):
     "Top-K 1% (--topk-ratio) per layer with error feedback; values + int32 indices all-gathered "
     "over the world; 1-D tensors (BN, biases) dense all-reduce",
     settings=TopKSettings,
+    look=Look("Top-K", "#0072B2", "P"),
 )
 def make_topk(ctx: RunContext) -> TopK:
     return TopK(ctx, hierarchical=False)
@@ -170,6 +180,7 @@ def make_topk(ctx: RunContext) -> TopK:
     "Hierarchical Top-K: dense intra-node all-reduce, leaders all-gather the top-k of the node "
     "mean between nodes (1-D tensors: leaders' all-reduce), then broadcast it in the node",
     settings=TopKSettings,
+    look=Look("Top-K (hier.)", "#0072B2", "X"),
 )
 def make_topk_hier(ctx: RunContext) -> TopK:
     return TopK(ctx, hierarchical=True)

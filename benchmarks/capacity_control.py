@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 from runs import sweep
 
-from suite.stats import mean_ci
+from suite.results.stats import mean_ci
 
 
 def finished_runs(root: Path, method: str | None = None):

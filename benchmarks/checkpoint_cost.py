@@ -4,7 +4,7 @@
     without ``--checkpoint-every``; the summary's ``checkpoint_seconds_mean`` and
     ``checkpoint_bytes`` (all ranks together), and the wall-time overhead per checkpoint.
 (b) ResNet-152 (CIFAR-10 head) at 64 ranks: one rank's PruneX state saved through the same
-    code path (``suite.checkpoint.save_checkpoint`` in a one-rank gloo group); every rank of a
+    code path (``suite.run.checkpoint.save_checkpoint`` in a one-rank gloo group); every rank of a
     64-rank run holds a state of the same size, so the checkpoint is 64 times the bytes. The
     seconds are this machine's disk for one rank; on a cluster the ranks write in parallel.
 
@@ -52,14 +52,14 @@ def resnet152_rank_state() -> dict:
     import torch
     import torch.distributed as dist
 
-    from suite.checkpoint import save_checkpoint
-    from suite.comm import Communicator
-    from suite.config import RunConfig
-    from suite.context import method_settings, resolve_workload
-    from suite.method import RunContext
-    from suite.recorder import Recorder
-    from suite.registry import METHODS as REGISTRY
-    from suite.topology import build_topology
+    from suite.cluster.comm import Communicator
+    from suite.cluster.recorder import Recorder
+    from suite.cluster.topology import build_topology
+    from suite.plugins.method import RunContext
+    from suite.plugins.registry import METHODS as REGISTRY
+    from suite.run.build import method_settings, resolve_workload
+    from suite.run.checkpoint import save_checkpoint
+    from suite.run.config import RunConfig
     from workloads.base import TensorData
     from workloads.datasets import dataset_spec
     from workloads.sharding import ShardedLoader
@@ -99,7 +99,7 @@ def resnet152_rank_state() -> dict:
 
 def shared_bytes(state: dict) -> dict:
     """Bytes of the state filed as shared by node and by world (stored once per scope)."""
-    from suite.checkpoint import split_state
+    from suite.run.checkpoint import split_state
 
     _, tensors = split_state(state)
     sizes = {"node": 0, "world": 0}

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 from runs import bench, sweep
 
-from suite.stats import mean_ci
+from suite.results.stats import mean_ci
 
 METHODS = "ddp,localsgd-hier,prunex,prunex-flat,gmp-hier,prune-retrain,topk,powersgd"
 

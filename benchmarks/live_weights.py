@@ -5,7 +5,7 @@ Each cell is a ``bench sim`` of PruneX on 8 GPUs (2 nodes x 4), so the bytes com
 method's own step code, masks agreed by OR between the nodes. The ratio is the leaders'
 packed buffer of the last round over that of a dense run (``--channel-keep 1``).
 
-The live-weight limit is counted here independently of suite/liveness.py, by the rule of
+The live-weight limit is counted here independently of suite/structured/liveness.py, by the rule of
 issue 14 written out for timm's residual blocks and read off the run's own ``masks.pt``:
 inside a block, conv j's filters live only where conv j+1 keeps the channel and conv j+1's
 inputs only where conv j's filters live; BN entries go with their filters; the last conv of a
@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 from runs import bench, only_run
 
-from suite.registry import WORKLOADS, load_builtins
-from suite.structured import StructuredMask
+from suite.plugins.registry import WORKLOADS
+from suite.structured.masks import StructuredMask
 from workloads.datasets import dataset_spec
 
 KEEPS = {
@@ -99,7 +99,6 @@ def main() -> None:
     parser.add_argument("-o", "--output", default="results/live_weights")
     args = parser.parse_args()
     out = Path(args.output)
-    load_builtins()
     rows = []
     for model_name in args.models.split(","):
         workload = f"{model_name}-cifar10"

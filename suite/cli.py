@@ -1,6 +1,6 @@
 """The ``bench`` command line: declarations that call into the modules doing the work.
 
-Method options are not declared here: each method declares them (``suite.options``), and
+Method options are not declared here: each method declares them (``suite.plugins.options``), and
 they are attached to ``run``, ``sweep`` and ``sim`` from the registry when one of those
 commands is invoked, so a plugin's options appear with no change to this file.
 
@@ -11,211 +11,19 @@ input.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
-from suite.errors import BenchError, RunFailed
-
-RECIPE_FIELDS = (
-    "batch_size",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "epochs",
-    "lr_schedule",
-    "warmup_epochs",
+from suite.commands.flags import (
+    BenchGroup,
+    IntList,
+    config_option,
+    fail,
+    given_options,
+    method_options,
+    run_flags,
 )
-
-
-class IntList(click.ParamType):
-    """``8`` or ``8,16,32,64``: a list of integers of at least ``minimum``."""
-
-    name = "N[,N...]"
-
-    def __init__(self, minimum: int = 1):
-        self.minimum = minimum
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            numbers = [int(v) for v in str(value).split(",") if v.strip()]
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
-        if not numbers or min(numbers) < self.minimum:
-            self.fail(f"{value!r}: give integers of at least {self.minimum}", param, ctx)
-        return numbers
-
-
-def fail(exc: BenchError) -> None:
-    click.echo(f"Error: {exc}", err=True)
-    sys.exit(1 if isinstance(exc, RunFailed) else 2)
-
-
-class BenchGroup(click.Group):
-    """Attaches the registry's method options, and the workloads' true recipe defaults in
-    the help, to the commands that take them, when such a command is invoked."""
-
-    def get_command(self, ctx, name):
-        command = super().get_command(ctx, name)
-        mode = getattr(command, "method_options", None)
-        if mode and not getattr(command, "attached", False):
-            try:
-                attach_registry_params(command, lists=mode == "lists")
-            except BenchError as exc:
-                fail(exc)
-            command.attached = True
-        return command
-
-
-def attach_registry_params(command: click.Command, *, lists: bool) -> None:
-    from suite.registry import METHODS, load_builtins
-
-    load_builtins()
-    taken = {p.name for p in command.params}
-    for name, (opt, readers) in METHODS.option_catalogue().items():
-        if name in taken:
-            raise BenchError(f"method option {opt.flag} of {readers[0]} collides with a flag")
-        defaults = {
-            o.default_text for r in readers for o in METHODS.get(r).options if o.name == name
-        }
-        default = opt.default_text if len(defaults) == 1 else "per method, see bench list"
-        help_text = f"[{', '.join(readers)}] {opt.help} (default: {default})"
-        if opt.kind is bool:
-            param = click.Option([opt.declaration, name], default=None, help=help_text)
-        else:
-            metavar = opt.type_text + ("[,...]" if lists else "")
-            param = click.Option(
-                [opt.flag, name], default=None, metavar=metavar,
-                help=help_text + (" (comma list)" if lists else ""),
-            )  # fmt: skip
-        command.params.append(param)
-    for param in command.params:
-        if param.name in RECIPE_FIELDS:
-            param.help = f"{param.help} (default: the workload's: {recipe_defaults(param.name)})"
-
-
-def recipe_defaults(field: str) -> str:
-    """``0.05 (cnn-fmnist, resnet18-fmnist); 0.001 (resnet18-cifar10, ...)``."""
-    from suite.registry import WORKLOADS
-
-    by_value: dict = {}
-    for entry in WORKLOADS.entries():
-        by_value.setdefault(getattr(entry.factory().recipe, field), []).append(entry.name)
-    return "; ".join(
-        f"{v:{'' if isinstance(v, str) else 'g'}} ({', '.join(names)})"
-        for v, names in by_value.items()
-    )
-
-
-def method_options(mode: str):
-    """Mark a command as taking the registry's method options (``single`` or ``lists``)."""
-
-    def mark(command):
-        command.method_options = mode
-        return command
-
-    return mark
-
-
-def config_option(list_keys: tuple[str, ...]):
-    """``--config FILE``: an experiment file whose values become the command's defaults."""
-
-    def load(ctx, param, value):
-        if value is None:
-            return None
-        from suite.experiment import apply_to_command, read_experiment
-        from suite.registry import METHODS
-
-        keys = list_keys
-        if getattr(ctx.command, "method_options", None) == "lists":  # every option is an axis
-            keys = (*keys, *METHODS.option_catalogue())
-        try:
-            apply_to_command(ctx, read_experiment(value), keys)
-        except BenchError as exc:
-            fail(exc)
-        return value
-
-    return click.option(
-        "--config", type=click.Path(), default=None, is_eager=True, expose_value=False,
-        callback=load, help="experiment file (YAML, or a run's manifest.json); flags override it",
-    )  # fmt: skip
-
-
-def given_options(kwargs: dict) -> dict:
-    """Pop the method options out of a command's keyword arguments; keep the given ones."""
-    from suite.registry import METHODS
-
-    names = METHODS.option_catalogue()
-    return {k: v for k in list(kwargs) if k in names and (v := kwargs.pop(k)) is not None}
-
-
-# -------------------------------------------------------------------------- shared flags
-def run_flags(func):
-    """Flags ``bench run`` and ``bench sweep`` share (a manifest's ``config`` keys)."""
-    flags = [
-        click.option("--dataset", default=None,
-                     help="fmnist | cifar10 | synthetic (default: the workload's)"),
-        click.option("--data-dir", default=None, help="dataset directory (default: its own)"),
-        click.option("--download", is_flag=True, default=None,
-                     help="download the dataset if missing (needs a network)"),
-        click.option("--synthetic-size", type=IntList(), default=None, metavar="TRAIN,TEST",
-                     help="samples of the synthetic dataset (default: 4096,1024)"),
-        click.option("--gpus-per-node", default=None, type=int,
-                     help="ranks per (emulated) node; default: discovered in a job, else 4 "
-                     "(gpus/2 below 8)"),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-                     show_default=True),
-        click.option("--iterations", type=int, default=None,
-                     help="iterations to run (PruneX, local SGD: rounds)"),
-        click.option("--epochs", type=float, default=None, help="data epochs to run"),
-        click.option("--eval-every", type=int, default=None,
-                     help="evaluate every N iterations and at the end (default: 10 evenly "
-                     "spread evaluations, at most every third iteration)"),
-        click.option("--bn-recalibrate", type=int, default=0, show_default=True, metavar="N",
-                     help="before each evaluation, recompute the evaluated model's BatchNorm "
-                     "statistics on N training batches per rank (0: use the method's)"),
-        click.option("--target-accuracy", type=float, default=None,
-                     help="record time_to_target_seconds, e.g. 0.85"),
-        click.option("--tensorboard", is_flag=True, default=None,
-                     help="live logs: TensorBoard events in the run folder's tensorboard/ "
-                     "(loss, accuracy, lr, phase seconds, bytes per link, density, rho)"),
-        click.option("--results-dir", default="results", show_default=True),
-        click.option("--tag", default=None, help="free-form label stored in the manifest"),
-        click.option("--batch-size", type=int, default=None, help="per-rank batch"),
-        click.option("--lr", type=float, default=None, help="learning rate"),
-        click.option("--momentum", type=float, default=None, help="SGD momentum"),
-        click.option("--weight-decay", type=float, default=None, help="weight decay"),
-        click.option("--lr-schedule", type=click.Choice(["constant", "cosine", "step"]),
-                     default=None, help="lr over the run's samples, the same for every method"),
-        click.option("--warmup-epochs", type=float, default=None,
-                     help="linear lr warmup, in epochs of a rank's shard"),
-        click.option("--network", type=click.Choice(["loopback", "emulated"]),
-                     default="loopback", show_default=True,
-                     help="emulated: each node in its own network namespace, inter-node links "
-                     "rate-limited to --inter-bw with tc (Linux, root, iproute2)"),
-        click.option("--inter-bw", default=None,
-                     help="[emulated] inter-node link rate, e.g. 1gbit"),
-        click.option("--checkpoint-every", type=int, default=None,
-                     help="write a checkpoint every N iterations (bench run --resume continues "
-                     "from the latest; a finished run removes them)"),
-        click.option("--checkpoint-minutes", type=float, default=None,
-                     help="write a checkpoint every M minutes (rank 0's clock)"),
-        click.option("--max-restarts", type=int, default=0, show_default=True,
-                     help="when a rank dies, restart all ranks from the latest checkpoint up "
-                     "to K times (torch elastic; local launcher)"),
-        click.option("--collective-timeout", type=float, default=300.0, show_default=True,
-                     help="seconds a collective waits for a stalled or dead peer before the "
-                     "run fails"),
-        click.option("--launcher", default="auto", show_default=True,
-                     type=click.Choice(["auto", "local", "torchrun", "slurm", "sim"]),
-                     help="auto: torchrun inside a torchrun/SLURM job, else local; slurm: write "
-                     "and sbatch a job script; sim: the calibrated simulator (see bench sim)"),
-    ]  # fmt: skip
-    for flag in reversed(flags):
-        func = flag(func)
-    return func
+from suite.errors import BenchError
 
 
 @click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -232,7 +40,7 @@ def main() -> None:
 @click.option("--markdown", is_flag=True, help="the options as the README's Markdown table")
 def list_cmd(names, show_options, markdown) -> None:
     """Registered methods and workloads; `bench list METHOD` or `--options` adds options."""
-    from suite.listing import entries_text, options_markdown, options_text
+    from suite.commands.listing import entries_text, options_markdown, options_text
 
     try:
         if markdown:
@@ -275,7 +83,7 @@ def run_cmd(**kwargs) -> None:
     Method options are tagged with the methods that read them; an option the chosen method
     does not read is ignored with a warning.
     """
-    from suite.execute import execute_run, resume_arguments
+    from suite.commands.execute import execute_run, resume_arguments
 
     try:
         if kwargs.get("resume"):
@@ -292,18 +100,11 @@ def run_cmd(**kwargs) -> None:
 @click.option("--dry-run", is_flag=True, help="print what would run and start nothing")
 def rerun_cmd(run_dir, results_dir, run_id, dry_run) -> None:
     """Run a recorded run's configuration again (from its manifest.json) into a new folder."""
-    from suite.execute import execute_run
-    from suite.experiment import read_experiment
-    from suite.registry import load_builtins
+    from suite.commands.execute import execute_run, rerun_arguments
 
     try:
-        load_builtins()
-        kwargs = read_experiment(Path(run_dir) / "manifest.json")
-        given = given_options(kwargs)
-        parent = str(Path(run_dir).resolve().parent)
-        kwargs.update(results_dir=results_dir or parent, run_id=run_id, dry_run=dry_run)
-        kwargs.update(gpus=[kwargs["gpus"]], resume=None, overwrite=False)
-        execute_run(kwargs, given, echo=click.echo)
+        kwargs = rerun_arguments(run_dir, results_dir=results_dir, run_id=run_id, dry_run=dry_run)
+        execute_run(kwargs, given_options(kwargs), echo=click.echo)
     except BenchError as exc:
         fail(exc)
 
@@ -324,7 +125,7 @@ def sweep_cmd(**kwargs) -> None:
     """Run a grid of (workload x method x GPUs x seed x method-option values) into one
     results directory; re-running it skips the cells already done. Exits 1 if a cell
     failed. An option fans out only the methods that read it."""
-    from suite.execute import execute_sweep
+    from suite.commands.execute import execute_sweep
 
     try:
         failed = execute_sweep(kwargs, given_options(kwargs), echo=click.echo)
@@ -354,40 +155,14 @@ def compare_cmd(baseline, new, max_regression, max_accuracy_drop, metric, fmt) -
     simulated) and recipe (batch, lr, epochs); repeats are reduced to their mean and 95 %
     interval, and with repeats on both sides a change counts only when the intervals do not
     overlap."""
-    from suite.compare import (
-        as_json,
-        compare,
-        format_table,
-        load_summaries,
-        parse_metrics,
-        parse_threshold,
-    )
+    from suite.commands.compare import run_compare
 
     try:
-        threshold = parse_threshold(max_regression)
-        if not 0 <= max_accuracy_drop <= 100:
-            raise BenchError(f"--max-accuracy-drop must be in [0, 100] points, got "
-                             f"{max_accuracy_drop}")  # fmt: skip
-        metrics = parse_metrics(metric)
-        base, warn_base = load_summaries(baseline)
-        new_runs, warn_new = load_summaries(new)
+        code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
+                           echo=click.echo)  # fmt: skip
     except BenchError as exc:
         fail(exc)
-    warnings = warn_base + warn_new
-    for line in warnings:
-        click.echo(f"warning: {line}", err=True)
-    table, unmatched = compare(base, new_runs, metrics, threshold, max_accuracy_drop)
-    regressions = table[table.verdict.str.startswith("REGRESSION")] if len(table) else table
-    if fmt == "json":
-        click.echo(as_json(table, unmatched, len(regressions), warnings))
-        sys.exit(1 if len(regressions) else 0)
-    click.echo(format_table(table, fmt))
-    for side, keys in unmatched.items():
-        for key in keys:
-            click.echo(f"{'- ' if fmt == 'markdown' else ''}unmatched ({side}): {key}")
-    click.echo(f"{len(regressions)} regression(s) beyond {threshold:.1%} (times, bytes) or "
-               f"{max_accuracy_drop:g} accuracy points")  # fmt: skip
-    sys.exit(1 if len(regressions) else 0)
+    sys.exit(code)
 
 
 @main.command("report")
@@ -418,20 +193,12 @@ def export_cmd(run_dir, output, data_dir, repeats) -> None:
     """Remove a pruning run's pruned and dead channels physically (Torch-Pruning) and save the
     smaller model; check it against the masked dense model, and write parameters, FLOPs,
     CPU latency and test accuracy (dense and exported) to RUN_DIR/export.json."""
-    from suite.export import export_run
+    from suite.commands.export import export_and_print
 
     try:
-        record = export_run(run_dir, output, data_dir=data_dir, repeats=repeats, echo=click.echo)
+        export_and_print(run_dir, output, data_dir=data_dir, repeats=repeats, echo=click.echo)
     except BenchError as exc:
         fail(exc)
-    dense, small = record["dense"], record["exported"]
-    click.echo(f"{'':>12} {'dense':>14} {'exported':>14} {'ratio':>7}")
-    for key in dense:
-        ratio = record["ratios"].get(key, float("nan"))
-        click.echo(f"{key:>12} {dense[key]:>14.4g} {small[key]:>14.4g} {ratio:>7.3f}")
-    click.echo(f"test accuracy of the exported model: {100 * small['test_accuracy']:.2f} %  "
-               f"(max |diff| to the masked dense model {record['max_abs_diff']:.2g})")  # fmt: skip
-    click.echo(f"model: {record['model_file']}  record: {Path(run_dir) / 'export.json'}")
 
 
 @main.command("recover")
@@ -444,7 +211,7 @@ def export_cmd(run_dir, output, data_dir, repeats) -> None:
 def recover_cmd(run_dirs, force) -> None:
     """Finalize run folders whose processes were killed without a word (SIGKILL, a lost
     node): merge the rows their ranks streamed and mark them failed."""
-    from suite.recover import recover
+    from suite.results.recover import recover
 
     try:
         for run_dir in run_dirs:
@@ -462,7 +229,7 @@ def net_cleanup_cmd(everything) -> None:
     """Delete network namespaces left by an emulated run whose parent was killed (SIGKILL
     cannot be caught; every other ending cleans up by itself). Namespaces of live runs are
     kept unless --all."""
-    from suite.netemu import delete_namespaces, leftover_namespaces
+    from suite.cluster.netemu import delete_namespaces, leftover_namespaces
 
     left = leftover_namespaces(dead_owner_only=not everything)
     delete_namespaces(left)
@@ -500,7 +267,7 @@ def net_cleanup_cmd(everything) -> None:
 def calibrate_cmd(**kwargs) -> None:
     """Measure compute per step, link latency/bandwidth and memory bandwidth here, and write a
     hardware profile for `bench sim --profile FILE`."""
-    from suite.calibrate import calibrate_to_file
+    from suite.sim.calibrate import calibrate_to_file
 
     try:
         calibrate_to_file(kwargs, echo=click.echo)
@@ -534,22 +301,10 @@ def sim_cmd(**kwargs) -> None:
     ordinary run folder marked simulated (every time in it is simulated). Same as
     `bench run --launcher sim`. Method options apply to the methods that read them.
     """
-    from suite.execute import run_config
-    from suite.sim.profile import load_profile, shipped_profiles
-    from suite.sim.replay import run_simulations
+    from suite.commands.simulate import execute_sim
 
-    if kwargs.pop("list_profiles"):
-        for name in shipped_profiles():
-            click.echo(f"{name:<16} {load_profile(name).description}")
-        return
-    options = given_options(kwargs)
-    methods = [m for m in kwargs.pop("method").split(",") if m]
-    gpus = kwargs.pop("gpus")
-    sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from", "dry_run")}
-    kwargs["launcher"] = "sim"
     try:
-        base = run_config({**kwargs, "method": methods[0]}, {}, gpus[0])
-        run_simulations(methods, gpus, base, options, **sim, echo=click.echo)
+        execute_sim(kwargs, given_options(kwargs), echo=click.echo)
     except BenchError as exc:
         fail(exc)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from suite.comm import Communicator
-from suite.config import RunConfig
-from suite.context import method_settings
-from suite.method import RunContext
-from suite.recorder import Recorder
-from suite.topology import build_topology
+from suite.cluster.comm import Communicator
+from suite.cluster.recorder import Recorder
+from suite.cluster.topology import build_topology
+from suite.plugins.method import RunContext
+from suite.run.build import method_settings
+from suite.run.config import RunConfig
 from workloads.base import DatasetSpec, Recipe, TensorData
 from workloads.models import small_cnn
 from workloads.sharding import ShardedLoader
@@ -90,6 +90,6 @@ def run_iterations(method, recorder, n: int) -> list[dict]:
     rows = []
     for it in range(n):
         recorder.begin_iteration(it)
-        info = method.step(it)
-        rows.append(recorder.end_iteration(loss=info["loss"]))
+        done = method.step(it)
+        rows.append(recorder.end_iteration(loss=done.loss))
     return rows

@@ -7,11 +7,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from suite.comm import Communicator
-from suite.netemu import INTERFACE
-from suite.recorder import Recorder
-from suite.topology import build_topology
-from suite.wire import WireCounters
+from suite.cluster.comm import Communicator
+from suite.cluster.netemu import INTERFACE
+from suite.cluster.recorder import Recorder
+from suite.cluster.topology import build_topology
+from suite.cluster.wire import WireCounters
 
 
 def main(out_path: str) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from methods.prunex import hsadmm
-from methods.prunex.state import admm_blocks, averaged_buffers
+from methods.prunex.blocks import admm_blocks, averaged_buffers
 
 
 def reference_rounds(

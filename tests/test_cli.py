@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from suite.results import SUMMARY_KEYS
+from suite.results.folder import SUMMARY_KEYS
 
 BENCH = [sys.executable, "-m", "suite.cli"]
 

@@ -12,16 +12,16 @@ import torch.distributed as dist
 
 from methods.prunex.method import PruneX, proximal_weight
 from methods.prunex.penalties import rho1_for_pull, round_pull
-from suite.dependency import trace_channel_groups
-from suite.liveness import live_slices
-from suite.packing import PackLayout, model_entries, packed_numel
-from suite.registry import METHODS, load_builtins
+from suite.plugins.registry import METHODS
 from suite.report.figures import phase_breakdown
 from suite.report.load import Run
 from suite.report.render import summary_table
-from suite.schedule import LRSchedule
-from suite.stats import t95
-from suite.structured import StructuredMask, project
+from suite.results.stats import t95
+from suite.run.schedule import LRSchedule
+from suite.structured.groups import trace_channel_groups
+from suite.structured.liveness import live_slices
+from suite.structured.masks import StructuredMask, project
+from suite.structured.packing import PackLayout, model_entries, packed_numel
 from tests.distributed import run_ranks
 from tests.helpers import cnn_fmnist_model, make_context, run_iterations
 
@@ -47,7 +47,6 @@ def test_schedules_warm_up_then_follow_their_shape():
 
 
 def schedule_worker(rank):
-    load_builtins()
     out = {}
     for name in ("ddp", "prunex", "localsgd-hier"):
         ctx = make_context(
@@ -138,7 +137,6 @@ def test_oscillating_masks_are_reported_once():
 
 # ---------------------------------------------------------------------- pruning baselines
 def pruning_worker(rank):
-    load_builtins()
     out = {}
     ctx = make_context(
         rank, gpus_per_node=2, method="prune-retrain",
@@ -213,7 +211,7 @@ def test_structured_masks_are_framework_code():
     """Baselines and PruneX choose groups with the same function (no import of methods/)."""
     import baselines.pruning as pruning
 
-    assert pruning.project is project and StructuredMask.__module__ == "suite.structured"
+    assert pruning.project is project and StructuredMask.__module__ == "suite.structured.masks"
 
 
 # ---------------------------------------------------------------------- repeats

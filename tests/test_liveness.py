@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from suite.dependency import trace_channel_groups
 from suite.errors import BenchError
-from suite.export import count_parameters, masked_dense_model, remove_dead_channels
-from suite.liveness import live_slices
-from suite.packing import packed_numel
-from suite.structured import StructuredMask, conv_shapes, project
+from suite.structured.export import count_parameters, masked_dense_model, remove_dead_channels
+from suite.structured.groups import trace_channel_groups
+from suite.structured.liveness import live_slices
+from suite.structured.masks import StructuredMask, conv_shapes, project
+from suite.structured.packing import packed_numel
 from workloads.base import DatasetSpec
 from workloads.models import resnet18, small_cnn
 

@@ -11,8 +11,13 @@ import time
 
 import pytest
 
+from suite.cluster.netemu import (
+    emulated_cluster,
+    leftover_namespaces,
+    parse_rate,
+    run_module_in_cluster,
+)
 from suite.errors import BenchError
-from suite.netemu import emulated_cluster, leftover_namespaces, parse_rate, run_module_in_cluster
 
 ROOT_AND_IPROUTE = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
 needs_root = pytest.mark.skipif(not ROOT_AND_IPROUTE, reason="needs root and iproute2")
@@ -65,8 +70,8 @@ def test_leaders_fit_predicts_the_flat_ring_on_shaped_links(tmp_path):
     """bench calibrate on 2 x 2 emulated nodes at 200 Mbit fits the leaders' 2-rank ring; that
     link (rate, alpha and the shapers' recorded burst) must then price the independently
     measured 4-rank world ring within 15% at every size beyond the burst."""
-    from suite.calibrate import world_check
-    from suite.netemu import BURST_BYTES
+    from suite.cluster.netemu import BURST_BYTES
+    from suite.sim.fit import world_check
 
     out = tmp_path / "shaped.json"
     proc = bench("calibrate", "--network", "emulated", "--inter-bw", "200mbit", "--gpus", "4",
@@ -142,7 +147,7 @@ def test_without_iproute2_it_is_one_line(tmp_path):
 
 
 def test_without_root_it_is_one_line(monkeypatch):
-    from suite.netemu import check_privileges
+    from suite.cluster.netemu import check_privileges
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(shutil, "which", lambda tool: f"/usr/sbin/{tool}")

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from suite.cli import main
-from suite.context import evaluation_points
+from suite.commands.listing import options_markdown
 from suite.errors import BenchError
-from suite.listing import options_markdown
-from suite.options import FRACTION, option, options_of, resolve_settings
+from suite.plugins.options import FRACTION, option, options_of, resolve_settings
+from suite.run.build import evaluation_points
 from tests.test_cli import BENCH, bench, one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def install_plugin(tmp_path: Path) -> dict:
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: benchplugin\nVersion: 0.1\n")
     (dist_info / "entry_points.txt").write_text(
-        "[prunex_bench.methods]\nscaled-ddp = benchplugin\n"
+        "[prunex_bench.methods]\nscaled-sgd = benchplugin\n"
     )
     return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "PRUNEX_PROGRESS": "0"}
 
@@ -109,31 +109,38 @@ def test_plugin_method_brings_its_own_option(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     env = install_plugin(site)
-    listed = bench_env(env, "list", "scaled-ddp")
+    listed = bench_env(env, "list", "scaled-sgd")
     assert listed.returncode == 0, listed.stderr
-    assert "--grad-scale" in listed.stdout and "--bucket-cap-mb" in listed.stdout
+    assert "--grad-scale" in listed.stdout and "--bucket-cap-mb" not in listed.stdout
 
-    bad = bench_env(env, "run", "--method", "scaled-ddp", "--grad-scale", "-1", *TINY)
+    bad = bench_env(env, "run", "--method", "scaled-sgd", "--grad-scale", "-1", *TINY)
     assert one_line_error(bad) == "Error: --grad-scale must be positive, got -1.0"
     assert bad.returncode == 2
 
     results = tmp_path / "results"
-    ran = bench_env(env, "run", "--method", "scaled-ddp", "--grad-scale", "0.5", *TINY,
+    ran = bench_env(env, "run", "--method", "scaled-sgd", "--grad-scale", "0.5", *TINY,
                     *ONE_RANK, "--iterations", "1", "--results-dir", str(results))  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     (run,) = results.iterdir()
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["config"]["options"] == {"grad_scale": 0.5}
-    assert manifest["method_settings"] == {"bucket_cap_mb": None, "grad_scale": 0.5}
+    assert manifest["method_settings"] == {"grad_scale": 0.5}
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["phase_seconds"]["grad_scale"] > 0  # the plugin's own declared phase
 
-    sweep = bench_env(env, "sweep", "--method", "scaled-ddp,ddp", "--grad-scale", "0.5,2",
+    report = bench_env(env, "report", str(results), "-o", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "Scaled SGD" in table  # the label it declared at registration
+
+    sweep = bench_env(env, "sweep", "--method", "scaled-sgd,ddp", "--grad-scale", "0.5,2",
                       *TINY, *ONE_RANK, "--iterations", "1", "--dry-run")  # fmt: skip
     assert sweep.returncode == 0, sweep.stderr
     cells = sweep.stdout.splitlines()
-    assert len(cells) == 3  # two scaled-ddp cells, one ddp cell: ddp does not read it
+    assert len(cells) == 3  # two scaled-sgd cells, one ddp cell: ddp does not read it
     assert sum("'grad_scale': 0.5" in c for c in cells) == 1
     assert sum(c.startswith("ddp-") and c.endswith("{}") for c in cells) == 1
-    bad_sweep = bench_env(env, "sweep", "--method", "scaled-ddp", "--grad-scale", "1,x", *TINY,
+    bad_sweep = bench_env(env, "sweep", "--method", "scaled-sgd", "--grad-scale", "1,x", *TINY,
                           "--dry-run")  # fmt: skip
     assert one_line_error(bad_sweep) == "Error: --grad-scale takes FLOAT, got 'x'"
 

@@ -7,7 +7,7 @@ import torch
 
 from methods.prunex import hsadmm
 from methods.prunex.hsadmm import StructuredMask
-from suite.packing import PackLayout, packed_numel
+from suite.structured.packing import PackLayout, packed_numel
 
 CONV = (6, 5, 3, 3)
 

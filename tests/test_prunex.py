@@ -32,7 +32,7 @@ def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):
                 "masks": {i: m.to_bits().clone() for i, m in method.masks.items()},
                 "z_node": [t.clone() for t in method.z_node],
                 "frozen": method.frozen,
-                "layout_bytes": method.layout.nbytes if method.layout is not None else None,
+                "layout_bytes": method.structure.layout.nbytes if method.structure.layout else None,
             }
         )
     blocks = [(b.name, tuple(b.shape), b.constrained) for b in method.blocks]
@@ -90,7 +90,7 @@ def test_live_packing_zeroes_dead_slices_and_sends_only_live_ones():
     names = [name for name, _, _ in out[0]["blocks"]]
     z = dict(zip(names, out[0]["z"]))
     for k in range(ROUNDS):
-        bits = out[0]["history"][k]["masks"][names.index("conv2.weight")]
+        bits = out[0]["history"][k]["masks"]["conv2.weight"]
         read = hsadmm.StructuredMask.from_bits(bits, (8, 6, 3, 3)).kept_channels()
         n = read.numel()
         # by hand for TinyCNN(bn=True): conv1's filters (and bn1's entries) that conv2 no

@@ -10,13 +10,13 @@ import textwrap
 import pytest
 import torch
 
+from suite.cluster.ranks import backend_for, gpu_sharing, ranks_per_gpu
+from suite.cluster.topology import discover_gpus_per_node
 from suite.errors import BenchError
-from suite.ranks import backend_for, gpu_sharing, ranks_per_gpu
-from suite.registry import Registry
-from suite.topology import discover_gpus_per_node
+from suite.plugins.registry import Registry
 
 PLUGIN = """
-from suite.registry import WORKLOADS
+from suite.plugins.registry import WORKLOADS
 from workloads import models
 from workloads.base import Recipe, Workload
 

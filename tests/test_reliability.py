@@ -328,8 +328,8 @@ def test_report_lists_damaged_files_and_goes_on(tmp_path):
 
 
 def test_sweep_resumes_a_cell_that_has_a_checkpoint(tmp_path):
-    from suite.config import RunConfig
-    from suite.sweep import Cell, prepare
+    from suite.commands.sweep import Cell, prepare
+    from suite.run.config import RunConfig
 
     with_checkpoint, without = tmp_path / "a", tmp_path / "b"
     for folder in (with_checkpoint, without):

@@ -18,8 +18,9 @@ from suite.sim.costmodel import (
     ring_allgather,
     ring_allreduce,
 )
+from suite.sim.pricing import SimCommunicator
 from suite.sim.profile import Profile
-from suite.sim.replay import SimCommunicator, sim_topology
+from suite.sim.standins import sim_topology
 
 BENCH = [sys.executable, "-m", "suite.cli"]
 SLOW_LINK = Link(alpha=1e-4, bandwidth=1e8)
@@ -90,7 +91,7 @@ def test_shaped_links_pass_their_burst_unpaced():
 
 
 def test_fit_recovers_a_shaped_link_that_a_plain_fit_cannot():
-    from suite.calibrate import fit_ring
+    from suite.sim.fit import fit_ring
 
     truth = Link(alpha=4e-4, bandwidth=2.5e7, burst=262144)
     sizes = [4096, 65536, 262144, 2**20, 2**22, 2**24]
@@ -149,7 +150,7 @@ def simulate(tmp_path, profile, *args) -> pd.DataFrame:
 
 def test_ddp_buckets_hide_behind_backward_as_a_pipeline(tmp_path):
     """t_iteration = compute + allreduce - overlap * (what the bucket pipeline hides)."""
-    from suite.sim.replay import pipelined_hidden
+    from suite.sim.pricing import pipelined_hidden
 
     for bandwidth in (1e10, 1e6):  # comm shorter, then longer, than the backward pass
         rows = simulate(
@@ -172,7 +173,7 @@ def test_ddp_buckets_hide_behind_backward_as_a_pipeline(tmp_path):
 
 
 def test_bucket_pipeline_closed_forms():
-    from suite.sim.replay import pipelined_hidden
+    from suite.sim.pricing import pipelined_hidden
 
     assert pipelined_hidden([0.3], 1.0) == pytest.approx(
         0.0
@@ -284,7 +285,7 @@ def test_simulated_iterations_wait_for_the_slowest_rank(tmp_path):
 
 
 def test_block_statistics():
-    from suite.calibrate import block_statistics
+    from suite.sim.fit import block_statistics
 
     # 2 block sizes x 2 repeats, 2 ranks
     seconds = [[0.1, 0.3], [0.2, 0.2], [0.8, 1.2], [1.0, 1.0]]
@@ -334,10 +335,10 @@ def test_simulator_sends_only_live_weights_of_resnet152(tmp_path):
     """Issue 14's measure, from the method's own step code: PruneX at channel keep 0.5 on
     ResNet-152 packs at most 0.33 x the dense bytes per round (about 0.50 with each conv's
     own mask block, ``--pack dense-masks``), and exactly the live slices of its masks."""
-    from suite.dependency import example_input, trace_channel_groups
-    from suite.liveness import live_slices
-    from suite.packing import model_entries, packed_numel
-    from suite.structured import StructuredMask
+    from suite.structured.groups import example_input, trace_channel_groups
+    from suite.structured.liveness import live_slices
+    from suite.structured.masks import StructuredMask
+    from suite.structured.packing import model_entries, packed_numel
     from workloads.datasets import dataset_spec
     from workloads.models import resnet152
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from suite.comm import Communicator
+from suite.cluster.comm import Communicator
+from suite.cluster.recorder import Recorder
+from suite.cluster.topology import build_topology, check_layout
 from suite.errors import BenchError
-from suite.recorder import Recorder
-from suite.topology import build_topology, check_layout
 from tests.distributed import run_ranks
 
 S = 4096  # bytes of a 1024-float tensor

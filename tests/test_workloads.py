@@ -14,7 +14,7 @@ from torch import nn
 
 import workloads
 from suite.errors import BenchError
-from suite.registry import WORKLOADS
+from suite.plugins.registry import WORKLOADS
 from workloads.base import DatasetSpec, TensorData
 from workloads.datasets import CIFAR_MEAN, CIFAR_STD, FMNIST_DIR, load_data
 from workloads.sharding import ShardedLoader, eval_slice, random_crop_flip

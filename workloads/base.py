@@ -22,7 +22,8 @@ class Recipe:
     momentum: float = 0.9
     weight_decay: float = 1e-4
     epochs: float = 1.0
-    lr_schedule: str = "cosine"  # constant | cosine | step, over the run's samples (suite.schedule)
+    # constant | cosine | step, over the run's samples (suite.run.schedule)
+    lr_schedule: str = "cosine"
     warmup_epochs: float = 0.1  # linear warmup to lr, in epochs of a rank's shard
 
 

@@ -2,7 +2,7 @@
 
 from methods.prunex.method import PruneX
 from methods.prunex.settings import PruneXFlatSettings, PruneXSettings
-from suite.registry import METHODS
+from suite.api import METHODS, Look
 
 HANDLING = (
     "conv weights projected onto filter/channel/shape keep sets (default channel keep 0.5); "
@@ -15,6 +15,7 @@ HANDLING = (
     "PruneX: hierarchical H-SADMM, leaders OR masks and all-reduce packed kept slices between "
     f"nodes; {HANDLING}",
     settings=PruneXSettings,
+    look=Look("PruneX", "#D55E00", "o"),
 )
 def make_prunex(ctx):
     return PruneX(ctx, hierarchical=True)
@@ -25,6 +26,7 @@ def make_prunex(ctx):
     "PruneX (AR) ablation: flat consensus, dense world all-reduce then projection, no "
     "hierarchy or shrinkage; same math as prunex",
     settings=PruneXFlatSettings,
+    look=Look("PruneX (AR)", "#CC79A7", "s"),
 )
 def make_prunex_flat(ctx):
     return PruneX(ctx, hierarchical=False)

@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from suite.structured import StructuredMask, apply_mask, keep_count, project
+from suite.api import StructuredMask, apply_mask, keep_count, project
 
 __all__ = ["StructuredMask", "apply_mask", "keep_count", "project", "node_candidate"]
 

@@ -7,8 +7,8 @@ Hierarchical (``prunex``), one round k:
   mask_sync        leaders OR their filter/channel/shape bitmaps (MAX on uint8)      eq. (14)
                    and broadcast the global bitmaps to followers
   pack             leaders: c_i = z_i + v_i, kept [K_out, K_in] slices into buckets  eq. (15)
-                   (``--pack live``, the default: only the live slices, suite/liveness.py;
-                   the dead ones are zeroed in z_i first, so z is zero there too)
+                   (``--pack live``, the default: only the live slices; the dead ones
+                   are zeroed in z_i first, so z is zero there too)
   inter_allreduce  leaders: AVG of the packed buckets                                eq. (11)
   broadcast        leaders -> followers: the packed buckets
   unpack           zero-filled scatter back to full shapes: global z
@@ -38,15 +38,19 @@ import torch
 from torch import nn
 
 from methods.prunex import hsadmm
-from methods.prunex.hsadmm import StructuredMask
+from methods.prunex.blocks import admm_blocks, averaged_buffers
 from methods.prunex.penalties import initial_penalties
-from methods.prunex.state import admm_blocks, averaged_buffers
-from suite.comm import flatten, unflatten
-from suite.dependency import trace_channel_groups
-from suite.liveness import LiveSlices, live_slices
-from suite.method import RunContext
-from suite.packing import PackLayout, model_entries
-from suite.structured import density_of, load_masks, mask_artifact, or_across_nodes
+from suite.api import (
+    WIRE_DTYPES,
+    Method,
+    RunContext,
+    StepResult,
+    StructuredMask,
+    StructuredRound,
+    flatten,
+    phases,
+    unflatten,
+)
 
 #: drift (fraction of the structured bits) and rounds in a row that count as oscillation
 OSCILLATION_DRIFT = 0.5
@@ -58,7 +62,7 @@ def proximal_weight(lr: float, rho: float) -> float:
     return lr * rho / (1.0 + lr * rho)
 
 
-class PruneX:
+class PruneX(Method):
     def __init__(self, ctx: RunContext, *, hierarchical: bool):
         self.ctx = ctx
         topo = ctx.topology
@@ -73,10 +77,6 @@ class PruneX:
         # The paper freezes "once topological stability is detected" (sec. 4.5; drift reaches
         # zero within 5-15 rounds): by default, after 3 consecutive unchanged rounds.
         self.freeze_patience = settings.freeze_patience
-        if hierarchical:
-            self.bucket_bytes = int(settings.bucket_mb * 2**20)
-            self.sharded = settings.leader_mode == "sharded"
-            self.wire_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[settings.wire_dtype]
         self.lam = ctx.recipe.weight_decay
 
         self.steps_per_iteration = ctx.local_steps_per_round()
@@ -92,6 +92,7 @@ class PruneX:
         named = dict(self.model.named_parameters())
         self.blocks = admm_blocks(self.model)
         self.params = [named[b.name] for b in self.blocks]
+        self.named_params = self.named(self.params)
         self.buffer_names = averaged_buffers(self.model)
         buffers = dict(self.model.named_buffers())
         self.buffers = [buffers[n] for n in self.buffer_names]
@@ -107,39 +108,30 @@ class PruneX:
             local_steps=self.steps_per_iteration,
             hierarchical=hierarchical,
         )
-        settings.rho1 = rho1  # the manifest's method settings record the values used
-        if hierarchical:
-            settings.rho2 = rho2
+        self.initial_penalties = {"rho1": rho1, "rho2": rho2} if hierarchical else {"rho1": rho1}
         self.rho1 = [rho1] * len(self.blocks)
         self.rho2 = [rho2] * len(self.blocks)
-        self.constrained = [i for i, b in enumerate(self.blocks) if b.constrained]
-        self.masks = {
-            i: StructuredMask.full(self.blocks[i].shape, device=ctx.device)
-            for i in self.constrained
-        }
+        # masks keyed by conv weight name, their live slices, the support and the packed
+        # exchange: the structured round PruneX shares with the pruning baselines
+        self.structure = StructuredRound(
+            ctx,
+            self.model,
+            settings if hierarchical else None,
+            hierarchical=hierarchical,
+            wire_dtype=WIRE_DTYPES[settings.wire_dtype] if hierarchical else torch.float32,
+            sharded=hierarchical and settings.leader_mode == "sharded",
+        )
+        self.constrained = [b.name for b in self.blocks if b.constrained]
         self.frozen = False
         self.stable_rounds = 0
         self.structured_bits = sum(  # the group bits of the sets that have a keep
             n
-            for i in self.constrained
-            for n, keep in zip(self.masks[i].set_sizes(), self.keeps.values())
+            for name in self.constrained
+            for n, keep in zip(self.masks[name].set_sizes(), self.keeps.values())
             if keep is not None
         )
         self.oscillating_rounds = 0  # consecutive rounds with drift above OSCILLATION_DRIFT
         self.warnings: list[str] = []  # for summary.json
-        self.layout: PackLayout | None = None
-        self.fixed_buffers: list[torch.Tensor] | None = None
-        self.support: dict[int, torch.Tensor] = {}  # dense masks once frozen
-        # --pack live: the model's channel groups, traced once; the live slices of the
-        # current masks and, per block with dead elements, its live-element mask
-        self.channel_groups = (
-            trace_channel_groups(self.model, ctx.example_input())
-            if hierarchical and settings.pack == "live"
-            else None
-        )
-        self.live: LiveSlices | None = None
-        self.live_elements: dict[int, torch.Tensor] = {}
-        self.trace_live_slices()  # of the all-ones masks; again whenever the masks change
 
         self.consensus = copy.deepcopy(self.model)  # the model evaluated: z + averaged BN stats
         self.optimizer = torch.optim.SGD(
@@ -148,12 +140,18 @@ class PruneX:
         self.batches = iter(ctx.loader)
         self.loss_fn = nn.CrossEntropyLoss()
         if settings.masks_from is not None:  # retrain a known structure: frozen from round 0
-            shapes = {self.blocks[i].name: self.blocks[i].shape for i in self.constrained}
-            loaded = load_masks(settings.masks_from, shapes, ctx.device)
-            self.masks = {i: loaded[self.blocks[i].name] for i in self.constrained}
+            self.structure.use_masks(self.structure.load(settings.masks_from))
             self.frozen = True
-            self.trace_live_slices()
             self.restrict_to_support()
+
+    @property
+    def masks(self) -> dict[str, StructuredMask]:
+        """The agreed masks, by conv weight name."""
+        return self.structure.masks
+
+    def named(self, tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-block tensors (theta, u, z_i, ...) by parameter name."""
+        return {block.name: t for block, t in zip(self.blocks, tensors)}
 
     # ------------------------------------------------------------------ round phases
     def local_compute(self) -> tuple[float, int]:
@@ -177,8 +175,7 @@ class PruneX:
             with torch.no_grad():
                 for param, anchor, rho in zip(self.params, anchors, self.rho1):
                     param.lerp_(anchor, proximal_weight(self.ctx.recipe.lr, rho))
-                for i, mask in self.support.items():
-                    self.params[i].mul_(mask)
+            self.structure.keep(self.named_params)
             total += loss.item() * len(y)
             samples += len(y)
         return total / samples, samples
@@ -189,12 +186,12 @@ class PruneX:
             send = list(torch._foreach_add([p.detach() for p in self.params], self.u))
             send += [b / self.procs for b in self.buffers]
             flat = flatten(send)
-        phase = "intra_allreduce" if self.hierarchical else "allreduce"
+        phase = phases.INTRA_ALLREDUCE if self.hierarchical else phases.ALLREDUCE
         self.ctx.comm.all_reduce(flat, self.group, phase=phase)
         parts = unflatten(flat, send)
         return parts[: len(self.params)], parts[len(self.params) :]
 
-    def node_update(self, theta_u_sum) -> tuple[list[torch.Tensor], dict[int, StructuredMask]]:
+    def node_update(self, theta_u_sum) -> tuple[list[torch.Tensor], dict[str, StructuredMask]]:
         """Corrected eq. (9), then eq. (10) (or masking once frozen, Algorithm 1 line 11)."""
         z_node, local_masks = [], {}
         for i, block in enumerate(self.blocks):
@@ -210,134 +207,47 @@ class PruneX:
             )
             if block.constrained:
                 if self.frozen:
-                    cand = hsadmm.apply_mask(cand, self.masks[i])
+                    cand = hsadmm.apply_mask(cand, self.masks[block.name])
                 else:
-                    cand, local_masks[i] = hsadmm.project(cand, **self.keeps)
+                    cand, local_masks[block.name] = hsadmm.project(cand, **self.keeps)
             z_node.append(cand)
         return z_node, local_masks
 
-    def agree_masks(self, local_masks: dict[int, StructuredMask]) -> dict[int, StructuredMask]:
-        """Eq. (14) on the structured index sets: OR (MAX on uint8) across node leaders."""
-        if not self.hierarchical:
-            return local_masks  # one node: every rank projected the same tensor
-        ordered = {i: local_masks[i] for i in self.constrained}
-        return or_across_nodes(ordered, self.ctx.comm, self.ctx.topology)
-
-    def pack_layout(self) -> PackLayout:
-        masks = {self.blocks[i].name: m for i, m in self.masks.items()}
-        entries = model_entries(self.model, masks, live=self.live)
-        return PackLayout(entries, bucket_bytes=self.bucket_bytes, device=self.ctx.device)
-
-    def trace_live_slices(self) -> None:
-        """``--pack live``: the live slices of the agreed masks (identical on every rank: the
-        masks are), and the element masks that zero the dead ones in z_i."""
-        if self.channel_groups is None:
-            return
-        masks = {self.blocks[i].name: m for i, m in self.masks.items()}
-        self.live = live_slices(self.model, self.channel_groups, masks)
-        index = {block.name: i for i, block in enumerate(self.blocks)}
-        shapes = {block.name: block.shape for block in self.blocks}
-        partial = self.live.partial_masks(shapes, device=self.ctx.device)
-        self.live_elements = {index[name]: keep for name, keep in partial.items()}
-
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
-        """Pack z_i + v_i, average between nodes (eq. 11), spread in the node, unpack.
-
-        ``single``: the leader packs, all-reduces over the leaders' group and broadcasts the
-        packed buckets to its followers. ``sharded``: every rank packs (z_i, v_i are
-        replicated in the node), all-reduces its 1/P shard of each bucket with its peers on
-        the other nodes, and the node all-gathers the shards: same math, same inter-node
-        bytes in total, spread over P links.
-        """
-        topo, rec = self.ctx.topology, self.ctx.recorder
-        if self.layout is None:
-            self.layout = self.pack_layout()
-        layout = self.layout
-        packs = topo.is_leader or self.sharded
-        if self.frozen:  # one-shot buffer allocation (sec. 4.5)
-            if self.fixed_buffers is None:
-                self.fixed_buffers = layout.allocate()
-            out = self.fixed_buffers
-        else:
-            out = None if packs else layout.allocate()
-        if packs:
-            with rec.phase("pack"), torch.no_grad():
-                names = [f"p:{b.name}" for b in self.blocks] + [f"b:{n}" for n in self.buffer_names]
-                values = list(torch._foreach_add(z_node, self.v)) + list(buffer_mean)
-                packed = layout.pack(dict(zip(names, values)), out=out)
-        else:
-            packed = out
-        for bucket in packed:
-            if self.sharded:
-                self.sharded_average(bucket)
-            else:
-                if topo.is_leader:
-                    self.average_between_nodes(bucket, topo.inter)
-                self.ctx.comm.broadcast(
-                    bucket, topo.intra, src=topo.intra.ranks[0], phase="broadcast"
-                )
-        with rec.phase("unpack"):
-            full = layout.unpack(packed)
-        z = [full[f"p:{b.name}"] for b in self.blocks]
-        buffers = [full[f"b:{n}"] for n in self.buffer_names]
-        return z, buffers
-
-    def average_between_nodes(self, tensor: torch.Tensor, group) -> None:
-        """In-place AVG over ``group`` (one rank per node), sent in the wire dtype; the
-        casts count as packing and unpacking, the result is fp32."""
-        rec, comm = self.ctx.recorder, self.ctx.comm
-        if self.wire_dtype == torch.float32:
-            comm.all_reduce(tensor, group, phase="inter_allreduce")
-        else:
-            with rec.phase("pack"):
-                wire = tensor.to(self.wire_dtype)
-            comm.all_reduce(wire, group, phase="inter_allreduce")
-            with rec.phase("unpack"):
-                tensor.copy_(wire)
-        tensor.div_(self.num_nodes)
-
-    def sharded_average(self, bucket: torch.Tensor) -> None:
-        topo = self.ctx.topology
-        procs, n = self.procs, bucket.numel()
-        chunk = -(-n // procs)
-        padded = torch.zeros(chunk * procs, dtype=bucket.dtype, device=bucket.device)
-        padded[:n] = bucket
-        shard = padded[topo.local_rank * chunk : (topo.local_rank + 1) * chunk].clone()
-        self.average_between_nodes(shard, topo.peers)
-        gathered = self.ctx.comm.all_gather(shard, topo.intra, phase="intra_allgather")
-        bucket.copy_(gathered.reshape(-1)[:n])
+        """Pack z_i + v_i and the BN means, average between nodes (eq. 11), spread in the
+        node, unpack: the global z. Once frozen the buckets are allocated once (sec. 4.5)."""
+        z, buffers = self.structure.exchange(
+            self.named(z_node),
+            dict(zip(self.buffer_names, buffer_mean)),
+            plus=self.named(self.v),
+            reuse_buffers=self.frozen,
+        )
+        return [z[b.name] for b in self.blocks], [buffers[n] for n in self.buffer_names]
 
     # ------------------------------------------------------------------ one round
-    def step(self, iteration: int) -> dict:
+    def step(self, iteration: int) -> StepResult:
         rec = self.ctx.recorder
-        with rec.phase("local_compute"):
+        with rec.phase(phases.LOCAL_COMPUTE):
             loss, samples = self.local_compute()
         theta_u_sum, buffer_mean = self.consensus_sum()
-        with rec.phase("projection"), torch.no_grad():
+        with rec.phase(phases.PROJECTION), torch.no_grad():
             z_node, local_masks = self.node_update(theta_u_sum)
 
         drift = 0
         if not self.frozen and self.constrained:
-            masks = self.agree_masks(local_masks)
-            drift = sum(self.masks[i].changed_groups(masks[i]) for i in self.constrained)
-            self.masks = masks
-            if drift:
-                self.layout = None  # the packed shapes changed
-                self.trace_live_slices()
+            drift = self.structure.agree(local_masks)  # a new layout when the masks changed
             self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
             self.watch_oscillation(drift)
-        with torch.no_grad():
-            for i, keep in self.live_elements.items():  # dead slices are zero in z_i
-                z_node[i].mul_(keep)
+        self.structure.zero_dead(self.named(z_node))  # dead slices are zero in z_i
         if self.hierarchical:
             z, buffers = self.global_consensus(z_node, buffer_mean)
         else:
             z, buffers = z_node, list(buffer_mean)
 
-        with rec.phase("dual_update"), torch.no_grad():
+        with rec.phase(phases.DUAL_UPDATE), torch.no_grad():
             stats = self.dual_update(z_node, z)
-        self.ctx.comm.all_reduce(stats, self.ctx.topology.world, phase="dual_update")
-        with rec.phase("dual_update"), torch.no_grad():
+        self.ctx.comm.all_reduce(stats, self.ctx.topology.world, phase=phases.DUAL_UPDATE)
+        with rec.phase(phases.DUAL_UPDATE), torch.no_grad():
             converged = self.balance_and_check(iteration, stats)
             for target, value in zip(self.buffers, buffers):
                 target.copy_(value)
@@ -362,11 +272,11 @@ class PruneX:
             mask_drift=drift,
             mask_drift_fraction=drift / self.structured_bits if self.structured_bits else 0.0,
             frozen=was_frozen,
-            packed_bytes=float(self.layout.nbytes) if self.layout is not None else math.nan,
+            packed_bytes=self.structure.packed_bytes,
             rho1_mean=sum(self.rho1) / len(self.rho1),
             rho2_mean=sum(self.rho2) / len(self.rho2),
         )
-        return {"loss": loss, "samples": samples, "converged": converged}
+        return StepResult(loss, samples, converged)
 
     def watch_oscillation(self, drift: int) -> None:
         """Warn once when the masks keep swapping: drift above half the structured bits for
@@ -385,7 +295,6 @@ class PruneX:
             if self.ctx.topology.rank == 0:
                 print(f"warning: {message}", file=sys.stderr, flush=True)
 
-    @torch.no_grad()
     def restrict_to_support(self) -> None:
         """Retraining on the fixed support (sec. 4.5, Algorithm 1 line 11 onwards).
 
@@ -395,17 +304,7 @@ class PruneX:
         so local training trains the pruned network itself (as in StructADMM's masked
         retraining, ref. [45]) and BN statistics come from the network that is evaluated.
         """
-        for i in sorted(set(self.constrained) | set(self.live_elements)):
-            mask = self.masks[i].dense() if i in self.masks else self.u[i].new_ones((), dtype=bool)
-            if i in self.live_elements:
-                mask = mask & self.live_elements[i]
-            mask = mask.to(self.params[i].dtype)
-            self.support[i] = mask
-            self.params[i].mul_(mask)
-            self.u[i].mul_(mask)
-            momentum = self.optimizer.state.get(self.params[i], {}).get("momentum_buffer")
-            if momentum is not None:
-                momentum.mul_(mask)
+        self.structure.restrict(self.named_params, self.optimizer, self.named(self.u))
 
     def dual_update(self, z_node, z) -> torch.Tensor:
         """Eqs. (12)-(13) and the local pieces of the residual norms (summed over the world)."""
@@ -467,7 +366,7 @@ class PruneX:
                     "s_inter": s_inter,
                     "rho1": self.rho1[i],
                     "rho2": self.rho2[i],
-                    "density": self.masks[i].density() if i in self.masks else 1.0,
+                    "density": self.masks[block.name].density() if block.constrained else 1.0,
                 }
             )
             if self.adaptive:
@@ -490,7 +389,10 @@ class PruneX:
 
     # ------------------------------------------------------------------ interface
     def density(self) -> float:
-        return density_of(self.masks)
+        return self.structure.density()
+
+    def resolved_settings(self) -> dict:
+        return self.initial_penalties
 
     def eval_model(self) -> nn.Module:
         return self.consensus
@@ -507,7 +409,7 @@ class PruneX:
             "shared_world": {
                 "z": self.z,
                 "consensus": self.consensus.state_dict(),
-                "masks": {self.blocks[i].name: m.state() for i, m in self.masks.items()},
+                "masks": self.structure.mask_state(),
             },
             "rho1": self.rho1,
             "rho2": self.rho2,
@@ -531,19 +433,13 @@ class PruneX:
         self.v = [t.to(device) for t in node["v"]]
         self.z = [t.to(device) for t in world["z"]]
         self.rho1, self.rho2 = list(state["rho1"]), list(state["rho2"])
-        names = {b.name: i for i, b in enumerate(self.blocks)}
-        self.masks = {
-            names[name]: StructuredMask.from_state(m, device) for name, m in world["masks"].items()
-        }
+        self.structure.load_mask_state(world["masks"])  # the pack layout is rebuilt on use
         self.frozen = bool(state["frozen"])
         self.stable_rounds = int(state["stable_rounds"])
         self.oscillating_rounds = int(state["oscillating_rounds"])
         self.warnings = list(state["warnings"])
-        self.layout, self.fixed_buffers = None, None
-        self.trace_live_slices()
-        self.support = {}
         if self.frozen:
             self.restrict_to_support()  # theta, u and momentum are already zero off it
 
     def artifacts(self) -> dict:
-        return {"masks.pt": mask_artifact({self.blocks[i].name: m for i, m in self.masks.items()})}
+        return self.structure.artifacts()

@@ -11,10 +11,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from methods.prunex.penalties import DEFAULT_ROUND_PULL
-from suite.method import RoundSettings
-from suite.options import AT_LEAST_1, POSITIVE, Check, option
-from suite.packing import PackingSettings
-from suite.structured import StructuredKeepSettings
+from suite.api import (
+    AT_LEAST_1,
+    POSITIVE,
+    Check,
+    PackingSettings,
+    RoundSettings,
+    StructuredKeepSettings,
+    option,
+)
 
 
 @dataclass
@@ -30,7 +35,7 @@ class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
     round_pull: float = option(
         DEFAULT_ROUND_PULL,
         "fraction of theta's distance to its anchor that one round of local SGD closes; "
-        "sets rho1 from the recipe's lr and H (methods/prunex/penalties.py)",
+        "sets rho1 from the recipe's lr and H",
         check=Check(lambda v: 0 < v < 1, "in (0, 1)"),
     )
     penalties: Literal["pull", "paper"] = option(

@@ -20,19 +20,17 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from suite.cluster.phases import is_communication, phase_color  # noqa: E402
 from suite.report.load import Run, final_density_of, first_line  # noqa: E402
 from suite.report.style import (  # noqa: E402
     legend_outside,
     method_style,
     options_text,
     paper_figure,
-    phase_color,
     save,
     series_styles,
 )
-from suite.stats import mean_ci  # noqa: E402
-
-COMM_WORDS = ("allreduce", "allgather", "broadcast", "mask_sync")
+from suite.results.stats import mean_ci  # noqa: E402
 
 
 @dataclass
@@ -288,7 +286,7 @@ def time_to_accuracy(runs: list[Run], out: Path, width: str | None = None) -> Fi
 
 
 def _comm_columns(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame.columns if c.startswith("t_") and any(w in c for w in COMM_WORDS)]
+    return [c for c in frame.columns if c.startswith("t_") and is_communication(c[2:])]
 
 
 def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from suite.cluster import phases
 from suite.errors import BenchError
-from suite.results import setting_of
+from suite.results.folder import MANIFEST, SUMMARY, RunFolder, setting_of
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Run:
         if "overlapped_phases" in self.manifest:
             return tuple(self.manifest["overlapped_phases"])
         ddp_based = self.method.startswith("ddp") or self.method == "powersgd"
-        return ("allreduce",) if ddp_based else ()
+        return (phases.ALLREDUCE,) if ddp_based else ()
 
     @property
     def series(self) -> str:
@@ -128,10 +129,10 @@ def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
     if not root.is_dir():
         raise BenchError(f"{root} is not a directory of run folders")
     runs, skipped = [], []
-    for path in sorted(root.rglob("summary.json")):
+    for path in sorted(root.rglob(SUMMARY)):
         folder = path.parent
         try:
-            summary = json.loads(path.read_text())
+            summary = RunFolder(folder).summary()
         except (OSError, json.JSONDecodeError) as exc:
             skipped.append(f"{folder}: unreadable summary.json ({exc.__class__.__name__})")
             continue
@@ -139,11 +140,10 @@ def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
             skipped.append(f"{folder}: status {summary.get('status')!r}")
             continue
         manifest, unreadable = {}, []
-        if (folder / "manifest.json").exists():
-            try:
-                manifest = json.loads((folder / "manifest.json").read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                unreadable.append(f"{folder / 'manifest.json'}: {type(exc).__name__}")
+        try:
+            manifest = RunFolder(folder).manifest() or {}
+        except (OSError, json.JSONDecodeError) as exc:
+            unreadable.append(f"{folder / MANIFEST}: {type(exc).__name__}")
         run = Run(folder, summary, manifest, unreadable)
         run.table("iterations")  # read the tables now, so damaged ones are listed up front
         runs.append(run)

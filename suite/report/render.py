@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from suite.compare import schedule_of
 from suite.report.figures import FIGURES, Skipped
 from suite.report.load import Run, final_density_of, load_runs
 from suite.report.tables import caption_of, paper_table, to_latex, to_markdown
-from suite.stats import mean_ci
+from suite.results.compare import schedule_of
+from suite.results.stats import mean_ci
 
 #: what makes runs repeats of one configuration (they differ only in the seed)
 CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting", "batch_size",

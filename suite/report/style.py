@@ -1,23 +1,27 @@
 """One look for every figure of every report: a fixed colour and marker per method, human
 labels, and paper sizes.
 
-Colours are Okabe & Ito's colour-blind-safe set (plus Tol's wine and grey), fixed per method
-here and nowhere else, so PruneX has the same colour in every figure and for any subset of
-runs. Sizes and fonts come from ``tueplots`` (ICML's 3.25 in column and 6.75 in page
-width, sans-serif, no LaTeX needed), with every text at 7 pt or more at print size. Every
-figure is saved as PDF (vector, for the paper), SVG and PNG (300 dpi, for reports).
+A method's label, colour and marker are what it declared at registration (the built-ins:
+Okabe & Ito's colour-blind-safe set, plus Tol's wine and grey), so PruneX has the same colour
+in every figure and for any subset of runs, and a plugin brings its own; a phase's colour is
+declared with the phase (:mod:`suite.cluster.phases`). Sizes and fonts come from
+``tueplots`` (ICML's 3.25 in column and 6.75 in page width, sans-serif, no LaTeX needed),
+with every text at 7 pt or more at print size. Every figure is saved as PDF (vector, for the
+paper), SVG and PNG (300 dpi, for reports).
 """
 
 from __future__ import annotations
 
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 from tueplots import axes as tue_axes
 from tueplots import bundles
+
+from suite.errors import BenchError
+from suite.plugins.registry import METHODS, Look
 
 #: print widths in inches: one column, and the two-column page
 WIDTHS = {"one": 3.25, "two": 6.75}
@@ -25,47 +29,28 @@ WIDTHS = {"one": 3.25, "two": 6.75}
 MIN_POINTS = 7
 
 
-@dataclass(frozen=True)
-class MethodStyle:
-    name: str  # the display name
-    color: str
-    marker: str
-
-
-#: every built-in method's display name, colour and marker (Okabe-Ito; Tol's wine, grey)
-METHOD_STYLES = {
-    "prunex": MethodStyle("PruneX", "#D55E00", "o"),
-    "prunex-flat": MethodStyle("PruneX (AR)", "#CC79A7", "s"),
-    "ddp": MethodStyle("DDP", "#000000", "^"),
-    "ddp-bf16": MethodStyle("DDP bf16", "#777777", "v"),
-    "ddp-fp16": MethodStyle("DDP fp16", "#777777", "<"),
-    "powersgd": MethodStyle("PowerSGD", "#56B4E9", "D"),
-    "topk": MethodStyle("Top-K", "#0072B2", "P"),
-    "topk-hier": MethodStyle("Top-K (hier.)", "#0072B2", "X"),
-    "localsgd-hier": MethodStyle("Local SGD (hier.)", "#009E73", "*"),
-    "gmp-hier": MethodStyle("GMP (hier.)", "#E69F00", "h"),
-    "prune-retrain": MethodStyle("Prune-retrain", "#882255", "p"),
-}
 _SPARE_MARKERS = "o^sDvP<X>h"
+#: a method that declared no colour
+UNDECLARED_COLOR = "#999999"
 
 
-def method_style(method: str) -> MethodStyle:
-    """The method's fixed style; a plugin method gets grey and a marker fixed by its name."""
-    if method in METHOD_STYLES:
-        return METHOD_STYLES[method]
+def method_style(method: str) -> Look:
+    """The label, colour and marker the method declared at registration (built-ins: Okabe-Ito,
+    Tol's wine and grey); a method that declared none, or is not installed here, gets its
+    name, grey and a marker fixed by its name."""
+    try:
+        entry = METHODS.find(method)
+    except BenchError:  # a broken plugin: its runs are still drawn, in grey
+        entry = None
+    if entry is not None and entry.look is not None:
+        return entry.look
     marker = _SPARE_MARKERS[zlib.crc32(method.encode()) % len(_SPARE_MARKERS)]
-    return MethodStyle(method, "#999999", marker)
+    return Look(method, UNDECLARED_COLOR, marker)
 
 
 def options_text(options: dict | None) -> str:
     """``{"channel_keep": 0.5}`` as ``channel keep 0.5`` (never JSON)."""
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted((options or {}).items()))
-
-
-def rank_word(manifests: list[dict]) -> str:
-    """ "GPUs" when every run placed its ranks on GPUs, else "ranks"."""
-    on_gpu = manifests and all(str(m.get("device", "")).startswith("cuda") for m in manifests)
-    return "GPUs" if on_gpu else "ranks"
 
 
 @contextmanager
@@ -121,15 +106,6 @@ def legend_outside(fig, axes, **kwargs) -> None:
                    ncol=ncol, **kwargs)  # fmt: skip
 
 
-#: seconds-per-phase colours (Tol's bright and muted sets), fixed per phase name;
-#: communication phases are saturated, computation light
-PHASE_COLORS = {
-    "local_compute": "#BBBBBB", "projection": "#DDCC77", "dual_update": "#999933",
-    "compress": "#44AA99", "decompress": "#117733", "pack": "#88CCEE", "unpack": "#332288",
-    "mask_sync": "#AA3377", "intra_allreduce": "#4477AA", "intra_allgather": "#66CCEE",
-    "inter_allreduce": "#EE6677", "allreduce": "#CC3311", "allgather": "#882255",
-    "broadcast": "#228833",
-}  # fmt: skip
 LINESTYLES = ("-", "--", ":", "-.")
 FILLSTYLES = ("full", "none", "left", "bottom")  # points have no line style to tell apart
 
@@ -148,7 +124,3 @@ def series_styles(pairs) -> dict[str, dict]:
                              "fillstyle": FILLSTYLES[n % len(FILLSTYLES)]}  # fmt: skip
             used[method] = n + 1
     return styles
-
-
-def phase_color(phase: str) -> str:
-    return PHASE_COLORS.get(phase, "#DDDDDD")

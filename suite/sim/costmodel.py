@@ -14,7 +14,7 @@ operations in MPICH", IJHPCA 2005; Patarasuk and Yuan 2009 for the ring all-redu
 
 A ring whose ranks span nodes is paced by its slowest edge, the inter-node one (which link a
 group's ring gets, and how concurrent rings share a node's interfaces, is decided by the
-simulator's communicator, ``suite.sim.replay.SimCommunicator.link``).
+simulator's communicator, ``suite.sim.pricing.SimCommunicator.link``).
 
 A link shaped by a token bucket (the emulated links: tc tbf) lets ``burst`` bytes through at
 line speed before it paces at ``bandwidth``: the bucket holds ``burst`` tokens and refills at

@@ -184,10 +184,9 @@ def training_flops(workload: str, batch_size: int) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from suite.registry import WORKLOADS, load_builtins
+    from suite.plugins.registry import WORKLOADS
     from workloads.datasets import dataset_spec
 
-    load_builtins()
     wl = WORKLOADS.get(workload).factory()
     spec = dataset_spec(wl.dataset)
     with torch.device("meta"):

@@ -4,20 +4,21 @@ One process plays global rank 0 (node 0's leader) of an N-rank job on ``gpus_per
 nodes. The method is built exactly as in a real run, from the workload's real model (so every
 buffer has its real size), and its ``step`` runs unchanged; what differs is underneath it:
 
-* ``SimCommunicator`` prices each collective with the alpha-beta models of
+* ``SimCommunicator`` (:mod:`.pricing`) prices each collective with the alpha-beta models of
   :mod:`suite.sim.costmodel` on the profile's links, attributes its bytes with the real
   communicator's ring model, and hands back what N identical replicas would get (a SUM is the
   tensor times n, a gather n copies), so the method's math and control flow stay valid;
-* ``SimLoader`` has the real shard's steps per epoch but yields tiny stand-in batches (4x4
-  images), because only the shapes of parameters and gradients matter to the schedule;
-* ``SimRecorder`` charges each local step the profile's compute time (measured or estimated);
-  lets collectives issued during the backward pass (DDP's bucket hooks) hide behind it as a
-  pipeline does (bucket i is ready when the backward pass has produced its share of the
-  gradients, one bucket is on the wire at a time, and only what ends after the backward pass
-  shows), as far as the profile's measured overlap efficiency allows; scales the
-  host-measured time of the methods' own elementwise phases (projection, pack, compress, ...)
-  by host / device memory bandwidth; and adds ``straggler_wait``, the profile's expected wait
-  for the slowest rank at a synchronization after this iteration's local steps.
+* ``SimLoader`` (:mod:`.standins`) has the real shard's steps per epoch but yields tiny
+  stand-in batches (4x4 images), because only the shapes of parameters and gradients matter to
+  the schedule;
+* ``SimRecorder`` (:mod:`.pricing`) charges each local step the profile's compute time
+  (measured or estimated); lets collectives issued during the backward pass (DDP's bucket
+  hooks) hide behind it as a pipeline does (bucket i is ready when the backward pass has
+  produced its share of the gradients, one bucket is on the wire at a time, and only what ends
+  after the backward pass shows), as far as the profile's measured overlap efficiency allows;
+  scales the host-measured time of the methods' own elementwise phases (projection, pack,
+  compress, ...) by host / device memory bandwidth; and adds ``straggler_wait``, the profile's
+  expected wait for the slowest rank at a synchronization after this iteration's local steps.
 
 Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
 ones, so its bytes are the leader's event log re-attributed with that rank's topology. The
@@ -27,258 +28,27 @@ is stationary once PruneX's masks are frozen (the manifest says whether they wer
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from suite.calibrate import memory_bandwidth
-from suite.comm import Communicator, nbytes
-from suite.config import RunConfig
-from suite.context import build_method, make_manifest, resolve_workload
+from suite.cluster.topology import check_layout
 from suite.errors import BenchError
-from suite.recorder import Recorder
-from suite.registry import METHODS
-from suite.results import RunFolder, make_run_id, write_json, write_table, write_torch
-from suite.sim.costmodel import Link, collective_time
+from suite.plugins.registry import METHODS
+from suite.results.finish import finish_folder
+from suite.results.folder import RunFolder, make_run_id, write_table
+from suite.run.build import build_method, make_manifest, resolve_workload
+from suite.run.config import RunConfig
+from suite.sim.measure import memory_bandwidth
+from suite.sim.pricing import SimCommunicator, SimRecorder, rank_rows
 from suite.sim.profile import Profile
-from suite.summary import summarize
-from suite.topology import CommGroup, Topology, check_layout
+from suite.sim.standins import SimLoader, ensure_single_process_group, sim_topology
 from workloads.datasets import dataset_spec, split_sizes
 
-STAND_IN_SIZE = 4  # spatial size of the stand-in images: every model here pools globally
-STAND_IN_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
 DEFAULT_REPLAY = 10
-
-
-class SimLoader:
-    """The real shard's ``steps_per_epoch`` and ``batch_size``; stand-in batches."""
-
-    def __init__(self, spec, train_samples: int, world_size: int, batch_size: int, seed: int):
-        shard = train_samples // world_size
-        if shard == 0:
-            raise BenchError(f"{train_samples} training samples cannot fill {world_size} shards")
-        self.batch_size = min(batch_size, shard)
-        self.steps_per_epoch = shard // self.batch_size
-        self.step = 0
-        generator = torch.Generator().manual_seed(seed)
-        shape = (STAND_IN_BATCH, spec.in_chans, STAND_IN_SIZE, STAND_IN_SIZE)
-        self.images = torch.randn(shape, generator=generator)
-        self.labels = torch.randint(spec.num_classes, (STAND_IN_BATCH,), generator=generator)
-
-    def __iter__(self) -> SimLoader:
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.step += 1
-        return self.images, self.labels
-
-
-def sim_topology(world_size: int, gpus_per_node: int, rank: int, pg=None) -> Topology:
-    """The topology rank ``rank`` would build, with every group backed by ``pg``."""
-    num_nodes = check_layout(world_size, gpus_per_node)
-    node_ranks = [list(range(n * gpus_per_node, (n + 1) * gpus_per_node)) for n in range(num_nodes)]
-    node, local = divmod(rank, gpus_per_node)
-    leaders = tuple(r[0] for r in node_ranks)
-    return Topology(
-        rank=rank,
-        world_size=world_size,
-        gpus_per_node=gpus_per_node,
-        num_nodes=num_nodes,
-        emulated=True,
-        node_ranks=node_ranks,
-        world=CommGroup("world", tuple(range(world_size)), pg),
-        intra=CommGroup("intra", tuple(node_ranks[node]), pg),
-        inter=CommGroup("inter", leaders, pg) if local == 0 else None,
-        peers=CommGroup("peers", tuple(r[local] for r in node_ranks), pg),
-        hostnames=["simulated"] * world_size,
-    )
-
-
-@dataclass(frozen=True)
-class Event:
-    """One priced collective, as every rank of the job would issue it."""
-
-    kind: str
-    group: str  # world | intra | inter | peers
-    size: int
-    src_position: int | None
-    phase: str
-    seconds: float
-
-
-class SimCommunicator(Communicator):
-    def __init__(self, topology: Topology, recorder: Recorder, device, profile: Profile):
-        super().__init__(topology, recorder, device)
-        self.profile = profile
-        self.events: list[Event] = []
-
-    def link(self, group: CommGroup) -> Link:
-        """The link that paces a ring over ``group``: the intra link inside a node, else the
-        node's network interfaces, as many rails as the group has ranks on a node can use,
-        shared by the concurrent sibling rings of sharded leaders."""
-        nodes = {self.topology.node_of(r) for r in group.ranks}
-        if len(nodes) == 1:
-            return self.profile.intra
-        inter, rails = self.profile.inter, self.profile.rails
-        if group.name == "peers":  # sharded leaders: P concurrent rings share the node's rails
-            procs = self.topology.gpus_per_node
-            return inter.share(min(rails, procs) / procs)
-        # one ring (NCCL: one channel per rail) with group.size / nodes ranks on each node
-        return inter.share(min(rails, group.size // len(nodes)))
-
-    def price(self, kind: str, group: CommGroup, size: int, *, src=None, phase: str) -> None:
-        Communicator.account(self, kind, group, size, src=src)
-        seconds = collective_time(kind, size, group.size, self.link(group))
-        self.recorder.add_time(phase, seconds)
-        position = None if src is None else group.position(src)
-        self.events.append(Event(kind, group.name, size, position, phase, seconds))
-
-    def account(self, kind: str, group: CommGroup, size: int, *, src: int | None = None) -> None:
-        """Collectives issued inside torch's comm hooks (16-bit DDP, PowerSGD)."""
-        self.price(kind, group, size, src=src, phase="allreduce")
-
-    def all_reduce(self, tensor, group, *, phase, op=dist.ReduceOp.SUM):
-        self.price("all_reduce", group, nbytes(tensor), phase=phase)
-        if op == dist.ReduceOp.SUM:
-            tensor.mul_(group.size)  # n identical replicas
-        return tensor
-
-    def all_reduce_async(self, tensor, group, *, phase):
-        self.all_reduce(tensor, group, phase=phase)
-        future = torch.futures.Future()
-        future.set_result(tensor)
-        return future
-
-    def all_gather(self, tensor, group, *, phase):
-        self.price("all_gather", group, nbytes(tensor), phase=phase)
-        return tensor.unsqueeze(0).expand(group.size, *tensor.shape).clone()
-
-    def broadcast(self, tensor, group, *, src, phase):
-        self.price("broadcast", group, nbytes(tensor), src=src, phase=phase)
-        return tensor
-
-
-class SimRecorder(Recorder):
-    """Prices an iteration: compute from the profile, collectives from the cost model."""
-
-    def __init__(
-        self,
-        rank: int,
-        device,
-        loader: SimLoader,
-        *,
-        step_seconds: float,
-        backward_fraction: float,
-        overlap_efficiency: float,
-        host_scale: float,
-        sync_wait: Callable[[int], float] = lambda steps: 0.0,
-    ):
-        super().__init__(rank, device)
-        self.loader = loader
-        self.step_seconds = step_seconds
-        self.backward_fraction = backward_fraction
-        self.overlap_efficiency = overlap_efficiency
-        self.sync_wait = sync_wait
-        self.host_scale = host_scale
-        self._compute_depth = 0
-        self._overlappable: list[float] = []
-        self._steps_at_start = 0
-
-    def begin_iteration(self, iteration: int) -> None:
-        super().begin_iteration(iteration)
-        self._overlappable = []
-        self._steps_at_start = self.loader.step
-
-    @contextmanager
-    def phase(self, name: str):
-        if name == "local_compute":  # priced per step in iteration_seconds
-            self._compute_depth += 1
-            try:
-                yield
-            finally:
-                self._compute_depth -= 1
-        else:
-            start = time.perf_counter()
-            try:
-                yield
-            finally:
-                self.add_time(name, (time.perf_counter() - start) * self.host_scale)
-
-    def add_time(self, phase: str, seconds: float) -> None:
-        super().add_time(phase, seconds)
-        if self._compute_depth and phase != "local_compute":
-            self._overlappable.append(seconds)  # issued during backward (DDP bucket hooks)
-
-    @property
-    def steps_this_iteration(self) -> int:
-        return self.loader.step - self._steps_at_start
-
-    def iteration_seconds(self) -> float:
-        steps = self.steps_this_iteration
-        compute = steps * self.step_seconds
-        self._seconds["local_compute"] = compute
-        if steps:
-            self._seconds["straggler_wait"] = self.sync_wait(steps)
-        backward = self.backward_fraction * self.step_seconds  # the last step's backward
-        hidden = self.overlap_efficiency * pipelined_hidden(self._overlappable, backward)
-        return sum(self._seconds.values()) - hidden
-
-
-def pipelined_hidden(buckets: list[float], backward: float) -> float:
-    """Seconds of the buckets' collectives that finish within the backward pass.
-
-    Bucket i is ready when the backward pass has produced its share of the gradients (the
-    buckets' shares in issue order, by their collective times, which are proportional to their
-    bytes on one link) and starts when it is ready and the previous one is done; what ends
-    after the backward pass is exposed."""
-    total = sum(buckets)
-    if total <= 0 or backward <= 0:
-        return 0.0
-    done = produced = 0.0
-    for seconds in buckets:
-        produced += seconds
-        done = max(done, backward * produced / total) + seconds
-    return max(0.0, total - max(0.0, done - backward))
-
-
-def rank_rows(leader_row: dict, events: list[Event], world: int, gpus_per_node: int) -> list[dict]:
-    """Every rank's row of one iteration: the leader's, with bytes and collective times
-    re-derived from the event log on each rank's own groups (leaders-only ones skipped)."""
-    comm_phases = {e.phase for e in events}
-    rows = []
-    for rank in range(world):
-        topo = sim_topology(world, gpus_per_node, rank)
-        recorder = Recorder(rank, torch.device("cpu"))
-        accountant = Communicator(topo, recorder, torch.device("cpu"))
-        recorder.begin_iteration(leader_row["iteration"])
-        seconds = dict.fromkeys(comm_phases, 0.0)
-        for event in events:
-            group = getattr(topo, event.group)
-            if group is None:
-                continue  # the leaders' group: this rank is a follower
-            src = None if event.src_position is None else group.ranks[event.src_position]
-            accountant.account(event.kind, group, event.size, src=src)
-            seconds[event.phase] += event.seconds
-        counted = recorder.end_iteration()
-        row = dict(leader_row, rank=rank)
-        row.update(bytes_intra=counted["bytes_intra"], bytes_inter=counted["bytes_inter"])
-        if rank:
-            row.update({f"t_{phase}": s for phase, s in seconds.items()})
-        rows.append(row)
-    return rows
-
-
-def ensure_single_process_group() -> None:
-    """A one-rank gloo world for torch code under the methods (DDP, comm hooks)."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 @dataclass
@@ -323,7 +93,7 @@ def simulate_run(
     check_simulable(config.method)
     workload, recipe, dataset = resolve_workload(config)
     gpn = config.gpus_per_node or profile.gpus_per_node
-    num_nodes = check_layout(config.gpus, gpn)
+    check_layout(config.gpus, gpn)  # before anything is measured
     spec = dataset_spec(dataset)
     train_samples, test_samples = split_sizes(dataset, config.synthetic_size)
     step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
@@ -362,13 +132,11 @@ def simulate_run(
         if it < replay:
             recorder.begin_iteration(it)
             comm.events.clear()
-            info = method.step(it)
-            extra = {k: v for k, v in info.items() if k not in ("loss", "samples", "converged")}
+            method.step(it)
             leader = recorder.end_iteration(
                 loss=math.nan,  # the stand-in batches' loss means nothing
                 samples=recorder.steps_this_iteration * loader.batch_size,
                 epoch=epoch,
-                **extra,
             )
             last = rank_rows(leader, comm.events, config.gpus, gpn)
             replayed += 1
@@ -385,13 +153,9 @@ def simulate_run(
         config, ctx, method, dataset=dataset, iterations=iterations,
         train_samples=train_samples, test_samples=test_samples,
         device="simulated", backend="simulated",
-        topology={
-            "world_size": config.gpus,
-            "num_nodes": num_nodes,
-            "gpus_per_node": gpn,
+        topology={  # a simulated cluster has no hosts
+            **{k: v for k, v in topology.describe().items() if k != "hostnames"},
             "emulated_nodes": False,
-            "node_ranks": topology.node_ranks,
-            "leaders": topology.leaders,
         },
         simulated=True,
         simulation={
@@ -404,31 +168,30 @@ def simulate_run(
             "accuracy_from": accuracy.run_id if accuracy else None,
         },
     )  # fmt: skip
-    write_json(folder.path / "manifest.json", manifest)
+    folder.write_manifest(manifest)
     frame = _frame(rows)
     write_table(folder.path / "iterations.parquet", frame)
     if recorder.layers:
         write_table(folder.path / "layers.parquet", recorder.layers)
-    for name, obj in method.artifacts().items():  # masks.pt: what the replay's masks were
-        write_torch(folder.path / name, obj)
-    summary = summarize(
+    borrowed = {}
+    if accuracy is not None:
+        borrowed = {
+            "final_accuracy": accuracy.final_accuracy,
+            "best_accuracy": accuracy.best_accuracy,
+            "accuracy_from": accuracy.run_id,
+        }
+    finish_folder(
+        folder,
         config=config,
         manifest=manifest,
-        dataset=dataset,
+        artifacts=method.artifacts(),  # masks.pt: what the replay's masks were
         iterations_done=iterations,
-        iterations=frame,
-        evals=None,
         wall_seconds=float(frame.groupby("iteration")["t_iteration"].max().sum()),
         time_to_target=None,
         converged=False,
+        extra=borrowed,
+        evaluated=False,
     )
-    if accuracy is not None:
-        summary.update(
-            final_accuracy=accuracy.final_accuracy,
-            best_accuracy=accuracy.best_accuracy,
-            accuracy_from=accuracy.run_id,
-        )
-    folder.write_summary(summary)
     return folder.path
 
 
@@ -448,57 +211,3 @@ def _frame(rows: list[dict]):
     import pandas as pd
 
     return pd.DataFrame(rows).sort_values(["iteration", "rank"], kind="stable")
-
-
-def run_simulations(
-    methods: list[str],
-    gpus: list[int],
-    base: RunConfig,
-    given: dict,
-    *,
-    profile: str | None,
-    replay: int | None,
-    accuracy_from: str | None,
-    dry_run: bool = False,
-    echo,
-) -> list[Path]:
-    """One simulated run folder per (method, GPU count); each method gets the options it
-    declares. Everything is checked before the first simulation starts."""
-    from suite.plan import split_options, validate
-    from suite.sim.profile import load_profile
-
-    loaded = load_profile(profile or "v100-ib100")
-    accuracy = borrowed_accuracy(accuracy_from)
-    if replay is not None and replay < 1:
-        raise BenchError(f"--replay must be at least 1, got {replay}")
-    configs = []
-    for method in methods:
-        check_simulable(method)
-        options, ignored = split_options(method, given)
-        if ignored and len(methods) == 1:
-            echo(f"warning: {', '.join(ignored)} not read by {method}; ignored", err=True)
-        for n in gpus:
-            config = replace(base, method=method, gpus=n, options=dict(options))
-            config.gpus_per_node = config.gpus_per_node or loaded.gpus_per_node
-            if len(methods) * len(gpus) > 1:
-                config.run_id = None
-            validate(config, check_data=False)
-            configs.append(config)
-    if dry_run:
-        for config in configs:
-            echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
-                 f"({config.gpus // config.gpus_per_node} x {config.gpus_per_node}), "
-                 f"options {config.options}")  # fmt: skip
-        return []
-    paths = []
-    for config in configs:
-        path = simulate_run(config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
-        summary = json.loads((path / "summary.json").read_text())
-        echo(
-            f"{config.method:<12} {config.gpus:>4} GPUs  "
-            f"{summary['iteration_seconds'] * 1e3:9.1f} ms/iteration  "
-            f"{summary['inter_node_bytes_per_iteration'] / 1e6:9.2f} MB inter/iteration  "
-            f"-> {path}"
-        )
-        paths.append(path)
-    return paths

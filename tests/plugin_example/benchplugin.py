@@ -1,30 +1,87 @@
-"""A third-party method in one file: the whole of what a plugin writes to add a method with
-an option of its own (the test gives it a dist-info with a ``prunex_bench.methods`` entry
-point). It is DDP whose gradients are scaled by ``--grad-scale`` before the update."""
+"""A third-party method in one file, written against the plugin API alone (``suite.api``): the
+whole of what a plugin writes to add a method with an option, a phase and a look of its own
+(the test gives it a dist-info with a ``prunex_bench.methods`` entry point).
+
+Synchronous data-parallel SGD whose averaged gradients are scaled by ``--grad-scale`` before
+the update; the all-reduce goes through the suite's communicator, so its bytes and time are
+recorded like any built-in method's.
+"""
 
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from baselines.ddp import DDPMethod, DDPSettings
-from suite.options import POSITIVE, option
-from suite.registry import METHODS
+from suite.api import (
+    METHODS,
+    POSITIVE,
+    Look,
+    Method,
+    RunContext,
+    StepResult,
+    average_buffers_for_eval,
+    broadcast_initial_state,
+    declare_phase,
+    flatten,
+    option,
+    phases,
+    unflatten_into,
+)
+
+#: a phase of this plugin's own, drawn in its colour in fig. 8
+SCALE = declare_phase("grad_scale", "#EECC66", communication=False)
 
 
 @dataclass
-class ScaledDDPSettings(DDPSettings):
+class ScaledSGDSettings:
     grad_scale: float = option(1.0, "factor applied to the averaged gradients", check=POSITIVE)
 
 
-class ScaledDDP(DDPMethod):
-    def apply_update(self) -> None:
-        with torch.no_grad():
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(self.ctx.settings.grad_scale)
-        super().apply_update()
+class ScaledSGD(Method):
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.model = ctx.model
+        broadcast_initial_state(self.model)
+        recipe = ctx.recipe
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
+            weight_decay=recipe.weight_decay,
+        )  # fmt: skip
+        self.batches = iter(ctx.loader)
+
+    def step(self, iteration: int) -> StepResult:
+        ctx = self.ctx
+        x, y = next(self.batches)
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        with ctx.recorder.phase(phases.LOCAL_COMPUTE):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            loss.backward()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = ctx.comm.all_reduce(flatten(grads), ctx.topology.world, phase=phases.ALLREDUCE)
+        with ctx.recorder.phase(SCALE):
+            unflatten_into(grads, flat.mul_(ctx.settings.grad_scale / ctx.topology.world_size))
+        with ctx.recorder.phase(phases.LOCAL_COMPUTE):
+            ctx.apply_lr(self.optimizer)
+            self.optimizer.step()
+        return StepResult(loss.item(), len(y))
+
+    def eval_model(self) -> nn.Module:
+        return average_buffers_for_eval(self.model)
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
 
-@METHODS.register("scaled-ddp", "DDP with scaled gradients (a plugin)", settings=ScaledDDPSettings)
-def make_scaled_ddp(ctx):
-    return ScaledDDP(ctx)
+@METHODS.register(
+    "scaled-sgd",
+    "Synchronous SGD with scaled averaged gradients (a plugin)",
+    settings=ScaledSGDSettings,
+    look=Look("Scaled SGD", "#117733", "d"),
+)
+def make_scaled_sgd(ctx: RunContext) -> ScaledSGD:
+    return ScaledSGD(ctx)

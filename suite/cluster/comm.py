@@ -1,0 +1,148 @@
+"""The one door to torch.distributed collectives for every method.
+
+Each call is timed and its algorithmic bytes are attributed to the link they cross. The
+model is the ring, in group-rank order, counted at the sender (see README, "Byte
+accounting"):
+
+* all-reduce of S bytes over n ranks: every rank sends 2(n-1)/n * S to its ring successor;
+* all-gather of a p-byte piece per rank: every rank sends (n-1) * p to its successor;
+* broadcast of S bytes: a pipelined chain from the root; every rank but the last sends S;
+
+and a rank's bytes count as ``inter`` when its successor lives on another node, else
+``intra``. Summed over ranks this is the volume crossing node boundaries, e.g. a flat ring
+over M nodes moves M * 2(n-1)/n * S bytes across them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from suite.cluster.recorder import Recorder, synchronize
+from suite.cluster.topology import CommGroup, Topology
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One contiguous copy of ``tensors``, so a single collective carries them all."""
+    return _flatten_dense_tensors(list(tensors))
+
+
+def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped like ``like`` (the inverse of :func:`flatten`)."""
+    return list(_unflatten_dense_tensors(flat, list(like)))
+
+
+def unflatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` back into ``tensors``."""
+    for target, value in zip(tensors, unflatten(flat, tensors)):
+        target.copy_(value)
+
+
+class Communicator:
+    def __init__(self, topology: Topology, recorder: Recorder, device: torch.device):
+        self.topology = topology
+        self.recorder = recorder
+        self.device = device
+
+    # -- accounting -------------------------------------------------------------------
+    def link_to_successor(self, group: CommGroup, start: int = 0) -> tuple[str, bool]:
+        """Link class of this rank's outgoing ring edge, and whether it is the chain's end.
+
+        ``start`` is the group position where a chain (broadcast) begins.
+        """
+        rank = self.topology.rank
+        pos = group.position(rank)
+        successor = group.ranks[(pos + 1) % group.size]
+        last_in_chain = (pos + 1) % group.size == start
+        same = self.topology.node_of(successor) == self.topology.node_of(rank)
+        return ("intra" if same else "inter"), last_in_chain
+
+    def _account(self, group: CommGroup, sent_bytes: float) -> None:
+        if group.size < 2 or sent_bytes == 0:
+            return
+        link, _ = self.link_to_successor(group)
+        self.recorder.add_bytes(link, sent_bytes)
+
+    def account(self, kind: str, group: CommGroup, size: int, *, src: int | None = None) -> None:
+        """Attribute a collective issued outside this class (e.g. by a torch DDP comm hook
+        such as PowerSGD) by the same ring model. ``size``: bytes of the all-reduced or broadcast
+        buffer, or one rank's all-gather piece."""
+        n = group.size
+        if kind == "all_reduce":
+            self._account(group, 2 * (n - 1) / n * size)
+        elif kind == "all_gather":
+            self._account(group, (n - 1) * size)
+        elif kind == "broadcast":
+            assert src is not None, "broadcast needs its root"
+            start = group.position(src)
+            link, last = self.link_to_successor(group, start)
+            if n > 1 and not last:
+                self.recorder.add_bytes(link, size)
+        else:
+            raise ValueError(f"unknown collective kind {kind!r}")
+
+    def _timed(self, phase: str, fn) -> None:
+        synchronize(self.device)
+        begin = time.perf_counter()
+        fn()
+        synchronize(self.device)
+        self.recorder.add_time(phase, time.perf_counter() - begin)
+
+    # -- collectives ------------------------------------------------------------------
+    def all_reduce(
+        self, tensor: torch.Tensor, group: CommGroup, *, phase: str, op=dist.ReduceOp.SUM
+    ) -> torch.Tensor:
+        self.account("all_reduce", group, nbytes(tensor))
+        if group.size > 1:
+            self._timed(phase, lambda: dist.all_reduce(tensor, op=op, group=group.pg))
+        return tensor
+
+    def all_reduce_async(
+        self, tensor: torch.Tensor, group: CommGroup, *, phase: str
+    ) -> torch.futures.Future:
+        """SUM all-reduce that returns a future (for DDP comm hooks, which overlap backward).
+
+        The recorded time is the span from launch to completion as seen by the callback.
+        """
+        self.account("all_reduce", group, nbytes(tensor))
+        begin = time.perf_counter()
+        work = dist.all_reduce(tensor, group=group.pg, async_op=True)
+        recorder = self.recorder
+
+        def done(fut):
+            recorder.add_time(phase, time.perf_counter() - begin)
+            return fut.value()[0]
+
+        return work.get_future().then(done)
+
+    def all_gather(self, tensor: torch.Tensor, group: CommGroup, *, phase: str) -> torch.Tensor:
+        """Gather equal-shaped pieces from every rank into one (n, *shape) tensor."""
+        n = group.size
+        flat = tensor.contiguous().view(-1)
+        out = torch.empty(n * flat.numel(), dtype=tensor.dtype, device=tensor.device)
+        self.account("all_gather", group, nbytes(tensor))
+        if n > 1 and flat.is_cuda and dist.get_backend(group.pg) == "gloo":
+            # shared GPUs (see suite.cluster.ranks.backend_for): gloo gathers host tensors only
+            host = torch.empty(n * flat.numel(), dtype=tensor.dtype)
+            self._timed(phase, lambda: dist.all_gather_single(host, flat.cpu(), group=group.pg))
+            out.copy_(host)
+        elif n > 1:
+            self._timed(phase, lambda: dist.all_gather_single(out, flat, group=group.pg))
+        else:
+            out.copy_(flat)
+        return out.view(n, *tensor.shape)
+
+    def broadcast(self, tensor: torch.Tensor, group: CommGroup, *, src: int, phase: str):
+        """Broadcast from global rank ``src`` (a member of ``group``)."""
+        self.account("broadcast", group, nbytes(tensor), src=src)
+        if group.size > 1:
+            self._timed(phase, lambda: dist.broadcast(tensor, src=src, group=group.pg))
+        return tensor

@@ -1,0 +1,100 @@
+"""Every phase a run's rows may time, in one list (as MLCommons keeps its log keys).
+
+A phase's seconds land in the ``t_<name>`` column of ``iterations.parquet``; the report draws
+each phase in its colour and counts the communication phases as communication. Writers use
+these constants, never a bare string, so a typo fails at import instead of making a new grey
+column. A plugin that times a phase of its own declares it with :func:`declare_phase`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: local mini-batch steps: forward, backward, optimizer (and PruneX's proximal step)
+LOCAL_COMPUTE = "local_compute"
+#: world all-reduce (DDP's buckets, flat consensus, flat local SGD, dense Top-K)
+ALLREDUCE = "allreduce"
+#: world all-gather (Top-K's values and indices)
+ALLGATHER = "allgather"
+#: all-reduce inside a node
+INTRA_ALLREDUCE = "intra_allreduce"
+#: all-gather inside a node (PruneX's sharded leaders)
+INTRA_ALLGATHER = "intra_allgather"
+#: all-reduce between nodes (leaders, or every local rank's shard)
+INTER_ALLREDUCE = "inter_allreduce"
+#: leader -> node broadcast
+BROADCAST = "broadcast"
+#: OR of the structured mask bitmaps across nodes, and their broadcast in the node
+MASK_SYNC = "mask_sync"
+#: the node candidate and its projection onto the structured set (or magnitude masks)
+PROJECTION = "projection"
+#: kept slices into dense buckets, and the casts to the wire dtype
+PACK = "pack"
+#: buckets back to full-shape tensors
+UNPACK = "unpack"
+#: PruneX's dual updates, residuals and penalty balancing
+DUAL_UPDATE = "dual_update"
+#: gradient compression (Top-K selection)
+COMPRESS = "compress"
+#: gradient decompression
+DECOMPRESS = "decompress"
+#: the simulator's expected wait for the slowest rank at a synchronization (idle, not
+#: traffic: fig. 7 leaves it out)
+STRAGGLER_WAIT = "straggler_wait"
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    color: str  # in every figure (Tol's bright and muted sets)
+    communication: bool  # counted as communication (fig. 7), drawn saturated
+
+
+#: every phase the suite and its built-in methods time, in the order a round runs them
+PHASES: dict[str, Phase] = {
+    p.name: p
+    for p in (
+        Phase(LOCAL_COMPUTE, "#BBBBBB", False),
+        Phase(COMPRESS, "#44AA99", False),
+        Phase(ALLREDUCE, "#CC3311", True),
+        Phase(ALLGATHER, "#882255", True),
+        Phase(DECOMPRESS, "#117733", False),
+        Phase(INTRA_ALLREDUCE, "#4477AA", True),
+        Phase(PROJECTION, "#DDCC77", False),
+        Phase(MASK_SYNC, "#AA3377", True),
+        Phase(PACK, "#88CCEE", False),
+        Phase(INTER_ALLREDUCE, "#EE6677", True),
+        Phase(INTRA_ALLGATHER, "#66CCEE", True),
+        Phase(BROADCAST, "#228833", True),
+        Phase(UNPACK, "#332288", False),
+        Phase(DUAL_UPDATE, "#999933", False),
+        Phase(STRAGGLER_WAIT, "#DDDDDD", False),
+    )
+}
+#: words that mark an undeclared phase as communication
+COMMUNICATION_WORDS = ("allreduce", "allgather", "broadcast")
+#: colour of a phase nobody declared (a row written by an older or foreign version)
+UNKNOWN_COLOR = "#DDDDDD"
+
+
+def declare_phase(name: str, color: str, *, communication: bool) -> str:
+    """A plugin's own phase: its colour and whether it is communication; returns the name
+    to time it under. Declaring a built-in phase again with other facts is an error."""
+    phase = Phase(name, color, communication)
+    known = PHASES.setdefault(name, phase)
+    if known != phase:
+        raise ValueError(f"phase {name!r} is already declared as {known}")
+    return name
+
+
+def phase_color(name: str) -> str:
+    phase = PHASES.get(name)
+    return phase.color if phase is not None else UNKNOWN_COLOR
+
+
+def is_communication(name: str) -> bool:
+    """Communication phases; an undeclared one counts when its name says it moves data."""
+    phase = PHASES.get(name)
+    if phase is not None:
+        return phase.communication
+    return any(word in name for word in COMMUNICATION_WORDS)

@@ -1,0 +1,163 @@
+"""Which ranks share a node, and the process groups built from that once per run.
+
+Nodes are discovered from the job (hostnames gathered over the world group, which covers
+torchrun, SLURM and plain multi-host launches alike) or emulated on one machine with
+``--gpus-per-node``. Ranks of a node must be contiguous, as torchrun and SLURM place them;
+the ring model of the communicator relies on that ordering.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from suite.cluster.ranks import collective_timeout
+from suite.errors import BenchError
+
+
+@dataclass(frozen=True)
+class CommGroup:
+    """A process group plus the global ranks in it, in group-rank (ring) order."""
+
+    name: str
+    ranks: tuple[int, ...]
+    pg: object = field(compare=False, repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def position(self, rank: int) -> int:
+        return self.ranks.index(rank)
+
+
+def check_layout(gpus: int, gpus_per_node: int) -> int:
+    """Validate an N-ranks-on-G-per-node layout and return the node count."""
+    if gpus < 1:
+        raise BenchError(f"--gpus must be at least 1, got {gpus}")
+    if gpus_per_node < 1:
+        raise BenchError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+    if gpus % gpus_per_node:
+        raise BenchError(
+            f"--gpus {gpus} is not divisible by --gpus-per-node {gpus_per_node}; "
+            f"use a multiple of {gpus_per_node}"
+        )
+    return gpus // gpus_per_node
+
+
+@dataclass
+class Topology:
+    rank: int
+    world_size: int
+    gpus_per_node: int
+    num_nodes: int
+    emulated: bool
+    node_ranks: list[list[int]]
+    world: CommGroup
+    intra: CommGroup  # this rank's node
+    inter: CommGroup | None  # node leaders; None on followers
+    peers: CommGroup  # ranks with this rank's local rank on every node (sharded leaders)
+    hostnames: list[str]
+
+    @property
+    def node(self) -> int:
+        return self.node_of(self.rank)
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.gpus_per_node
+
+    @property
+    def leaders(self) -> list[int]:
+        return [ranks[0] for ranks in self.node_ranks]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.local_rank == 0
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def describe(self) -> dict:
+        return {
+            "world_size": self.world_size,
+            "num_nodes": self.num_nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "emulated_nodes": self.emulated,
+            "node_ranks": self.node_ranks,
+            "leaders": self.leaders,
+            "hostnames": sorted(set(self.hostnames)),
+        }
+
+
+def discover_gpus_per_node(hostnames: list[str]) -> int:
+    """Ranks per host, from the gathered hostnames; hosts must hold equal contiguous blocks."""
+    blocks: list[tuple[str, int]] = []
+    for host in hostnames:
+        if blocks and blocks[-1][0] == host:
+            blocks[-1] = (host, blocks[-1][1] + 1)
+        else:
+            blocks.append((host, 1))
+    sizes = {n for _, n in blocks}
+    if len(sizes) != 1 or len({h for h, _ in blocks}) != len(blocks):
+        raise BenchError(
+            "ranks are not placed as equal contiguous blocks per host "
+            f"({blocks}); launch the same number of ranks on every node"
+        )
+    return sizes.pop()
+
+
+def build_topology(gpus_per_node: int | None) -> Topology:
+    """Collective: every rank must call this, in the same order, after init_process_group."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hostnames: list[str | None] = [None] * world
+    dist.all_gather_object(hostnames, socket.gethostname())
+    emulated = gpus_per_node is not None
+    gpn = gpus_per_node if emulated else discover_gpus_per_node(hostnames)
+    return lay_out(
+        rank, world, gpn,
+        world_pg=dist.group.WORLD,
+        new_group=lambda ranks: dist.new_group(ranks, timeout=collective_timeout()),
+        emulated=emulated,
+        hostnames=[str(h) for h in hostnames],
+    )  # fmt: skip
+
+
+def lay_out(
+    rank: int,
+    world: int,
+    gpus_per_node: int,
+    *,
+    world_pg: object,
+    new_group: Callable[[list[int]], object],
+    emulated: bool,
+    hostnames: list[str],
+) -> Topology:
+    """``rank``'s topology of ``world`` ranks in contiguous nodes of ``gpus_per_node``: the
+    one layout of real runs and the simulator. ``new_group`` gives each group's process
+    group; a real one is collective over the world, so every rank creates every group, in
+    this order: each node's, the leaders', each local rank's peers."""
+    num_nodes = check_layout(world, gpus_per_node)
+    node_ranks = [list(range(n * gpus_per_node, (n + 1) * gpus_per_node)) for n in range(num_nodes)]
+    node, local = divmod(rank, gpus_per_node)
+    intra = [new_group(ranks) for ranks in node_ranks][node]
+    leaders = [ranks[0] for ranks in node_ranks]
+    leaders_pg = new_group(leaders)
+    peer_ranks = [[ranks[i] for ranks in node_ranks] for i in range(gpus_per_node)]
+    peers = [new_group(ranks) for ranks in peer_ranks][local]
+    return Topology(
+        rank=rank,
+        world_size=world,
+        gpus_per_node=gpus_per_node,
+        num_nodes=num_nodes,
+        emulated=emulated,
+        node_ranks=node_ranks,
+        world=CommGroup("world", tuple(range(world)), world_pg),
+        intra=CommGroup("intra", tuple(node_ranks[node]), intra),
+        inter=CommGroup("inter", tuple(leaders), leaders_pg) if local == 0 else None,
+        peers=CommGroup("peers", tuple(peer_ranks[local]), peers),
+        hostnames=hostnames,
+    )

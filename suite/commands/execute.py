@@ -1,0 +1,173 @@
+"""What ``bench run``, ``bench rerun`` and ``bench sweep`` do once their flags are parsed:
+build the configurations, check them all, then dry-run, submit, simulate or launch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from suite.commands.preflight import describe, refuse_foreign_flags, split_options, validate
+from suite.errors import BenchError
+from suite.results.folder import MANIFEST
+from suite.run.config import RunConfig
+
+SIM_FLAGS = ("profile", "replay", "accuracy_from")
+SLURM_FLAGS = ("slurm_partition", "slurm_account", "slurm_time")
+
+
+def run_config(kwargs: dict, options: dict, gpus: int) -> RunConfig:
+    """A RunConfig from parsed flags (or an experiment file's values)."""
+    fields = dict(kwargs)
+    fields["download"] = bool(fields.get("download"))
+    fields["tensorboard"] = bool(fields.get("tensorboard"))
+    if fields.get("synthetic_size") is None:
+        fields.pop("synthetic_size", None)
+    else:
+        size = tuple(fields["synthetic_size"])
+        if len(size) != 2:
+            raise BenchError(f"--synthetic-size takes TRAIN,TEST, got {','.join(map(str, size))}")
+        fields["synthetic_size"] = size
+    return RunConfig(options=options, gpus=gpus, **fields)
+
+
+def resume_arguments(kwargs: dict) -> dict:
+    """``bench run --resume RUN_DIR``: the recorded run's flags (its manifest), into its own
+    folder, from its latest complete checkpoint."""
+    from suite.commands.experiment import read_experiment
+    from suite.results.folder import RunFolder
+    from suite.run.checkpoint import latest_checkpoint
+
+    folder = RunFolder(Path(kwargs["resume"]).resolve())
+    if not folder.has_manifest:
+        raise BenchError(f"--resume {folder.path}: no manifest.json (the run never started); "
+                         "start it again with --overwrite")  # fmt: skip
+    try:
+        status = (folder.summary() or {}).get("status")
+    except (OSError, ValueError):
+        status = None
+    if status == "ok":
+        raise BenchError(f"--resume {folder.path}: the run already finished")
+    found = latest_checkpoint(folder.path)
+    if found is None:
+        raise BenchError(
+            f"--resume {folder.path}: no complete checkpoint (it ran without "
+            "--checkpoint-every/--checkpoint-minutes); start it again with --overwrite"
+        )
+    recorded = read_experiment(folder.path / MANIFEST)
+    resumed = {k: v for k, v in kwargs.items() if k not in recorded}
+    resumed.update(recorded, gpus=[recorded["gpus"]], run_id=folder.path.name,
+                   results_dir=str(folder.path.parent), resume=True, overwrite=False)  # fmt: skip
+    return resumed
+
+
+def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
+    """One run: ``kwargs`` are ``bench run``'s flags, ``given`` the method options set."""
+    from suite.launchers.local import (
+        adopt_slurm_environment,
+        default_local_gpus_per_node,
+        launch_emulated,
+        launch_in_job,
+        launch_local,
+    )
+
+    kwargs = dict(kwargs)
+    dry_run = kwargs.pop("dry_run", False)
+    sim = {k: kwargs.pop(k, None) for k in SIM_FLAGS}
+    slurm = {k: kwargs.pop(k, None) for k in SLURM_FLAGS}
+    launcher = kwargs["launcher"]
+    refuse_foreign_flags(launcher, {**sim, **slurm})
+    gpus = kwargs.pop("gpus")
+    kwargs["resume"] = bool(kwargs.get("resume"))
+    kwargs["overwrite"] = bool(kwargs.get("overwrite"))
+    if launcher == "sim":
+        from suite.commands.simulate import run_simulations
+
+        base = run_config(kwargs, {}, gpus[0])
+        run_simulations([base.method], gpus, base, given, **sim, dry_run=dry_run, echo=echo)
+        return
+    if len(gpus) > 1:
+        raise BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`")
+    options, ignored = split_options(kwargs["method"], given)
+    if ignored:
+        echo(f"warning: {', '.join(ignored)} not read by {kwargs['method']}; ignored", err=True)
+    config = run_config(kwargs, options, gpus[0])
+    if launcher == "slurm":
+        from suite.launchers.slurm import submit_or_print
+
+        submit_or_print(config, dry_run=dry_run, echo=echo, **slurm)
+        return
+    if launcher == "auto":
+        launcher = "torchrun" if adopt_slurm_environment() else "local"
+    config.launcher = launcher
+    if launcher == "local" and config.gpus_per_node is None:
+        config.gpus_per_node = default_local_gpus_per_node(config.gpus)
+    if config.network == "emulated" and launcher != "local":
+        raise BenchError("--network emulated runs with --launcher local")
+    validate(config)
+    if dry_run:
+        run_dir = Path(config.results_dir) / (config.run_id or "<generated run id>")
+        echo(describe(config, run_dir))
+        return
+    if config.network == "emulated":
+        echo(f"results: {launch_emulated(config)}")
+    elif launcher == "local":
+        echo(f"results: {launch_local(config)}")
+    else:
+        launch_in_job(config)
+
+
+def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
+    """A grid of runs; returns True if a cell failed."""
+    from suite.commands.sweep import expand, run_cells, summary_lines
+    from suite.launchers.local import default_local_gpus_per_node, launch_emulated, launch_local
+    from suite.plugins.registry import METHODS
+
+    kwargs = dict(kwargs)
+    methods = [m for m in kwargs.pop("method").split(",") if m]
+    workloads = [w for w in kwargs.pop("workload").split(",") if w]
+    gpus, seeds, dry_run = kwargs.pop("gpus"), kwargs.pop("seed"), kwargs.pop("dry_run")
+    force = kwargs.pop("force", False)
+    if kwargs["launcher"] not in ("auto", "local"):
+        raise BenchError("bench sweep launches its cells here (--launcher local); for a "
+                         "cluster, submit `bench run --launcher slurm` per cell")  # fmt: skip
+    kwargs["launcher"] = "local"
+    catalogue = METHODS.option_catalogue()
+    grid = {name: option_values(catalogue[name][0], value) for name, value in given.items()}
+    base = run_config({**kwargs, "method": methods[0], "workload": workloads[0]}, {}, gpus[0])
+    cells = expand(base, workloads, methods, gpus, seeds, grid)
+    for cell in cells:
+        config = cell.config
+        config.gpus_per_node = config.gpus_per_node or default_local_gpus_per_node(config.gpus)
+        validate(config, existing_folder_ok=True)  # the sweep skips, resumes or moves them
+    if dry_run:
+        for cell in cells:
+            echo(f"{cell.run_id}  {cell.config.options}")
+        return False
+    launch = launch_emulated if base.network == "emulated" else launch_local
+    try:
+        run_cells(cells, Path(base.results_dir), launch, force=force)
+    finally:  # an interrupted sweep still prints where every cell stands
+        for line in summary_lines(cells):
+            echo(line)
+    return any(cell.status == "failed" for cell in cells)
+
+
+def option_values(opt, value) -> list:
+    """A sweep axis: ``"0.3,0.5"`` (or one flag value: booleans are not axes) as the
+    option's typed values."""
+    if isinstance(value, bool):
+        return [value]
+    return [opt.convert(v.strip()) for v in str(value).split(",") if v.strip()]
+
+
+def rerun_arguments(run_dir: str, *, results_dir: str | None, run_id: str | None,
+                    dry_run: bool) -> dict:  # fmt: skip
+    """``bench rerun``: the recorded run's configuration (its manifest) as ``bench run``'s
+    arguments, into a new folder beside it unless ``results_dir`` says otherwise."""
+    from suite.commands.experiment import read_experiment
+
+    kwargs = read_experiment(Path(run_dir) / MANIFEST)
+    parent = str(Path(run_dir).resolve().parent)
+    kwargs.update(results_dir=results_dir or parent, run_id=run_id, dry_run=dry_run)
+    kwargs.update(gpus=[kwargs["gpus"]], resume=None, overwrite=False)
+    return kwargs

@@ -1,0 +1,210 @@
+"""The flags of the ``bench`` commands, as click machinery: integer lists, experiment files
+(``--config``), the shared flags of ``run`` and ``sweep``, and the method options attached
+from the registry when a command that takes them is invoked (so a plugin's options appear
+with no change to the CLI); and the one-line error exit."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from suite.errors import BenchError, RunFailed
+
+RECIPE_FIELDS = (
+    "batch_size",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "epochs",
+    "lr_schedule",
+    "warmup_epochs",
+)
+
+
+class IntList(click.ParamType):
+    """``8`` or ``8,16,32,64``: a list of integers of at least ``minimum``."""
+
+    name = "N[,N...]"
+
+    def __init__(self, minimum: int = 1):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            numbers = [int(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if not numbers or min(numbers) < self.minimum:
+            self.fail(f"{value!r}: give integers of at least {self.minimum}", param, ctx)
+        return numbers
+
+
+def fail(exc: BenchError) -> None:
+    click.echo(f"Error: {exc}", err=True)
+    sys.exit(1 if isinstance(exc, RunFailed) else 2)
+
+
+class BenchGroup(click.Group):
+    """Attaches the registry's method options, and the workloads' true recipe defaults in
+    the help, to the commands that take them, when such a command is invoked."""
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        mode = getattr(command, "method_options", None)
+        if mode and not getattr(command, "attached", False):
+            try:
+                attach_registry_params(command, lists=mode == "lists")
+            except BenchError as exc:
+                fail(exc)
+            command.attached = True
+        return command
+
+
+def attach_registry_params(command: click.Command, *, lists: bool) -> None:
+    from suite.plugins.registry import METHODS
+
+    taken = {p.name for p in command.params}
+    for name, (opt, readers) in METHODS.option_catalogue().items():
+        if name in taken:
+            raise BenchError(f"method option {opt.flag} of {readers[0]} collides with a flag")
+        defaults = {
+            o.default_text for r in readers for o in METHODS.get(r).options if o.name == name
+        }
+        default = opt.default_text if len(defaults) == 1 else "per method, see bench list"
+        help_text = f"[{', '.join(readers)}] {opt.help} (default: {default})"
+        if opt.kind is bool:
+            param = click.Option([opt.declaration, name], default=None, help=help_text)
+        else:
+            metavar = opt.type_text + ("[,...]" if lists else "")
+            param = click.Option(
+                [opt.flag, name], default=None, metavar=metavar,
+                help=help_text + (" (comma list)" if lists else ""),
+            )  # fmt: skip
+        command.params.append(param)
+    for param in command.params:
+        if param.name in RECIPE_FIELDS:
+            param.help = f"{param.help} (default: the workload's: {recipe_defaults(param.name)})"
+
+
+def recipe_defaults(field: str) -> str:
+    """``0.05 (cnn-fmnist, resnet18-fmnist); 0.001 (resnet18-cifar10, ...)``."""
+    from suite.plugins.registry import WORKLOADS
+
+    by_value: dict = {}
+    for entry in WORKLOADS.entries():
+        by_value.setdefault(getattr(entry.factory().recipe, field), []).append(entry.name)
+    return "; ".join(
+        f"{v:{'' if isinstance(v, str) else 'g'}} ({', '.join(names)})"
+        for v, names in by_value.items()
+    )
+
+
+def method_options(mode: str):
+    """Mark a command as taking the registry's method options (``single`` or ``lists``)."""
+
+    def mark(command):
+        command.method_options = mode
+        return command
+
+    return mark
+
+
+def config_option(list_keys: tuple[str, ...]):
+    """``--config FILE``: an experiment file whose values become the command's defaults."""
+
+    def load(ctx, param, value):
+        if value is None:
+            return None
+        from suite.commands.experiment import apply_to_command, read_experiment
+        from suite.plugins.registry import METHODS
+
+        keys = list_keys
+        if getattr(ctx.command, "method_options", None) == "lists":  # every option is an axis
+            keys = (*keys, *METHODS.option_catalogue())
+        try:
+            apply_to_command(ctx, read_experiment(value), keys)
+        except BenchError as exc:
+            fail(exc)
+        return value
+
+    return click.option(
+        "--config", type=click.Path(), default=None, is_eager=True, expose_value=False,
+        callback=load, help="experiment file (YAML, or a run's manifest.json); flags override it",
+    )  # fmt: skip
+
+
+def given_options(kwargs: dict) -> dict:
+    """Pop the method options out of a command's keyword arguments; keep the given ones."""
+    from suite.plugins.registry import METHODS
+
+    names = METHODS.option_catalogue()
+    return {k: v for k in list(kwargs) if k in names and (v := kwargs.pop(k)) is not None}
+
+
+def run_flags(func):
+    """Flags ``bench run`` and ``bench sweep`` share (a manifest's ``config`` keys)."""
+    flags = [
+        click.option("--dataset", default=None,
+                     help="fmnist | cifar10 | synthetic (default: the workload's)"),
+        click.option("--data-dir", default=None, help="dataset directory (default: its own)"),
+        click.option("--download", is_flag=True, default=None,
+                     help="download the dataset if missing (needs a network)"),
+        click.option("--synthetic-size", type=IntList(), default=None, metavar="TRAIN,TEST",
+                     help="samples of the synthetic dataset (default: 4096,1024)"),
+        click.option("--gpus-per-node", default=None, type=int,
+                     help="ranks per (emulated) node; default: discovered in a job, else 4 "
+                     "(gpus/2 below 8)"),
+        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                     show_default=True),
+        click.option("--iterations", type=int, default=None,
+                     help="iterations to run (PruneX, local SGD: rounds)"),
+        click.option("--epochs", type=float, default=None, help="data epochs to run"),
+        click.option("--eval-every", type=int, default=None,
+                     help="evaluate every N iterations and at the end (default: 10 evenly "
+                     "spread evaluations, at most every third iteration)"),
+        click.option("--bn-recalibrate", type=int, default=0, show_default=True, metavar="N",
+                     help="before each evaluation, recompute the evaluated model's BatchNorm "
+                     "statistics on N training batches per rank (0: use the method's)"),
+        click.option("--target-accuracy", type=float, default=None,
+                     help="record time_to_target_seconds, e.g. 0.85"),
+        click.option("--tensorboard", is_flag=True, default=None,
+                     help="live logs: TensorBoard events in the run folder's tensorboard/ "
+                     "(loss, accuracy, lr, phase seconds, bytes per link, density, rho)"),
+        click.option("--results-dir", default="results", show_default=True),
+        click.option("--tag", default=None, help="free-form label stored in the manifest"),
+        click.option("--batch-size", type=int, default=None, help="per-rank batch"),
+        click.option("--lr", type=float, default=None, help="learning rate"),
+        click.option("--momentum", type=float, default=None, help="SGD momentum"),
+        click.option("--weight-decay", type=float, default=None, help="weight decay"),
+        click.option("--lr-schedule", type=click.Choice(["constant", "cosine", "step"]),
+                     default=None, help="lr over the run's samples, the same for every method"),
+        click.option("--warmup-epochs", type=float, default=None,
+                     help="linear lr warmup, in epochs of a rank's shard"),
+        click.option("--network", type=click.Choice(["loopback", "emulated"]),
+                     default="loopback", show_default=True,
+                     help="emulated: each node in its own network namespace, inter-node links "
+                     "rate-limited to --inter-bw with tc (Linux, root, iproute2)"),
+        click.option("--inter-bw", default=None,
+                     help="[emulated] inter-node link rate, e.g. 1gbit"),
+        click.option("--checkpoint-every", type=int, default=None,
+                     help="write a checkpoint every N iterations (bench run --resume continues "
+                     "from the latest; a finished run removes them)"),
+        click.option("--checkpoint-minutes", type=float, default=None,
+                     help="write a checkpoint every M minutes (rank 0's clock)"),
+        click.option("--max-restarts", type=int, default=0, show_default=True,
+                     help="when a rank dies, restart all ranks from the latest checkpoint up "
+                     "to K times (torch elastic; local launcher)"),
+        click.option("--collective-timeout", type=float, default=300.0, show_default=True,
+                     help="seconds a collective waits for a stalled or dead peer before the "
+                     "run fails"),
+        click.option("--launcher", default="auto", show_default=True,
+                     type=click.Choice(["auto", "local", "torchrun", "slurm", "sim"]),
+                     help="auto: torchrun inside a torchrun/SLURM job, else local; slurm: write "
+                     "and sbatch a job script; sim: the calibrated simulator (see bench sim)"),
+    ]  # fmt: skip
+    for flag in reversed(flags):
+        func = flag(func)
+    return func

@@ -1,0 +1,54 @@
+"""``bench list``: what is registered, each method's options, and the README's option table
+(generated here, and checked against the README by a test)."""
+
+from __future__ import annotations
+
+from suite.plugins.registry import METHODS, WORKLOADS
+
+
+def entries_text() -> str:
+    lines = []
+    for title, registry in (("Methods", METHODS), ("Workloads", WORKLOADS)):
+        lines.append(f"{title}:")
+        entries = registry.entries()
+        width = max((len(e.name) for e in entries), default=0)
+        lines += [f"  {e.name:<{width}}  {e.description}" for e in entries]
+    lines += ["", "Options of a method: bench list METHOD (all: bench list --options)"]
+    return "\n".join(lines) + "\n"
+
+
+def options_text(names: list[str]) -> str:
+    """Each named method's options (all methods if none named): flag, type, default, help."""
+    entries = [METHODS.get(n) for n in names] if names else METHODS.entries()
+    lines = []
+    for entry in entries:
+        lines.append(f"{entry.name}:")
+        if not entry.options:
+            lines.append("  (no options)")
+        width = max((len(o.declaration) for o in entry.options), default=0)
+        for opt in entry.options:
+            limits = f", {opt.check.text}" if opt.check else ""
+            lines.append(
+                f"  {opt.declaration:<{width}}  {opt.type_text}{limits}; default "
+                f"{opt.default_text}. {opt.help}"
+            )
+        if entry.not_simulable:
+            lines.append(f"  (bench sim cannot replay it: {entry.not_simulable})")
+    return "\n".join(lines) + "\n"
+
+
+def options_markdown() -> str:
+    """One row per option: flag, the methods that read it, default, meaning."""
+    rows = [
+        "| option | methods | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for opt, readers in METHODS.option_catalogue().values():
+        flag = f"`{opt.flag}`/`--{opt.off_flag}`" if opt.off_flag else f"`{opt.flag}`"
+        limits = f" ({opt.check.text})" if opt.check else ""
+        choices = f" ({', '.join(opt.choices)})" if opt.choices else ""
+        rows.append(
+            f"| {flag} | {', '.join(f'`{r}`' for r in readers)} | {opt.default_text} | "
+            f"{opt.help}{limits}{choices} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,84 @@
+"""``bench sim``: the simulations of a grid of methods and GPU counts on one profile, each
+written as a run folder marked ``simulated``, and a line per simulation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from suite.errors import BenchError
+from suite.results.folder import RunFolder
+from suite.run.config import RunConfig
+from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable, simulate_run
+
+
+def run_simulations(
+    methods: list[str],
+    gpus: list[int],
+    base: RunConfig,
+    given: dict,
+    *,
+    profile: str | None,
+    replay: int | None,
+    accuracy_from: str | None,
+    dry_run: bool = False,
+    echo,
+) -> list[Path]:
+    """One simulated run folder per (method, GPU count); each method gets the options it
+    declares. Everything is checked before the first simulation starts."""
+    from suite.commands.preflight import split_options, validate
+    from suite.sim.profile import load_profile
+
+    loaded = load_profile(profile or "v100-ib100")
+    accuracy = borrowed_accuracy(accuracy_from)
+    if replay is not None and replay < 1:
+        raise BenchError(f"--replay must be at least 1, got {replay}")
+    configs = []
+    for method in methods:
+        check_simulable(method)
+        options, ignored = split_options(method, given)
+        if ignored and len(methods) == 1:
+            echo(f"warning: {', '.join(ignored)} not read by {method}; ignored", err=True)
+        for n in gpus:
+            config = replace(base, method=method, gpus=n, options=dict(options))
+            config.gpus_per_node = config.gpus_per_node or loaded.gpus_per_node
+            if len(methods) * len(gpus) > 1:
+                config.run_id = None
+            validate(config, check_data=False)
+            configs.append(config)
+    if dry_run:
+        for config in configs:
+            echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
+                 f"({config.gpus // config.gpus_per_node} x {config.gpus_per_node}), "
+                 f"options {config.options}")  # fmt: skip
+        return []
+    paths = []
+    for config in configs:
+        path = simulate_run(config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
+        summary = RunFolder(path).summary()
+        echo(
+            f"{config.method:<12} {config.gpus:>4} GPUs  "
+            f"{summary['iteration_seconds'] * 1e3:9.1f} ms/iteration  "
+            f"{summary['inter_node_bytes_per_iteration'] / 1e6:9.2f} MB inter/iteration  "
+            f"-> {path}"
+        )
+        paths.append(path)
+    return paths
+
+
+def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
+    """``bench sim``: list the shipped profiles, or simulate every (method, GPU count)."""
+    from suite.commands.execute import run_config
+    from suite.sim.profile import load_profile, shipped_profiles
+
+    if kwargs.pop("list_profiles"):
+        for name in shipped_profiles():
+            echo(f"{name:<16} {load_profile(name).description}")
+        return
+    methods = [m for m in kwargs.pop("method").split(",") if m]
+    gpus = kwargs.pop("gpus")
+    sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from", "dry_run")}
+    kwargs["launcher"] = "sim"
+    base = run_config({**kwargs, "method": methods[0]}, {}, gpus[0])
+    run_simulations(methods, gpus, base, options, **sim, echo=echo)

@@ -1,0 +1,223 @@
+"""Launchers: how the ranks of a run come to exist.
+
+``local`` spawns N ranks on this machine through torch's elastic launcher (CUDA devices when
+there are at least N, else CPU ranks on gloo with one thread each). ``torchrun`` means the
+ranks already exist (RANK/WORLD_SIZE set by torchrun, or SLURM variables by srun) and this
+process is one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import torch
+
+from suite.cluster.ranks import local_launch_config
+from suite.commands.preflight import ranks_on_cuda
+from suite.errors import BenchError, RunFailed, RunInterrupted
+from suite.results.folder import RunFolder, identity_summary, make_run_id
+from suite.run.config import RunConfig
+from suite.run.entry import rank_main
+
+LOCAL_GPUS_PER_NODE = 4  # the paper's nodes
+
+
+def in_distributed_job() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def adopt_slurm_environment() -> bool:
+    """Map srun's per-task variables onto torch's, so one srun task per GPU just works."""
+    if in_distributed_job() or "SLURM_PROCID" not in os.environ:
+        return in_distributed_job()
+    if int(os.environ.get("SLURM_NTASKS", "1")) < 2:
+        return False
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "MASTER_ADDR" not in os.environ:
+        raise BenchError(
+            "inside a SLURM allocation without MASTER_ADDR; export MASTER_ADDR=<first node> "
+            "and MASTER_PORT before srun, or use the script from --launcher slurm"
+        )
+    os.environ.setdefault("MASTER_PORT", "29500")
+    return True
+
+
+def default_local_gpus_per_node(gpus: int) -> int:
+    """Emulated node size: the paper's 4, or gpus/2 below 8 ranks so there are two nodes."""
+    if gpus >= 2 * LOCAL_GPUS_PER_NODE:
+        return LOCAL_GPUS_PER_NODE
+    return max(1, gpus // 2)
+
+
+def open_run_folder(config: RunConfig) -> RunFolder:
+    """The run's folder, emptied first with --overwrite, with the run's identity in its
+    summary before any rank starts (a run killed at any point is still listed as itself)."""
+    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
+    folder = RunFolder(Path(config.results_dir) / config.run_id)
+    if config.overwrite:
+        folder.empty()
+    folder.create()
+    if not config.resume:
+        folder.write_summary(identity_summary(config))
+    else:  # keep what the interrupted run said, only flip it back to running
+        folder.write_summary({**(folder.summary() or {}), **identity_summary(config)})
+    return folder
+
+
+def launch_local(config: RunConfig) -> Path:
+    """Spawn ``config.gpus`` ranks here and wait for them; returns the run folder."""
+    use_cuda = ranks_on_cuda(config)
+    if config.device == "cuda" and torch.cuda.device_count() == 0:
+        raise BenchError("--device cuda was asked for but no CUDA device is visible")
+    config.device = "cuda" if use_cuda else "cpu"
+    if not use_cuda:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    folder = open_run_folder(config)
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    quiet_launcher_logs()
+    logs = tempfile.mkdtemp(prefix="prunex-launch-")
+    launch = local_launch_config(
+        config.gpus, config.run_id, log_dir=logs, max_restarts=config.max_restarts,
+        shutdown_seconds=shutdown_seconds(config),
+    )  # fmt: skip
+    try:
+        elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
+    except ChildFailedError as exc:
+        fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
+    except (SignalException, KeyboardInterrupt) as exc:
+        name = exc.sigval.name if isinstance(exc, SignalException) else "SIGINT"
+        fail_run(folder, config, signal_name=name)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    return folder.path
+
+
+def shutdown_seconds(config: RunConfig) -> int:
+    """How long a stopped run's ranks get to finish their iteration, flush and checkpoint
+    before SIGKILL: 30 s, or less when collectives time out sooner (a stalled peer would
+    hold the others that long)."""
+    return int(max(5, min(30, config.collective_timeout)))
+
+
+def dead_rank(exc) -> str | None:
+    """'rank 3 was killed by SIGKILL' when a rank died of a signal it could not handle (the
+    others' errors are then knock-on effects), else None."""
+    for rank, failure in sorted(exc.failures.items()):
+        if failure.exitcode is not None and failure.exitcode < 0:
+            try:
+                name = failure.signal_name()
+            except ValueError:
+                name = f"signal {-failure.exitcode}"
+            return f"rank {rank} was killed by {name} (exit code {failure.exitcode})"
+    return None
+
+
+def launch_emulated(config: RunConfig) -> Path:
+    """Spawn the ranks in emulated nodes (network namespaces) whose links are rate-limited;
+    the namespaces exist only for the run's duration (see suite.cluster.netemu)."""
+    from suite.cluster.netemu import (
+        check_privileges,
+        emulated_cluster,
+        parse_rate,
+        run_module_in_cluster,
+    )
+
+    rate = parse_rate(config.inter_bw)
+    check_privileges()
+    config.device = "cpu"  # gloo over the emulated links
+    folder = open_run_folder(config)
+    nodes = config.gpus // config.gpus_per_node
+    code = 0
+    received = []
+
+    def stop(signum, _frame):  # SIGTERM as Ctrl-C: the agents get it on the way out
+        received.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with emulated_cluster(nodes, rate, config.run_id) as cluster:
+            (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
+            config_file = folder.path / "config.json"
+            config_file.write_text(config.to_json())
+            code = run_module_in_cluster(
+                cluster,
+                config.gpus_per_node,
+                "suite.run.entry",
+                [str(config_file), str(folder.path)],
+                folder.path / "launcher",
+            )
+    except KeyboardInterrupt:
+        fail_run(folder, config, signal_name=(received or ["SIGINT"])[0])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code:
+        fail_run(folder, config, signal_name=None)
+    return folder.path
+
+
+def fail_run(
+    folder: RunFolder, config: RunConfig, *, signal_name: str | None, failure: str | None = None
+) -> None:
+    """Mark the run failed or interrupted with the first reason (keeping every flushed row),
+    raise :class:`RunFailed` / :class:`RunInterrupted`. Signals to this process wait until
+    the folder says so."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        own = first_rank_error(folder)
+        reason = own if own and not own.startswith("rank ") else failure or own
+        interrupted = signal_name is not None or (reason or "").startswith("interrupted")
+        reason = reason or (
+            f"interrupted by {signal_name}" if interrupted else "a rank exited abnormally"
+        )
+        known = {k: v for k, v in identity_summary(config).items() if k not in ("status", "error")}
+        folder.mark_failed(reason, status="interrupted" if interrupted else "failed", **known)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    error = RunInterrupted if interrupted else RunFailed
+    raise error(f"run {config.run_id} {'stopped' if interrupted else 'failed'}: {reason} "
+                f"(see {folder.path})") from None  # fmt: skip
+
+
+def quiet_launcher_logs() -> None:
+    """The elastic agent logs every child failure with a traceback; we report it in one line
+    (and keep the traceback in the run folder's errors/), so silence its loggers."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def first_rank_error(folder: RunFolder) -> str | None:
+    """The first line each rank wrote about its failure; a BenchError beats a knock-on one."""
+    messages = [p.read_text().splitlines()[0] for p in sorted(folder.errors.glob("rank*.txt"))]
+    own = [m for m in messages if not m.startswith("rank ")]
+    return (own or messages or [None])[0]
+
+
+def launch_in_job(config: RunConfig) -> None:
+    """This process is one rank of an existing torchrun/SLURM job."""
+    if not adopt_slurm_environment():
+        raise BenchError(
+            "--launcher torchrun needs RANK and WORLD_SIZE (run under torchrun or srun); "
+            "use --launcher local to spawn ranks here"
+        )
+    config.gpus = int(os.environ["WORLD_SIZE"])
+    try:
+        rank_main(config.to_json(), None)
+    except RunFailed:
+        raise
+    except BenchError as exc:  # the ranks had started: a failed run, not bad input
+        raise RunFailed(str(exc)) from None

@@ -1,0 +1,43 @@
+"""The one way a run folder is finished, by real ranks (rank 0, after the rows are merged)
+and by the simulator alike: artifacts saved, the summary computed from the folder's own
+tables and written last, so a folder with an ``ok`` summary is whole."""
+
+from __future__ import annotations
+
+from suite.results.folder import RunFolder, write_torch
+from suite.results.summary import summarize
+from suite.run.config import RunConfig
+
+
+def finish_folder(
+    folder: RunFolder,
+    *,
+    config: RunConfig,
+    manifest: dict,
+    artifacts: dict[str, object],
+    iterations_done: int,
+    wall_seconds: float,
+    time_to_target: float | None,
+    converged: bool,
+    extra: dict | None = None,
+    evaluated: bool = True,
+) -> dict:
+    """Save ``artifacts`` (file name -> object for torch.save), summarize the folder's
+    iterations and evaluations (none for a simulated run, ``evaluated`` False), add ``extra``
+    and write ``summary.json``; returns it."""
+    for name, obj in artifacts.items():
+        write_torch(folder.path / name, obj)
+    summary = summarize(
+        config=config,
+        manifest=manifest,
+        dataset=manifest["config"]["dataset"],
+        iterations_done=iterations_done,
+        iterations=folder.table("iterations"),
+        evals=folder.table("evals") if evaluated else None,
+        wall_seconds=wall_seconds,
+        time_to_target=time_to_target,
+        converged=converged,
+    )
+    summary.update(extra or {})
+    folder.write_summary(summary)
+    return summary

@@ -1,0 +1,302 @@
+"""Run folders: manifest, tables and summary, all written atomically.
+
+Layout of ``results/<run_id>/``::
+
+    manifest.json        config, versions, git revision, hardware, topology
+    iterations.parquet   one row per (iteration, rank): phase seconds, bytes per link, loss, ...
+    evals.parquet        one row per evaluation: accuracy, elapsed seconds, cumulative bytes
+    layers.parquet       (PruneX) per-layer residuals, penalties, density per round
+    summary.json         the keys ``bench compare`` and ``bench report`` read
+    parts/               per-rank rows streamed while a run is live (a chunk file every few
+                         seconds); merged into the tables and removed at the end
+    errors/              on failure: one file per failing rank, first line = the reason
+    checkpoints/         with --checkpoint-every/--checkpoint-minutes: the newest complete
+                         checkpoint (suite.run.checkpoint) and latest.json naming it
+
+Every file is written to a temporary name and renamed, so a reader never sees half a file.
+The summary carries the run's identity (method, workload, ranks, options) and ``running``
+from before the ranks start, then ``ok``, ``failed`` or ``interrupted`` (with the reason). A
+run killed too hard to say anything keeps ``running``; ``bench recover`` finalizes it once its
+processes are gone (``suite.results.recover``), and readers treat it as failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+SUMMARY_KEYS = (
+    "run_id",
+    "status",
+    "error",
+    "method",
+    "workload",
+    "dataset",
+    "gpus",
+    "nodes",
+    "gpus_per_node",
+    "iterations",
+    "epochs",
+    "final_accuracy",
+    "best_accuracy",
+    "inter_node_bytes_total",
+    "intra_node_bytes_total",
+    "inter_node_bytes_per_iteration",
+    "wall_seconds",
+    "train_seconds",
+    "iteration_seconds",
+    "time_to_target_seconds",
+    "target_accuracy",
+    "phase_seconds",
+    "options",
+    "simulated",
+)
+
+
+TABLES = ("iterations", "evals", "layers")
+#: statuses of a run that ended; ``running`` is the only other one
+ENDED = ("ok", "failed", "interrupted")
+
+
+def setting_of(summary: dict, manifest: dict) -> str:
+    """Where a run's times come from: ``real``, ``emulated RATE`` or ``sim PROFILE``. Runs of
+    different settings are never compared or drawn as one line."""
+    if summary.get("simulated"):
+        profile = (manifest.get("simulation") or {}).get("profile") or {}
+        return f"sim {profile.get('name', '?')}"
+    network = manifest.get("network") or {}
+    if network.get("mode") == "emulated":
+        return f"emulated {network.get('inter_bw', '?')}"
+    return "real"
+
+
+def make_run_id(method: str, workload: str, gpus: int) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{method}-{workload}-{gpus}g-{secrets.token_hex(2)}"
+
+
+def identity_summary(config) -> dict:
+    """The keys that say which run a folder holds, written before any rank starts, so a run
+    killed at any point is still listed and compared (as failed) under its own name."""
+    return {
+        "run_id": config.run_id,
+        "status": "running",
+        "error": None,
+        "method": config.method,
+        "workload": config.workload,
+        "gpus": config.gpus,
+        "gpus_per_node": config.gpus_per_node,
+        "options": config.options,
+        "seed": config.seed,
+        "launcher": {"host": socket.gethostname(), "pid": os.getpid()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_bytes(
+        path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+    )
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
+
+
+def write_table(path: Path, rows: list[dict] | pd.DataFrame) -> None:
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def write_torch(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def hardware() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cuda_devices": [],
+    }
+    if torch.cuda.is_available():
+        info["cuda_devices"] = [
+            torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
+        ]
+    return info
+
+
+def versions() -> dict:
+    import timm
+    import torchvision
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "timm": timm.__version__,
+        "pandas": pd.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+#: the files of a run folder that say what the run was and how it ended
+MANIFEST, SUMMARY = "manifest.json", "summary.json"
+
+
+class RunFolder:
+    """A run's folder: every reader and writer of its files goes through here."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @property
+    def parts(self) -> Path:
+        return self.path / "parts"
+
+    @property
+    def errors(self) -> Path:
+        return self.path / "errors"
+
+    def empty(self) -> None:
+        """Remove the run's records (--overwrite); a SLURM job's script and log stay."""
+        if not self.path.is_dir():
+            return
+        for entry in self.path.iterdir():
+            if entry.name == "job.sbatch" or entry.name.startswith("slurm-"):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+    def create(self) -> RunFolder:
+        self.parts.mkdir(parents=True, exist_ok=True)
+        return self
+
+    # -- per-rank parts -----------------------------------------------------------------
+    def write_rank_chunk(self, rank: int, chunk: int, tables: dict[str, list[dict]]) -> None:
+        """One flush of one rank: a whole parquet file per table, named so that no two
+        processes (restarts, resumes) ever write the same file."""
+        self.parts.mkdir(parents=True, exist_ok=True)
+        for table, rows in tables.items():
+            name = f"{table}-rank{rank:05d}-p{os.getpid()}-{chunk:06d}.parquet"
+            write_table(self.parts / name, rows)
+
+    def flush_rows(self, recorder) -> None:
+        """Write ``recorder``'s rows that are not on disk yet (one atomic file per table)."""
+        chunk, tables = recorder.take_unflushed()
+        if tables:
+            self.write_rank_chunk(recorder.rank, chunk, tables)
+
+    def merge_parts(self) -> list[str]:
+        """Fold the per-rank chunks into the final tables, after the rows already there
+        (idempotent, re-runnable); returns a line per chunk that could not be read."""
+        if not self.parts.exists():
+            return []
+        unreadable = []
+        for table in TABLES:
+            frames = [self.table(table)] if (self.path / f"{table}.parquet").exists() else []
+            for file in sorted(self.parts.glob(f"{table}-rank*.parquet")):
+                try:
+                    frames.append(pd.read_parquet(file))
+                except (OSError, ValueError) as exc:
+                    unreadable.append(f"{file}: {type(exc).__name__}")
+            frames = [f for f in frames if f is not None]
+            if frames:
+                write_table(self.path / f"{table}.parquet", sort_rows(pd.concat(frames)))
+        shutil.rmtree(self.parts, ignore_errors=True)
+        return unreadable
+
+    def truncate(self, iterations_done: int) -> None:
+        """Drop every row of iteration ``iterations_done`` or later: a resumed run writes
+        them again, as an uninterrupted run would have."""
+        self.merge_parts()
+        for table in TABLES:
+            frame = self.table(table)
+            if frame is not None and "iteration" in frame:
+                write_table(
+                    self.path / f"{table}.parquet", frame[frame.iteration < iterations_done]
+                )
+
+    # -- summary and manifest -------------------------------------------------------------
+    def summary(self) -> dict | None:
+        """The summary, None when there is none (a corrupt one raises ValueError)."""
+        path = self.path / SUMMARY
+        return read_json(path) if path.exists() else None
+
+    def manifest(self) -> dict | None:
+        """The manifest, None when there is none (a corrupt one raises ValueError)."""
+        path = self.path / MANIFEST
+        return read_json(path) if path.exists() else None
+
+    @property
+    def has_manifest(self) -> bool:
+        return (self.path / MANIFEST).is_file()
+
+    def write_manifest(self, manifest: dict) -> None:
+        write_json(self.path / MANIFEST, manifest)
+
+    def write_summary(self, summary: dict) -> None:
+        write_json(self.path / SUMMARY, summary)
+
+    def mark_failed(self, error: str, status: str = "failed", **known) -> None:
+        """Record a failure (or an interruption) without losing rows the ranks flushed.
+
+        ``known`` adds identifying keys (method, workload, gpus, ...) so a failed run still
+        shows up, as failed, in listings and comparisons.
+        """
+        self.merge_parts()
+        summary = {**known, **(self.summary() or {})}
+        if summary.get("status") in ENDED and summary.get("error"):
+            return  # the ranks already said why
+        summary.update(status=status, error=error, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        rows = self.table("iterations")
+        if rows is not None and len(rows):
+            summary["iterations_recorded"] = int(rows["iteration"].nunique())
+        self.write_summary(summary)
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        path = self.path / f"{name}.parquet"
+        return pd.read_parquet(path) if path.exists() else None
+
+
+def sort_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    keys = [k for k in ("iteration", "rank") if k in frame.columns]
+    if keys:
+        frame = frame.sort_values(keys, kind="stable")
+    return frame.reset_index(drop=True)

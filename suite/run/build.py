@@ -1,0 +1,150 @@
+"""How a run is put together, the same way for real and simulated runs.
+
+The runner (real ranks) and the simulator (one process pricing collectives) differ in their
+topology, communicator, recorder and loader; everything else, the recipe, the method's
+settings, the seeded model, the method itself, the iteration count and the manifest, comes
+from here, so a simulated run is configured exactly as the real one would be.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from dataclasses import replace
+
+import torch
+
+from suite.plugins.method import LegacyMethod, Method, RunContext
+from suite.plugins.options import resolve_settings, settings_dict
+from suite.plugins.registry import METHODS, WORKLOADS
+from suite.results.folder import git_revision, versions
+from suite.run.config import RunConfig
+from suite.run.schedule import LRSchedule
+from workloads.base import DatasetSpec, Recipe, Workload
+
+#: RunConfig fields that override the workload's recipe
+RECIPE_OVERRIDES = ("batch_size", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_epochs")
+#: evaluations of a run whose --eval-every is not given
+DEFAULT_EVALUATIONS = 10
+
+
+def resolve_workload(config: RunConfig) -> tuple[Workload, Recipe, str]:
+    """The workload, its recipe with the run's overrides, and the dataset's name."""
+    workload = WORKLOADS.get(config.workload).factory()
+    overrides = {k: getattr(config, k) for k in RECIPE_OVERRIDES if getattr(config, k) is not None}
+    return workload, replace(workload.recipe, **overrides), config.dataset or workload.dataset
+
+
+def method_settings(config: RunConfig):
+    """The method's settings object from ``config.options`` (converted and checked)."""
+    entry = METHODS.get(config.method)
+    return resolve_settings(entry.settings, config.options, config.method)
+
+
+def build_method(
+    config: RunConfig,
+    *,
+    topology,
+    comm,
+    recorder,
+    workload: Workload,
+    recipe: Recipe,
+    spec: DatasetSpec,
+    loader,
+    device: torch.device,
+) -> tuple[RunContext, Method, int]:
+    """The seeded model (identical on every rank), the method built on it, and the number
+    of iterations the run will take."""
+    settings = method_settings(config)
+    torch.manual_seed(config.seed)
+    model = workload.build_model(spec).to(device)
+    ctx = RunContext(
+        config, topology, comm, recorder, workload, recipe, model, loader, device, settings,
+        spec=spec,
+    )  # fmt: skip
+    method = METHODS.get(config.method).factory(ctx)
+    if not isinstance(method, Method):
+        warnings.warn(
+            f"method {config.method!r} does not subclass suite.api.Method and its step returns "
+            "a dict; it is wrapped for now (LegacyMethod), which goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        method = LegacyMethod(method, recorder)
+    steps = method.steps_per_iteration
+    ctx.budget_steps = budget_steps(config, loader.steps_per_epoch, steps, recipe)
+    batch = loader.batch_size
+    ctx.schedule = LRSchedule(
+        recipe.lr_schedule,
+        recipe.lr,
+        warmup_samples=round(recipe.warmup_epochs * loader.steps_per_epoch * batch),
+        total_samples=ctx.budget_steps * batch,
+    )
+    return ctx, method, math.ceil(ctx.budget_steps / steps)
+
+
+def budget_steps(config: RunConfig, steps_per_epoch: int, steps_per_iteration: int, recipe) -> int:
+    """Local steps per rank of the whole run. ``--epochs`` gives every method the same
+    number (a round-based method's last round is cut to fit); ``--iterations`` counts whole
+    iterations of the method's own size."""
+    if config.iterations is not None:
+        return config.iterations * steps_per_iteration
+    epochs = config.epochs if config.epochs is not None else recipe.epochs
+    return max(1, math.ceil(epochs * steps_per_epoch))
+
+
+def count_iterations(config: RunConfig, steps_per_epoch: int, steps_per_iteration: int, recipe):
+    budget = budget_steps(config, steps_per_epoch, steps_per_iteration, recipe)
+    return math.ceil(budget / steps_per_iteration)
+
+
+def evaluation_points(iterations: int, eval_every: int | None) -> set[int]:
+    """Iteration counts after which to evaluate: every ``eval_every`` and the last; by
+    default ``DEFAULT_EVALUATIONS`` evenly spread, but never more often than every third
+    iteration: on CPU ranks one evaluation of the test set costs about a third of a 32-step
+    round of cnn-fmnist, so a short run would otherwise spend its time evaluating."""
+    if eval_every is not None:
+        points = set(range(eval_every, iterations + 1, eval_every))
+    else:
+        n = max(1, min(DEFAULT_EVALUATIONS, iterations // 3))
+        points = {math.ceil(k * iterations / n) for k in range(1, n + 1)}
+    return points | {iterations}
+
+
+def make_manifest(
+    config: RunConfig,
+    ctx: RunContext,
+    method: Method,
+    *,
+    dataset: str,
+    iterations: int,
+    train_samples: int,
+    test_samples: int,
+    **facts,
+) -> dict:
+    """What the run folder's ``manifest.json`` says; ``facts`` adds the launcher-specific
+    keys (device, backend, topology, hardware, network or simulation)."""
+    return {
+        "run_id": config.run_id,
+        "config": {**json.loads(config.to_json()), "dataset": dataset},
+        "method_settings": {**settings_dict(ctx.settings), **method.resolved_settings()},
+        "recipe": ctx.recipe.__dict__,
+        "planned_iterations": iterations,
+        "budget": {  # what every rank consumes, whatever the method's iteration size
+            "local_steps_per_rank": ctx.budget_steps,
+            "batch_size": ctx.loader.batch_size,
+            "samples_per_rank": ctx.budget_steps * ctx.loader.batch_size,
+        },  # the schedule over it is the recipe's (lr_schedule, warmup_epochs)
+        "steps_per_iteration": method.steps_per_iteration,
+        "overlapped_phases": list(method.overlapped_phases),
+        "steps_per_epoch": ctx.loader.steps_per_epoch,
+        "train_samples": train_samples,
+        "test_samples": test_samples,
+        "parameters": sum(p.numel() for p in ctx.model.parameters()),
+        "versions": versions(),
+        "git_revision": git_revision(),
+        **facts,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

@@ -1,0 +1,120 @@
+"""One rank's process: join the process group, open the run folder, train, and on any failure
+keep what was recorded and say why (``errors/rank*.txt``, the summary).
+
+``python -m suite.run.entry CONFIG_JSON_FILE RUN_DIR`` is one rank of a run whose ranks were
+started by torchrun agents (the emulated-network launcher runs one agent per namespace);
+``rank_main`` is also the target of the local elastic launch.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+
+from suite.cluster.ranks import collective_timeout, join_process_group
+from suite.cluster.recorder import Recorder
+from suite.errors import BenchError
+from suite.results.folder import RunFolder, make_run_id
+from suite.run.checkpoint import latest_checkpoint
+from suite.run.config import RunConfig
+from suite.run.loop import AGREED_STOPS, AgreedInterruption, train
+from suite.run.setup import restart_count
+from suite.run.stopping import StopRequest
+
+
+def rank_main(config_json: str, run_dir: str | None = None) -> None:
+    """Entry point of one rank (also used by elastic_launch)."""
+    config = RunConfig.from_json(config_json)
+    stop = StopRequest().install()
+    device = join_process_group(config.device, config.collective_timeout)
+    rank = dist.get_rank()
+    standalone = run_dir is None  # no parent launcher to mark the folder on failure
+    folder = None
+    recorder = None
+    try:
+        if run_dir is None:
+            ident = [config.run_id or make_run_id(config.method, config.workload, config.gpus)]
+            dist.broadcast_object_list(ident, src=0)
+            run_dir = str(Path(config.results_dir) / ident[0])
+            config.run_id = ident[0]
+        folder = RunFolder(run_dir)
+        if rank == 0:
+            if standalone and config.overwrite and restart_count() == 0:
+                folder.empty()
+            folder.create()
+            prepare_attempt(folder, config)
+        dist.barrier()
+        recorder = Recorder(rank, device)
+        train(config, device, folder, recorder, stop)
+    except BaseException as exc:
+        if folder is not None:
+            record_failure(folder, recorder, rank, exc, stop, standalone=standalone)
+        raise  # without destroying the process group: that waits on peers that may be gone
+    dist.destroy_process_group()
+
+
+def prepare_attempt(folder: RunFolder, config: RunConfig) -> None:
+    """Rank 0, before any rank trains: a resumed or restarted run keeps the rows up to its
+    latest checkpoint (all of them are written again after it) and files the previous
+    attempt's errors under ``attempts/``."""
+    if not (config.resume or restart_count()):
+        return
+    found = latest_checkpoint(folder.path)
+    if folder.errors.exists():
+        attempts = folder.path / "attempts"
+        attempts.mkdir(exist_ok=True)
+        folder.errors.rename(attempts / f"{len(list(attempts.iterdir())):02d}")
+    folder.truncate(found[0] if found else 0)
+
+
+def record_failure(
+    folder, recorder, rank: int, exc: BaseException, stop: StopRequest, *, standalone: bool
+) -> None:
+    """Keep what this rank recorded and say why it stopped; never raise from here.
+
+    After an agreed stop every rank is healthy, so they wait for each other's last rows and
+    a standalone run's rank 0 marks the folder; after any other failure a peer may be gone,
+    so nobody waits (the parent launcher, or ``bench recover``, merges what was written).
+    A collective timeout is marked at once by rank 0 even under a launcher: the stalled peer
+    may take the launcher another 30 s to kill."""
+    message = failure_message(exc, rank, stop)
+    timed_out = message.startswith("a collective timed out")
+    try:
+        with stop.held():
+            folder.errors.mkdir(parents=True, exist_ok=True)
+            (folder.errors / f"rank{rank:05d}.txt").write_text(
+                message + "\n\n" + traceback.format_exc()
+            )
+            if recorder is not None:
+                folder.flush_rows(recorder)
+        if isinstance(exc, AGREED_STOPS):
+            dist.barrier()
+        if (standalone or timed_out) and rank == 0:
+            stopped = isinstance(exc, (AgreedInterruption, KeyboardInterrupt))
+            with stop.held():
+                folder.mark_failed(message, status="interrupted" if stopped else "failed")
+    except Exception:
+        pass
+
+
+def failure_message(exc: BaseException, rank: int, stop: StopRequest) -> str:
+    """One line: our own errors as they are; a peer's death or a timeout named as such."""
+    if isinstance(exc, BenchError):
+        return str(exc).splitlines()[0]
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted by {stop.name if stop.requested else 'SIGINT'} (second signal)"
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if "timed out" in message.lower():
+        seconds = collective_timeout().total_seconds()
+        return (
+            f"a collective timed out on rank {rank} after {seconds:g} s (--collective-timeout):"
+            f" a peer stalled or died ({message[:160]})"
+        )
+    return f"rank {rank}: {message}"
+
+
+if __name__ == "__main__":
+    rank_main(Path(sys.argv[1]).read_text(), sys.argv[2])

@@ -1,0 +1,284 @@
+"""The training loop of one rank: iterations, the per-iteration agreement of the ranks,
+evaluations, row flushes, checkpoints and stops, and finishing the run folder.
+
+Collectives issued here for bookkeeping (loss/NaN agreement, test accuracy) are not part of
+any method's communication and are not recorded as traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from suite.cluster.recorder import Recorder
+from suite.errors import BenchError
+from suite.results.finish import finish_folder
+from suite.results.folder import RunFolder
+from suite.run.checkpoint import (
+    checkpoint_root,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from suite.run.config import RunConfig
+from suite.run.livelog import TensorBoardLog
+from suite.run.setup import Run, restart_count, setup
+from suite.run.stopping import StopRequest
+
+
+class NonFiniteLoss(BenchError):
+    """Every rank stops after the same iteration (agreed in :func:`agree`)."""
+
+
+class AgreedInterruption(BenchError):
+    """A signal asked the run to stop; every rank stopped after the same iteration (the
+    launcher reports it as suite.errors.RunInterrupted)."""
+
+
+AGREED_STOPS = (NonFiniteLoss, AgreedInterruption)
+
+
+#: a rank writes its new rows to the run folder at the end of an iteration once this many
+#: seconds have passed since its last write (``PRUNEX_FLUSH_SECONDS`` overrides): a SIGKILL
+#: loses at most these last seconds of rows
+FLUSH_SECONDS = float(os.environ.get("PRUNEX_FLUSH_SECONDS", "5"))
+
+
+@dataclass
+class LoopResult:
+    """The training loop's counters: what a checkpoint must carry to continue exactly."""
+
+    done: int = 0
+    train_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    time_to_target: float | None = None
+    converged: bool = False
+    inter_bytes: float = 0.0
+    intra_bytes: float = 0.0
+
+
+def train(
+    config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
+    stop: StopRequest,
+) -> None:  # fmt: skip
+    run = setup(config, device, folder, recorder, stop)
+    result = LoopResult()
+    found = latest_checkpoint(folder.path) if (config.resume or restart_count()) else None
+    if found is not None:
+        result = restore(run, load_checkpoint(found[1], node=run.node))
+    run.attempt = {"restarts": restart_count(), "resumed_at_iteration": result.done or None}
+    training_loop(run, result)
+    finish(run, result)
+
+
+def rank_state(run: Run, result: LoopResult) -> dict:
+    """Everything this rank needs to continue exactly from here."""
+    rng = {"torch": torch.get_rng_state()}
+    if run.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(run.device)
+    return {
+        "method": run.method.state_dict(),
+        "loader": run.loader.state_dict(),
+        "rng": rng,
+        "loop": asdict(result),
+    }
+
+
+def restore(run: Run, state: dict) -> LoopResult:
+    run.method.load_state_dict(state["method"])
+    run.loader.load_state_dict(state["loader"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"]:
+        torch.cuda.set_rng_state(state["rng"]["cuda"], run.device)
+    return LoopResult(**state["loop"])
+
+
+def checkpoint(run: Run, result: LoopResult) -> None:
+    """Flush the rows so far, then save (collective); signals wait until both are whole."""
+    with run.stop.held():
+        run.folder.flush_rows(run.recorder)
+        stats = save_checkpoint(
+            run.folder.path, result.done, rank_state(run, result), node=run.node
+        )
+    run.checkpoints.append(stats)
+
+
+@dataclass
+class Agreement:
+    mean_loss: float
+    inter_bytes: float
+    intra_bytes: float
+    stop: bool  # a rank was asked to stop
+    checkpoint_due: bool  # rank 0's clock says a timed checkpoint is due
+
+
+def agree(
+    loss: float, row: dict, iteration: int, device: torch.device, *, stop: bool, due: bool
+) -> Agreement:
+    """One small world all-reduce per iteration: mean loss, NaN agreement, stop requests and
+    timed checkpoints (so every rank stops or saves after the same iteration and nothing
+    recorded is lost), and the iteration's traffic over all ranks."""
+    finite = math.isfinite(loss)
+    stats = torch.tensor(
+        [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"], row["bytes_intra"],
+         float(stop), float(due)],
+        dtype=torch.float64,
+        device=device,
+    )  # fmt: skip
+    dist.all_reduce(stats)
+    loss_sum, nonfinite, inter, intra, stops, dues = stats.tolist()
+    if nonfinite:
+        raise NonFiniteLoss(
+            f"non-finite loss at iteration {iteration} on {int(nonfinite)} rank(s); "
+            "lower --lr or check the data"
+        )
+    return Agreement(loss_sum / dist.get_world_size(), inter, intra, stops > 0, dues > 0)
+
+
+def progress_bar(run: Run):
+    if dist.get_rank() != 0 or os.environ.get("PRUNEX_PROGRESS", "1") == "0":
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=run.iterations, desc=run.config.method, unit="it", dynamic_ncols=True)
+
+
+def training_loop(run: Run, result: LoopResult) -> None:
+    """Iterations ``result.done`` .. the end (or convergence); ``result`` is updated in place.
+
+    At the end of every iteration the ranks agree on the loss, on stop requests and on timed
+    checkpoints; then come the evaluation, the row flush, the checkpoint and the stop, in that
+    order, so a checkpoint holds every row before it."""
+    config, recorder, loader, method = run.config, run.recorder, run.loader, run.method
+    accuracy = None
+    progress = progress_bar(run)
+    live = TensorBoardLog(run.folder.path, result.done) if live_logging(run) else None
+    wall_start = time.perf_counter() - result.wall_seconds
+    last_checkpoint = time.monotonic()
+    try:
+        for it in range(result.done, run.iterations):
+            recorder.begin_iteration(it)
+            if run.wire is not None:
+                run.wire.start()
+            done = method.step(it)
+            wire = run.wire.stop() if run.wire is not None else {}
+            loss = float(done.loss)
+            row = recorder.end_iteration(
+                **wire,
+                loss=loss,
+                samples=int(done.samples),
+                epoch=loader.step / loader.steps_per_epoch,
+            )
+            minutes = config.checkpoint_minutes
+            timed_due = minutes is not None and time.monotonic() - last_checkpoint >= 60 * minutes
+            agreed = agree(loss, row, it, run.device, stop=run.stop.requested, due=timed_due)
+            result.inter_bytes += agreed.inter_bytes
+            result.intra_bytes += agreed.intra_bytes
+            result.train_seconds += row["t_iteration"]
+            result.done = it + 1
+            result.converged = bool(done.converged)
+            if live is not None:
+                live.iteration(row, agreed.mean_loss, agreed.inter_bytes, agreed.intra_bytes)
+                live.layers(recorder.layers)
+            finished = result.converged or result.done == run.iterations
+            if result.done in run.eval_points or result.converged:
+                accuracy, test_loss = run.evaluate(method.eval_model())
+                target = config.target_accuracy
+                if result.time_to_target is None and target is not None and accuracy >= target:
+                    result.time_to_target = result.train_seconds
+                if dist.get_rank() == 0:
+                    recorder.add_eval(
+                        iteration=it,
+                        epoch=row["epoch"],
+                        accuracy=accuracy,
+                        test_loss=test_loss,
+                        train_loss=agreed.mean_loss,
+                        train_seconds=result.train_seconds,
+                        wall_seconds=time.perf_counter() - wall_start,
+                        inter_node_bytes=result.inter_bytes,
+                        intra_node_bytes=result.intra_bytes,
+                    )
+                if live is not None:
+                    live.evaluation(it, accuracy, test_loss)
+            if progress is not None:
+                rate = int(done.samples) * dist.get_world_size() / max(row["t_iteration"], 1e-9)
+                post = {"loss": f"{agreed.mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
+                if accuracy is not None:
+                    post["acc"] = f"{accuracy:.4f}"
+                progress.set_postfix(post, refresh=False)
+                progress.update(1)
+            every = config.checkpoint_every
+            checkpointing = every is not None or minutes is not None
+            due = agreed.checkpoint_due or (every is not None and result.done % every == 0)
+            if checkpointing and not finished and (due or agreed.stop):
+                result.wall_seconds = time.perf_counter() - wall_start
+                checkpoint(run, result)
+                last_checkpoint = time.monotonic()
+            elif recorder.flush_due(FLUSH_SECONDS):
+                with run.stop.held():
+                    run.folder.flush_rows(recorder)
+            if agreed.stop and not finished:
+                raise AgreedInterruption(interruption_message(run, result, checkpointing))
+            if result.converged:
+                break
+    finally:
+        if progress is not None:
+            progress.close()
+        if live is not None:
+            live.close()
+    result.wall_seconds = time.perf_counter() - wall_start
+
+
+def live_logging(run: Run) -> bool:
+    """Rank 0 writes the live log (``--tensorboard``)."""
+    return run.config.tensorboard and dist.get_rank() == 0
+
+
+def interruption_message(run: Run, result: LoopResult, checkpointed: bool) -> str:
+    how = f"interrupted by {run.stop.name if run.stop.requested else 'a peer'}"
+    where = f"after iteration {result.done} of {run.iterations}"
+    if checkpointed:
+        return f"{how} {where}; continue with: bench run --resume {run.folder.path}"
+    return f"{how} {where} (no checkpoint: use --checkpoint-every to make runs resumable)"
+
+
+def finish(run: Run, result: LoopResult) -> None:
+    """Merge every rank's rows, save the evaluated model and artifacts, write the summary.
+    The checkpoints go: a finished run has nothing left to continue."""
+    final_model = run.method.eval_model()  # collective for some methods: every rank calls it
+    with run.stop.held():
+        run.folder.flush_rows(run.recorder)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        folder = run.folder
+        folder.merge_parts()
+        extra = {**(run.attempt or {}), "processes": (folder.summary() or {}).get("processes")}
+        if run.method.warnings:
+            extra["warnings"] = list(run.method.warnings)
+        if run.checkpoints:
+            extra.update(
+                checkpoints_written=len(run.checkpoints),
+                checkpoint_seconds_mean=sum(c["seconds"] for c in run.checkpoints)
+                / len(run.checkpoints),
+                checkpoint_bytes=run.checkpoints[-1]["bytes"],
+            )
+        with run.stop.held():
+            finish_folder(
+                folder,
+                config=run.config,
+                manifest=run.manifest,
+                artifacts={"model.pt": final_model.state_dict(), **run.method.artifacts()},
+                iterations_done=result.done,
+                wall_seconds=result.wall_seconds,
+                time_to_target=result.time_to_target,
+                converged=result.converged,
+                extra=extra,
+            )
+        shutil.rmtree(checkpoint_root(folder.path), ignore_errors=True)
+    dist.barrier()

@@ -1,0 +1,146 @@
+"""Everything one rank sets up before its first iteration: topology, data shard, model,
+method, evaluator; the manifest and a ``running`` summary in the run folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from suite.cluster.comm import Communicator
+from suite.cluster.ranks import gpu_sharing
+from suite.cluster.recorder import Recorder
+from suite.cluster.topology import Topology, build_topology
+from suite.cluster.wire import WireCounters
+from suite.plugins.method import Method
+from suite.results.folder import RunFolder, hardware, identity_summary
+from suite.run.build import build_method, evaluation_points, make_manifest, resolve_workload
+from suite.run.config import RunConfig
+from suite.run.evaluation import Evaluator, calibration_batches
+from suite.run.livelog import FOLDER as TENSORBOARD_FOLDER
+from suite.run.stopping import StopRequest
+from workloads.datasets import load_data
+from workloads.sharding import ShardedLoader
+
+
+def restart_count() -> int:
+    """How many times torch elastic has restarted this run's ranks (0 on the first try)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+@dataclass
+class Run:
+    """Everything one rank set up for a run."""
+
+    config: RunConfig
+    device: torch.device
+    folder: RunFolder
+    recorder: Recorder
+    topology: Topology
+    loader: ShardedLoader
+    method: Method
+    manifest: dict
+    iterations: int
+    eval_points: set[int]
+    evaluate: Evaluator
+    stop: StopRequest
+    wire: WireCounters | None = None  # node's shaped interface, read on local rank 0
+    attempt: dict | None = None  # restarts and resumes, for the summary
+    checkpoints: list[dict] = field(default_factory=list)  # seconds and bytes of each save
+
+    @property
+    def node(self) -> int:
+        """This rank's node: the scope of the method's ``shared_node`` checkpoint state."""
+        return self.topology.node_of(self.topology.rank)
+
+
+def setup(
+    config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
+    stop: StopRequest,
+) -> Run:  # fmt: skip
+    """Topology, data shard, model, method; the manifest and a ``running`` summary."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    topology = build_topology(config.gpus_per_node)
+    config.gpus = world_size
+    config.gpus_per_node = topology.gpus_per_node
+    config.run_id = config.run_id or folder.path.name
+    workload, recipe, dataset = resolve_workload(config)
+    train_data, test_data, spec = load_data(
+        dataset,
+        data_dir=config.data_dir,
+        download=config.download and rank == 0,
+        seed=config.seed,
+        synthetic_size=config.synthetic_size,
+    )
+    loader = ShardedLoader(train_data, rank, world_size, recipe.batch_size, config.seed)
+    comm = Communicator(topology, recorder, device)
+    ctx, method, iterations = build_method(
+        config, topology=topology, comm=comm, recorder=recorder, workload=workload,
+        recipe=recipe, spec=spec, loader=loader, device=device,
+    )  # fmt: skip
+    manifest = make_manifest(
+        config, ctx, method, dataset=dataset, iterations=iterations,
+        train_samples=len(train_data), test_samples=len(test_data),
+        device=str(device), backend=dist.get_backend(), topology=topology.describe(),
+        gpu_sharing=gpu_sharing(device, dist.get_backend()),
+        live_logs=live_logs_of(config, folder),
+        hardware=hardware(), simulated=False, network=network_description(folder, config),
+    )  # fmt: skip
+    processes: list = [None] * world_size
+    dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
+    if rank == 0:
+        folder.write_manifest(manifest)
+        folder.write_summary(
+            {
+                **(folder.summary() or {}),
+                **identity_summary(config),
+                "dataset": dataset,
+                "nodes": topology.num_nodes,
+                "status": "running",
+                "processes": processes,
+                "restarts": restart_count(),
+            }
+        )
+    wire = None
+    if config.network == "emulated" and topology.local_rank == 0:
+        from suite.cluster.netemu import INTERFACE
+
+        wire = WireCounters(INTERFACE)
+    return Run(
+        config,
+        device,
+        folder,
+        recorder,
+        topology,
+        loader,
+        method,
+        manifest,
+        iterations,
+        evaluation_points(iterations, config.eval_every),
+        Evaluator(
+            test_data,
+            topology.world,
+            device,
+            calibration_batches(train_data, loader, config.bn_recalibrate),
+        ),
+        stop,
+        wire,
+    )
+
+
+def live_logs_of(config: RunConfig, folder: RunFolder) -> dict:
+    """Where the run's live logs go, for the manifest."""
+    return {"tensorboard": str(folder.path / TENSORBOARD_FOLDER)} if config.tensorboard else {}
+
+
+def network_description(folder: RunFolder, config: RunConfig) -> dict:
+    """What the links were: loopback, or the emulated cluster's rates (written by the
+    launcher beside the run)."""
+    described = folder.path / "network.json"
+    if config.network == "emulated" and described.exists():
+        return {**json.loads(described.read_text()), "inter_bw": config.inter_bw}
+    return {"mode": config.network}

@@ -1,0 +1,164 @@
+"""``bench calibrate``: measure this hardware on the ranks a real run would have (same
+launcher, same placement; :mod:`suite.sim.measure`), fit a profile (:mod:`suite.sim.fit`)
+and write it for the simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import torch
+
+from suite.cluster.ranks import local_launch_config
+from suite.errors import BenchError
+from suite.sim.fit import build_profile, world_check
+from suite.sim.measure import DEFAULT_BLOCK_STEPS, DEFAULT_SIZES, calibration_rank
+
+
+def calibration_plan(
+    *,
+    workloads: list[str],
+    batch_size: int,
+    gpus: int,
+    gpus_per_node: int,
+    device: str,
+    sizes: list[int] | None = None,
+    steps: int = 20,
+    warmup: int = 3,
+    repeats: int = 5,
+    block_steps: list[int] | None = None,
+    block_repeats: int = 5,
+    compute_only: bool = False,
+    data_dir: str | None = None,
+) -> dict:
+    return {
+        "workloads": workloads,
+        "batch_size": batch_size,
+        "gpus": gpus,
+        "gpus_per_node": gpus_per_node,
+        "device": device,
+        "sizes": list(sizes or DEFAULT_SIZES),
+        "steps": steps,
+        "warmup": warmup,
+        "repeats": repeats,
+        "block_steps": list(block_steps or DEFAULT_BLOCK_STEPS),
+        "block_repeats": block_repeats,
+        "compute_only": compute_only,
+        "data_dir": data_dir,
+    }
+
+
+def run_local(plan: dict, out_path: Path) -> None:
+    """Run the calibration ranks on this machine through torch's elastic launcher."""
+    from torch.distributed.launcher.api import elastic_launch
+
+    from suite.launchers.local import quiet_launcher_logs
+
+    if plan["device"] == "cpu":
+        os.environ["OMP_NUM_THREADS"] = "1"
+    quiet_launcher_logs()
+    with tempfile.TemporaryDirectory(prefix="prunex-launch-") as logs:
+        launch = local_launch_config(plan["gpus"], f"calibrate-{os.getpid()}", log_dir=logs)
+        elastic_launch(launch, calibration_rank)(json.dumps(plan), str(out_path))
+
+
+def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:
+    """Run the calibration ranks in emulated nodes whose links are shaped to ``inter_bw``."""
+    from suite.cluster.netemu import emulated_cluster, parse_rate, run_module_in_cluster
+
+    if inter_bw is None:
+        raise BenchError("--network emulated needs --inter-bw, e.g. 1gbit or 200mbit")
+    if plan["device"] != "cpu":
+        raise BenchError("--network emulated calibrates CPU ranks (gloo); use --device cpu")
+    rate = parse_rate(inter_bw)
+    nodes = plan["gpus"] // plan["gpus_per_node"]
+    plan_file = out_path.with_suffix(".plan.json")
+    with emulated_cluster(nodes, rate, f"calibrate-{out_path.name}") as cluster:
+        plan["network"] = {**cluster.describe(), "inter_bw": inter_bw}
+        plan_file.write_text(json.dumps(plan))
+        code = run_module_in_cluster(
+            cluster, plan["gpus_per_node"], "suite.sim.measure", [str(plan_file), str(out_path)],
+            out_path.parent / "calibrate-logs",
+        )  # fmt: skip
+    plan_file.unlink()
+    if code or not out_path.exists():
+        raise BenchError(f"calibration ranks failed; see {out_path.parent / 'calibrate-logs'}")
+
+
+def calibrate_to_file(flags: dict, *, echo) -> Path:
+    """``bench calibrate``: plan, measure (here or on emulated links), write the profile and
+    print its headline numbers; returns the profile's path."""
+    import shlex
+    import sys
+
+    from suite.cluster.topology import check_layout
+    from suite.plugins.registry import WORKLOADS
+    from suite.sim.profile import load_profile
+
+    workloads = [w for w in flags["workload"].split(",") if w]
+    for w in workloads:
+        WORKLOADS.get(w)
+    batch = flags["batch_size"] or WORKLOADS.get(workloads[0]).factory().recipe.batch_size
+    gpus = flags["gpus"]
+    gpus_per_node = flags["gpus_per_node"] or max(1, gpus // 2)
+    check_layout(gpus, gpus_per_node)
+    device = flags["device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.device_count() >= gpus else "cpu"
+    name = (
+        flags["name"] or f"{socket.gethostname()}-{device}-{gpus // gpus_per_node}x{gpus_per_node}"
+    )
+    if flags["compute_only"] and not flags["links_from"]:
+        raise BenchError("--compute-only takes the links from --links-from PROFILE; give it")
+    plan = calibration_plan(
+        workloads=workloads,
+        batch_size=batch,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        device=device,
+        sizes=flags["sizes"],
+        steps=flags["steps"],
+        repeats=flags["repeats"],
+        block_steps=flags["sync_blocks"],
+        block_repeats=flags["block_repeats"],
+        compute_only=flags["compute_only"],
+        data_dir=flags["data_dir"],
+    )
+    links_from = load_profile(flags["links_from"]).raw if flags["links_from"] else None
+    output = Path(flags["output"] or f"profiles/{name}.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    raw_path = output.with_suffix(".raw.json")
+    if flags["network"] == "emulated":
+        run_emulated(plan, raw_path, flags["inter_bw"])
+    else:
+        run_local(plan, raw_path)
+    raw = json.loads(raw_path.read_text())
+    profile = build_profile(
+        raw,
+        plan,
+        name=name,
+        description=flags["description"] or f"bench calibrate on {raw['hostname']}",
+        command=shlex.join(["bench", *sys.argv[1:]]),
+        links_from=links_from,
+    )
+    output.write_text(json.dumps(profile, indent=2) + "\n")
+    raw_path.unlink()
+    for link in ("intra", "inter"):
+        entry = profile["links"][link]
+        echo(
+            f"{link:<6} alpha {entry['alpha_s'] * 1e6:9.1f} us   "
+            f"bandwidth {entry['bandwidth_Bps'] * 8 / 1e9:8.3f} Gbit/s"
+        )
+    for key, entry in profile["compute"]["steps"].items():
+        echo(f"step   {key:<28} {entry['seconds'] * 1e3:9.2f} ms")
+    echo(f"memory {profile['memory_bandwidth']['bandwidth_Bps'] / 1e9:9.2f} GB/s")
+    for size, measured, predicted in world_check(profile, gpus):
+        echo(
+            f"world all-reduce {size:>9} B: measured {measured * 1e3:8.2f} ms, "
+            f"model {predicted * 1e3:8.2f} ms"
+        )
+    echo(f"profile: {output}")
+    return output

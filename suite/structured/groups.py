@@ -1,0 +1,140 @@
+"""Which parameter slices of a model are coupled through its feature-map channels.
+
+A channel of a feature map is written by the filters of the convs that produce it (several
+when residual additions tie them), scaled by the BN entries that follow each of those convs,
+and read by the input channels of every conv that consumes it. Torch-Pruning's
+``DependencyGraph`` traces these couplings from the model's real autograd graph (residual
+adds, concatenations, flattens); this module turns each of its groups into the producer /
+follower / consumer index sets that the liveness rule (:mod:`.liveness`) and the exporter
+(:mod:`.export`) need. Framework code: PruneX and the pruning baselines see one graph.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from suite.errors import BenchError
+
+
+@dataclass(frozen=True)
+class Member:
+    """One module's slice of a channel group: ``index[k]`` is the module's own position of the
+    group's channel k (its filter, BN entry or input channel)."""
+
+    module: str
+    index: torch.Tensor
+
+
+@dataclass
+class ChannelGroup:
+    """The channels of one feature map (or of several tied by residual additions).
+
+    ``producers``: plain convs whose filters write the channels; ``followers``: per producer
+    name, the BN layers applied to that conv's output alone (they die with its filters);
+    ``shared_followers``: BN layers applied after the tie (they follow the group);
+    ``consumers``: plain convs whose input channels read them. ``open_write`` / ``open_read``:
+    something without a structured mask writes / reads them as well (the model input, a linear
+    layer, an op Torch-Pruning maps not one-to-one), so a channel is never dead for lack of it.
+    ``linear_readers``: linear layers that read the channels one-to-one (their input columns).
+    """
+
+    size: int
+    producers: list[Member] = field(default_factory=list)
+    followers: dict[str, list[Member]] = field(default_factory=dict)
+    shared_followers: list[Member] = field(default_factory=list)
+    consumers: list[Member] = field(default_factory=list)
+    linear_readers: list[Member] = field(default_factory=list)
+    open_write: bool = False
+    open_read: bool = False
+
+
+def _plain_conv(module: nn.Module) -> bool:
+    return isinstance(module, nn.Conv2d) and module.groups == 1
+
+
+def trace_channel_groups(model: nn.Module, example_input: torch.Tensor) -> list[ChannelGroup]:
+    """The model's channel groups, from one traced forward pass of a CPU copy in eval mode
+    (the model itself, its BN statistics and its device are not touched).
+
+    Raises ``BenchError`` (one line) when Torch-Pruning cannot trace the model.
+    """
+    import torch_pruning as tp  # here: its import costs a process ~1 s most runs never use
+
+    traced = copy.deepcopy(model).cpu().eval()
+    names = {module: name for name, module in traced.named_modules()}
+    try:
+        graph = tp.DependencyGraph().build_dependency(
+            traced, example_inputs=example_input.detach().cpu()[:1], verbose=False
+        )
+        tp_groups = list(graph.get_all_groups(root_module_types=[nn.Conv2d, nn.Linear]))
+    except Exception as exc:  # tracing raises anything the model's forward or TP raises
+        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise BenchError(
+            f"cannot trace the channel dependencies of {type(model).__name__} with "
+            f"Torch-Pruning ({why})"
+        ) from None
+    groups = [_channel_group(group, graph, names) for group in tp_groups]
+    written = {p.module for g in groups for p in g.producers}
+    missing = [n for m, n in names.items() if _plain_conv(m) and n not in written]
+    if missing:
+        raise BenchError(
+            f"cannot trace the channel dependencies of {type(model).__name__}: conv "
+            f"{missing[0]} is not in the graph Torch-Pruning traced (a forward without "
+            "autograd, or an op it does not know)"
+        )
+    return groups
+
+
+def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup:
+    _, root_idxs = tp_group[0]
+    group = ChannelGroup(size=len(root_idxs))
+    for dep, idxs in tp_group:
+        module = dep.target.module
+        if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
+            if dep.target.type == _optype("OUTPUT"):
+                group.open_read = True
+            continue  # element-wise ops, reshapes, adds: no parameters of their own
+        one_to_one = len(idxs) == group.size
+        member = Member(names[module], torch.as_tensor([int(i) for i in idxs], dtype=torch.long))
+        writes = graph.is_out_channel_pruning_fn(dep.handler)
+        if _plain_conv(module) and one_to_one:
+            (group.producers if writes else group.consumers).append(member)
+        elif isinstance(module, nn.modules.batchnorm._BatchNorm) and one_to_one:
+            owner = _owning_conv(module, graph, names)
+            if owner is None:
+                group.shared_followers.append(member)
+            else:
+                group.followers.setdefault(owner, []).append(member)
+        elif isinstance(module, nn.Linear) and not writes and one_to_one:
+            group.linear_readers.append(member)
+            group.open_read = True
+        elif writes:
+            group.open_write = True
+        else:
+            group.open_read = True
+    if not group.producers and not group.open_write:
+        group.open_write = True  # written by something Torch-Pruning does not list: keep it
+    return group
+
+
+def _owning_conv(norm: nn.Module, graph, names: dict[nn.Module, str]) -> str | None:
+    """The conv whose output alone the BN layer normalizes, if its input is one plain conv."""
+    inputs = graph.module2node[norm].inputs
+    if len(inputs) == 1 and _plain_conv(inputs[0].module):
+        return names[inputs[0].module]
+    return None
+
+
+def _optype(name: str):
+    import torch_pruning as tp
+
+    return getattr(tp.ops.OPTYPE, name)
+
+
+def example_input(spec, device: torch.device | str = "cpu") -> torch.Tensor:
+    """One input image of the workload's dataset shape, for tracing."""
+    return torch.zeros(1, spec.in_chans, spec.image_size, spec.image_size, device=device)

@@ -1,0 +1,187 @@
+"""Which slices of a structurally masked model still change its output (the live weights).
+
+The structured masks of PruneX and the pruning baselines prune each conv's own filters and
+input channels, but a channel that no conv reads any more makes the filters writing it, and
+their BN entries, dead; a channel that no filter writes any more makes the input channels
+reading it dead. Dead slices are neither sent between nodes (:mod:`.packing`) nor exported
+(:mod:`.export`). The rule, on the channel groups of :mod:`.groups`, to a fixed point:
+
+  * a conv filter is live if its mask keeps it and it has a live input channel; its BN
+    entries and its bias go with it (a filter without weights would otherwise still send
+    BN's constant beta onward, which a physically smaller model cannot keep);
+  * a conv input channel is live if its mask keeps it and the conv has a live filter;
+  * a channel of a group is live if something writes it (a live filter, or the model input,
+    a linear layer, an unmasked op) and something reads it (a live input channel, a linear
+    layer, the model output); a dead channel kills every filter, BN entry and input channel
+    of its group at that index. Residual streams end in the classifier, so they stay whole
+    unless every writer prunes a channel.
+
+The projection is unchanged (the paper's eq. 10); zeroing the dead slices afterwards changes
+no output of the masked model, except for the BN entries of filters that the mask prunes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from suite.structured.groups import ChannelGroup
+from suite.structured.masks import StructuredMask
+
+
+@dataclass(frozen=True)
+class LiveSlices:
+    """Per parameter or buffer name: the kept index sets of dim 0 and dim 1 (``None``: all).
+
+    Conv weights have (live filters, live input channels); conv biases and BN tensors (live
+    entries, None); linear weights (None, live input columns); everything else is whole.
+    """
+
+    rows: dict[str, torch.Tensor]
+    cols: dict[str, torch.Tensor]
+    channels: list[torch.Tensor]  # per channel group (.groups): its live channels
+
+    def of(self, name: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self.rows.get(name), self.cols.get(name)
+
+    def element_mask(self, name: str, shape: torch.Size, device=None) -> torch.Tensor | None:
+        """Bool mask of ``name``'s live elements (``None``: the whole tensor is live)."""
+        rows, cols = self.of(name)
+        if rows is None and cols is None:
+            return None
+        keep = torch.ones(shape, dtype=torch.bool, device=device)
+        if rows is not None:
+            dead = torch.ones(shape[0], dtype=torch.bool, device=device)
+            dead[rows.to(device)] = False
+            keep[dead] = False
+        if cols is not None:
+            dead = torch.ones(shape[1], dtype=torch.bool, device=device)
+            dead[cols.to(device)] = False
+            keep[:, dead] = False
+        return keep
+
+    def partial_masks(self, shapes: dict[str, torch.Size], device=None) -> dict[str, torch.Tensor]:
+        """Live-element masks of those tensors in ``shapes`` (name -> shape) that have a dead
+        element: what a method multiplies into z_i or theta to keep the dead slices zero."""
+        masks = {}
+        for name, shape in shapes.items():
+            keep = self.element_mask(name, shape, device=device)
+            if keep is not None and not keep.all():
+                masks[name] = keep
+        return masks
+
+
+def live_slices(
+    model: nn.Module, groups: list[ChannelGroup], masks: dict[str, StructuredMask]
+) -> LiveSlices:
+    """The live slices of ``model`` under ``masks`` (conv weight name -> its mask); convs
+    without a mask keep everything of their own."""
+    modules = dict(model.named_modules())
+    filters: dict[str, torch.Tensor] = {}  # conv module -> live filters (bool)
+    inputs: dict[str, torch.Tensor] = {}  # conv module -> live input channels (bool)
+    for name, module in modules.items():
+        if isinstance(module, nn.Conv2d) and module.groups == 1:
+            mask = masks.get(f"{name}.weight" if name else "weight")
+            if mask is None:
+                filters[name] = torch.ones(module.out_channels, dtype=torch.bool)
+                inputs[name] = torch.ones(module.in_channels, dtype=torch.bool)
+            else:
+                filters[name] = _bool_at(mask.kept_filters(), module.out_channels)
+                inputs[name] = _bool_at(mask.kept_channels(), module.in_channels)
+    channels = _settle(groups, filters, inputs)
+
+    rows: dict[str, torch.Tensor] = {}
+    cols: dict[str, torch.Tensor] = {}
+    for conv, live in filters.items():
+        prefix = f"{conv}." if conv else ""
+        rows[f"{prefix}weight"] = live.nonzero().flatten()
+        cols[f"{prefix}weight"] = inputs[conv].nonzero().flatten()
+        if modules[conv].bias is not None:
+            rows[f"{prefix}bias"] = rows[f"{prefix}weight"]
+    for group, live in zip(groups, channels):
+        for producer in group.producers:
+            for norm in group.followers.get(producer.module, []):
+                entries = torch.zeros(modules[norm.module].num_features, dtype=torch.bool)
+                entries[norm.index] = filters[producer.module][producer.index]
+                _rows_of_norm(rows, norm.module, entries, modules)
+        for norm in group.shared_followers:
+            entries = torch.zeros(modules[norm.module].num_features, dtype=torch.bool)
+            entries[norm.index] = live
+            _rows_of_norm(rows, norm.module, entries, modules)
+        for linear in group.linear_readers:  # a linear after a concat reads several groups
+            key = f"{linear.module}.weight"
+            read = torch.ones(modules[linear.module].in_features, dtype=torch.bool)
+            if key in cols:
+                read[:] = False
+                read[cols[key]] = True
+            read[linear.index] = live
+            cols[key] = read.nonzero().flatten()
+    return LiveSlices(rows, cols, channels)
+
+
+def _settle(
+    groups: list[ChannelGroup], filters: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]
+) -> list[torch.Tensor]:
+    """Apply the module docstring's rules until nothing changes (each pass only removes, so it
+    ends); updates ``filters`` and ``inputs`` in place and returns each group's live channels."""
+    while True:
+        changed = False
+        for conv in filters:
+            if not inputs[conv].any() and filters[conv].any():
+                filters[conv][:] = False
+                changed = True
+            if not filters[conv].any() and inputs[conv].any():
+                inputs[conv][:] = False
+                changed = True
+        channels = []
+        for group in groups:
+            written = torch.full((group.size,), group.open_write)
+            read = torch.full((group.size,), group.open_read)
+            for p in group.producers:
+                written |= filters[p.module][p.index]
+            for c in group.consumers:
+                read |= inputs[c.module][c.index]
+            live = written & read
+            for p in group.producers:
+                before = filters[p.module][p.index]
+                if (before & ~live).any():
+                    filters[p.module][p.index] = before & live
+                    changed = True
+            for c in group.consumers:
+                before = inputs[c.module][c.index]
+                if (before & ~live).any():
+                    inputs[c.module][c.index] = before & live
+                    changed = True
+            channels.append(live)
+        if not changed:
+            return channels
+
+
+def _rows_of_norm(rows: dict, norm: str, entries: torch.Tensor, modules: dict) -> None:
+    """A BN layer's live entries for its weight, bias and running statistics (several
+    groups may set disjoint parts: keep the union)."""
+    index = entries.nonzero().flatten()
+    module = modules[norm]
+    for tensor in ("weight", "bias", "running_mean", "running_var"):
+        if getattr(module, tensor, None) is None:
+            continue
+        key = f"{norm}.{tensor}"
+        rows[key] = index if key not in rows else torch.unique(torch.cat([rows[key], index]))
+
+
+def _bool_at(index: torch.Tensor, n: int) -> torch.Tensor:
+    out = torch.zeros(n, dtype=torch.bool)
+    out[index.cpu()] = True
+    return out
+
+
+def zero_dead(tensors: dict[str, torch.Tensor], live: LiveSlices) -> None:
+    """Zero, in place, every dead element of ``tensors`` (name -> tensor, on one device)."""
+    if not tensors:
+        return
+    device = next(iter(tensors.values())).device
+    shapes = {name: t.shape for name, t in tensors.items()}
+    for name, keep in live.partial_masks(shapes, device=device).items():
+        tensors[name].masked_fill_(~keep, 0)

@@ -1,0 +1,244 @@
+"""The structured part of a round, written once for PruneX and the pruning baselines.
+
+Both end a round the same way: the nodes' masks are OR-agreed (PruneX eq. 14), their live
+slices traced, theta kept on the support, and the node models packed into dense buckets that
+the leaders average between nodes (eqs. 11, 15). Because this is one object, "the same masks
+send the same bytes" holds by construction. Masks are keyed by parameter name everywhere;
+the packing keys stay inside :mod:`suite.structured.packing`.
+
+The method decides *what* goes in (PruneX: z_i + v_i; the baselines: the node mean) and
+*when* masks change (PruneX: projection each round until the freeze; GMP: a schedule).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from suite.cluster import phases
+from suite.structured.groups import trace_channel_groups
+from suite.structured.liveness import LiveSlices, live_slices
+from suite.structured.masks import (
+    StructuredMask,
+    conv_shapes,
+    density_of,
+    load_masks,
+    mask_artifact,
+    or_across_nodes,
+)
+from suite.structured.packing import PackingSettings, PackLayout, model_entries
+
+__all__ = ["StructuredRound", "WIRE_DTYPES"]
+
+#: ``--wire-dtype`` names
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class StructuredRound:
+    """Masks, live slices, support and packed exchange of one method's ``model``.
+
+    ``packing`` None: no inter-node exchange (PruneX's flat ablation), masks and support only.
+    ``wire_dtype``: dtype of the inter-node buffers (fp32 math on both ends). ``sharded``:
+    every local rank all-reduces 1/P of each bucket with its peers (Horovod-style) instead of
+    one leader per node.
+    """
+
+    def __init__(
+        self,
+        ctx,
+        model: nn.Module,
+        packing: PackingSettings | None,
+        *,
+        hierarchical: bool = True,
+        wire_dtype: torch.dtype = torch.float32,
+        sharded: bool = False,
+    ):
+        self.ctx = ctx
+        self.model = model
+        self.hierarchical = hierarchical
+        self.wire_dtype = wire_dtype
+        self.sharded = sharded
+        self.bucket_bytes = int(packing.bucket_mb * 2**20) if packing is not None else None
+        self.shapes = conv_shapes(model)  # the constrained conv weights, in parameter order
+        self.channel_groups = (
+            trace_channel_groups(model, ctx.example_input())
+            if packing is not None and packing.pack == "live"
+            else None
+        )
+        self.support: dict[str, torch.Tensor] = {}  # dense masks theta is kept on
+        self.use_masks(
+            {n: StructuredMask.full(s, device=ctx.device) for n, s in self.shapes.items()}
+        )
+
+    # ------------------------------------------------------------------ masks
+    def use_masks(self, masks: dict[str, StructuredMask]) -> None:
+        """New agreed masks: their live slices (``--pack live``) and the per-tensor element
+        masks of the dead slices; the pack layout and its buffers are rebuilt on next use."""
+        self.masks = masks
+        self.layout: PackLayout | None = None
+        self.fixed_buffers: list[torch.Tensor] | None = None
+        self.live: LiveSlices | None = None
+        self.live_elements: dict[str, torch.Tensor] = {}
+        if self.channel_groups is not None:
+            self.live = live_slices(self.model, self.channel_groups, masks)
+            shapes = {n: p.shape for n, p in self.model.named_parameters() if p.requires_grad}
+            self.live_elements = self.live.partial_masks(shapes, device=self.ctx.device)
+
+    def agree(self, local: dict[str, StructuredMask]) -> int:
+        """Eq. (14): the leaders OR their nodes' masks and broadcast the union in the node
+        (one node: every rank projected the same tensor). Adopts the result; returns how
+        many group bits changed."""
+        agreed = (
+            or_across_nodes(local, self.ctx.comm, self.ctx.topology) if self.hierarchical else local
+        )
+        drift = sum(self.masks[n].changed_groups(agreed[n]) for n in self.shapes)
+        if drift:
+            self.use_masks(agreed)
+        return drift
+
+    def load(self, path: str) -> dict[str, StructuredMask]:
+        """A run's saved masks (``--masks-from``), checked against this model."""
+        return load_masks(path, self.shapes, self.ctx.device)
+
+    def density(self) -> float:
+        return density_of(self.masks)
+
+    def mask_state(self) -> dict:
+        return {n: m.state() for n, m in self.masks.items()}
+
+    def load_mask_state(self, state: dict) -> None:
+        """Masks from a checkpoint; the support is restricted again by the caller if the
+        run had restricted it."""
+        self.use_masks({n: StructuredMask.from_state(m, self.ctx.device) for n, m in state.items()})
+        self.support = {}
+
+    def artifacts(self) -> dict:
+        return {"masks.pt": mask_artifact(self.masks)}
+
+    # ------------------------------------------------------------------ support
+    @torch.no_grad()
+    def zero_dead(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Zero the dead slices of ``tensors`` (parameter name -> tensor) in place."""
+        for name, keep in self.live_elements.items():
+            tensors[name].mul_(keep)
+
+    @torch.no_grad()
+    def restrict(
+        self,
+        params: dict[str, torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        *also: dict[str, torch.Tensor],
+    ) -> None:
+        """Training from here on is on the support: the masks, less the dead slices. Zeroes
+        theta, its momentum and the tensors of ``also`` (PruneX's u) off it; ``keep`` holds
+        theta there after every local step."""
+        support = {name: mask.dense() for name, mask in self.masks.items()}
+        for name, keep in self.live_elements.items():
+            support[name] = keep & support[name] if name in support else keep
+        self.support = {}
+        for name, dense in support.items():
+            dense = dense.to(params[name].dtype)
+            self.support[name] = dense
+            params[name].mul_(dense)
+            for tensors in also:
+                tensors[name].mul_(dense)
+            momentum = optimizer.state.get(params[name], {}).get("momentum_buffer")
+            if momentum is not None:
+                momentum.mul_(dense)
+
+    @torch.no_grad()
+    def keep(self, params: dict[str, torch.Tensor]) -> None:
+        for name, mask in self.support.items():
+            params[name].mul_(mask)
+
+    # ------------------------------------------------------------------ exchange
+    @property
+    def packed_bytes(self) -> float:
+        """Bytes of the current layout's buckets (what one leader all-reduces); NaN before
+        the first exchange."""
+        return float(self.layout.nbytes) if self.layout is not None else math.nan
+
+    @torch.no_grad()
+    def exchange(
+        self,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        *,
+        plus: dict[str, torch.Tensor] | None = None,
+        reuse_buffers: bool = False,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Pack the live slices of this node's ``params`` (plus ``plus``, where given: PruneX's
+        c_i = z_i + v_i of eq. 15, formed only by the ranks that pack) and float ``buffers``,
+        average them between nodes (eq. 11), spread them in the node, unpack: full-shape
+        copies, zero off the packed slices. ``reuse_buffers``: the masks are frozen, so the
+        buckets are allocated once and reused (sec. 4.5).
+
+        Single leader: the leader packs, all-reduces over the leaders' group and broadcasts
+        the packed buckets to its followers. Sharded: every rank packs (its node's tensors
+        are replicated), all-reduces its 1/P shard of each bucket with its peers on the other
+        nodes, and the node all-gathers the shards: the same inter-node bytes in total,
+        spread over P links.
+        """
+        topo, rec = self.ctx.topology, self.ctx.recorder
+        if self.layout is None:
+            self.layout = PackLayout(
+                model_entries(self.model, self.masks, live=self.live),
+                bucket_bytes=self.bucket_bytes,
+                device=self.ctx.device,
+            )
+        packs = topo.is_leader or self.sharded
+        if reuse_buffers:
+            if self.fixed_buffers is None:
+                self.fixed_buffers = self.layout.allocate()
+            out = self.fixed_buffers
+        else:
+            out = None if packs else self.layout.allocate()
+        if packs:
+            with rec.phase(phases.PACK):
+                if plus is not None:
+                    names = list(params)
+                    summed = torch._foreach_add(
+                        [params[n] for n in names], [plus[n] for n in names]
+                    )
+                    params = dict(zip(names, summed))
+                packed = self.layout.pack_model(params, buffers, out=out)
+        else:
+            packed = out
+        for bucket in packed:
+            if self.sharded:
+                self._sharded_average(bucket)
+            else:
+                if topo.is_leader and topo.inter is not None:
+                    self._average_between_nodes(bucket, topo.inter)
+                self.ctx.comm.broadcast(
+                    bucket, topo.intra, src=topo.intra.ranks[0], phase=phases.BROADCAST
+                )
+        with rec.phase(phases.UNPACK):
+            return self.layout.unpack_model(packed)
+
+    def _average_between_nodes(self, tensor: torch.Tensor, group) -> None:
+        """In-place AVG over ``group`` (one rank per node), sent in the wire dtype; the casts
+        count as packing and unpacking, the result is fp32."""
+        rec, comm = self.ctx.recorder, self.ctx.comm
+        if self.wire_dtype == torch.float32:
+            comm.all_reduce(tensor, group, phase=phases.INTER_ALLREDUCE)
+        else:
+            with rec.phase(phases.PACK):
+                wire = tensor.to(self.wire_dtype)
+            comm.all_reduce(wire, group, phase=phases.INTER_ALLREDUCE)
+            with rec.phase(phases.UNPACK):
+                tensor.copy_(wire)
+        tensor.div_(self.ctx.topology.num_nodes)
+
+    def _sharded_average(self, bucket: torch.Tensor) -> None:
+        topo = self.ctx.topology
+        procs, n = topo.gpus_per_node, bucket.numel()
+        chunk = -(-n // procs)
+        padded = torch.zeros(chunk * procs, dtype=bucket.dtype, device=bucket.device)
+        padded[:n] = bucket
+        shard = padded[topo.local_rank * chunk : (topo.local_rank + 1) * chunk].clone()
+        self._average_between_nodes(shard, topo.peers)
+        gathered = self.ctx.comm.all_gather(shard, topo.intra, phase=phases.INTRA_ALLGATHER)
+        bucket.copy_(gathered.reshape(-1)[:n])
