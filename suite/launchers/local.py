@@ -1,4 +1,4 @@
-"""Launchers: how the ranks of a run come to exist.
+"""The ranks of a run on this machine, or as they already are inside a job.
 
 ``local`` spawns N ranks on this machine through torch's elastic launcher (CUDA devices when
 there are at least N, else CPU ranks on gloo with one thread each). ``torchrun`` means the
