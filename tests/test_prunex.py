@@ -1,14 +1,16 @@
 """PruneX on 2 emulated nodes x 2 real gloo ranks: consistency, constraints, bytes, freeze,
 and agreement with a single-process simulation of all four workers."""
 
+import copy
 import math
 
 import torch
+import torch.distributed as dist
 
 from methods.prunex import hsadmm
 from methods.prunex.method import PruneX
 from tests.distributed import run_ranks
-from tests.helpers import TinyCNN, make_context, tiny_data
+from tests.helpers import TinyCNN, make_context, run_iterations, tiny_data
 from tests.prunex_reference import reference_rounds
 from workloads.sharding import ShardedLoader
 
@@ -175,3 +177,86 @@ def test_patience_freezes_once_masks_stop_changing():
     assert stable, f"masks never settled: {drifts}"
     assert [h["frozen"] for h in history] == [k >= stable[0] for k in range(10)]
     assert all(d == 0 for d in drifts[stable[0] :])
+
+
+# ---------------------------------------------------------------------- after the freeze
+def one_round(method, ctx, iteration: int) -> dict:
+    ctx.recorder.begin_iteration(iteration)
+    method.step(iteration)
+    return ctx.recorder.end_iteration()
+
+
+def after_freeze_worker(rank, after_freeze):
+    options = {**OPTIONS, "after_freeze": after_freeze}
+    ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True, lr=0.05)
+    method = PruneX(ctx, hierarchical=True)
+    run_iterations(method, ctx.recorder, FREEZE)  # frozen after round FREEZE
+    out = {"frozen": method.frozen, "frozen_at": method.frozen_at}
+    if after_freeze == "sgd":
+        # the same state, data and lr by hand: plain SGD (the recipe's momentum and weight
+        # decay), masked to the support after every step
+        model = copy.deepcopy(method.model)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+        sgd.load_state_dict(copy.deepcopy(method.optimizer.state_dict()))  # own momentum
+        batches = ShardedLoader(tiny_data(), rank, 4, 8, 0)
+        batches.load_state_dict(ctx.loader.state_dict())
+        support = method.structure.support
+        for _ in range(STEPS):
+            x, y = next(batches)
+            sgd.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            sgd.step()
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name in support:
+                        p.mul_(support[name])
+        expected = [p.detach().clone() for p in model.parameters()]
+        ctx.recorder.begin_iteration(FREEZE)
+        method.local_compute()
+        out["local_equal"] = all(torch.equal(p, e) for p, e in zip(method.params, expected))
+        method.average_models()
+        ctx.recorder.end_iteration()
+        flat = torch.cat([e.reshape(-1) for e in expected])
+        dist.all_reduce(flat)
+        out["mean_of_local_models"] = flat / 4
+        out["theta"] = torch.cat([p.detach().reshape(-1) for p in method.params])
+        out["z"] = torch.cat([t.reshape(-1) for t in method.z])
+    out["packed_bytes"] = one_round(method, ctx, FREEZE + 1)["packed_bytes"]  # its bytes
+    out["layer_rows"] = len(ctx.recorder.layers)
+    return out
+
+
+def test_after_freeze_sgd_is_masked_local_sgd_with_the_same_packed_exchange():
+    sgd = run_ranks(after_freeze_worker, 4, "sgd")
+    admm = run_ranks(after_freeze_worker, 4, "admm")
+    for o in sgd:
+        assert o["frozen"] and o["local_equal"]  # bit for bit what plain masked SGD does
+        assert torch.equal(o["theta"], o["z"])  # every rank starts the next round from z
+        assert torch.equal(o["z"], sgd[0]["z"])
+        # z is the packed average of the nodes' mean models: the mean of the 4 local models
+        torch.testing.assert_close(o["z"], o["mean_of_local_models"], rtol=1e-5, atol=1e-6)
+    assert sgd[0]["frozen_at"] == admm[0]["frozen_at"] == {
+        "round": FREEZE, "samples_per_rank": FREEZE * STEPS * 8, "epoch": FREEZE * STEPS / 8,
+    }  # fmt: skip
+    assert sgd[0]["packed_bytes"] == admm[0]["packed_bytes"] > 0  # the same bytes per round
+    # residual and rho rows stop at the freeze in sgd, go on in admm
+    assert sgd[0]["layer_rows"] < admm[0]["layer_rows"]
+
+
+def freeze_epoch_worker(rank):
+    options = {"channel_keep": 0.5, "local_steps": 3, "freeze_epoch": 0.5, "freeze_patience": 99}
+    ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True)
+    method = PruneX(ctx, hierarchical=True)
+    frozen = []
+    for it in range(4):
+        one_round(method, ctx, it)
+        frozen.append(method.frozen)
+    return {"frozen": frozen, "facts": method.summary_facts(), "steps": ctx.loader.steps_per_epoch}
+
+
+def test_freeze_epoch_freezes_at_the_end_of_the_round_that_reaches_it():
+    out = run_ranks(freeze_epoch_worker, 4)[0]
+    assert out["steps"] == 8  # 64 samples per rank in batches of 8
+    # 0.5 epoch = 4 steps: round 1 ends at 3, round 2 at 6 >= 4
+    assert out["frozen"] == [False, True, True, True]
+    assert out["facts"] == {"masks_frozen_at": {"round": 2, "samples_per_rank": 48, "epoch": 0.75}}

@@ -14,6 +14,14 @@ Hierarchical (``prunex``), one round k:
   unpack           zero-filled scatter back to full shapes: global z
   dual_update      v_i += z_i - z (eq. 13), u += theta - z_i (eq. 12), residuals, rho balancing
 
+After the freeze (``--after-freeze``): ``admm`` keeps Algorithm 1's round (lines 10-11 and 27:
+z_i = z~_i * m, the proximal pull, duals and rho balancing); ``sgd`` reads sec. 4.5's prose,
+"standard distributed training on a fixed sparse manifold":
+  local_compute    H steps of SGD on the support, no proximal term, the recipe's weight decay
+  intra_allreduce  node mean of theta (plus BN statistics)
+  pack .. unpack   the same packed exchange of the live slices (the same bytes): global z
+  (every rank)     theta := z, so the next round starts from the consensus; no duals
+
 Flat (``prunex-flat``, the paper's "PruneX (AR)"): the same math with one "node" spanning the
 world (M=1, P=N, rho2=0): a dense world all-reduce of theta + u, projection after it, no
 hierarchy and no shrinkage.
@@ -77,6 +85,9 @@ class PruneX(Method):
         # The paper freezes "once topological stability is detected" (sec. 4.5; drift reaches
         # zero within 5-15 rounds): by default, after 3 consecutive unchanged rounds.
         self.freeze_patience = settings.freeze_patience
+        self.freeze_epoch = settings.freeze_epoch
+        self.after_freeze = settings.after_freeze
+        self.frozen_at: dict | None = None  # round and samples per rank at the freeze
         self.lam = ctx.recipe.weight_decay
 
         self.steps_per_iteration = ctx.local_steps_per_round()
@@ -141,8 +152,7 @@ class PruneX(Method):
         self.loss_fn = nn.CrossEntropyLoss()
         if settings.masks_from is not None:  # retrain a known structure: frozen from round 0
             self.structure.use_masks(self.structure.load(settings.masks_from))
-            self.frozen = True
-            self.restrict_to_support()
+            self.freeze(rounds_done=0)
 
     @property
     def masks(self) -> dict[str, StructuredMask]:
@@ -154,6 +164,12 @@ class PruneX(Method):
         return {block.name: t for block, t in zip(self.blocks, tensors)}
 
     # ------------------------------------------------------------------ round phases
+    @property
+    def admm_round(self) -> bool:
+        """Whether this round is Algorithm 1's (always before the freeze; after it with
+        ``--after-freeze admm``)."""
+        return not self.frozen or self.after_freeze == "admm"
+
     def local_compute(self) -> tuple[float, int]:
         """Eq. (8) by proximal SGD: the optimizer's step on f_ij, then the exact proximal step
         of rho1/2 ||theta - (z_i - u)||^2 (see methods/prunex/penalties.py for why the
@@ -172,18 +188,21 @@ class PruneX(Method):
             loss.backward()
             self.ctx.apply_lr(self.optimizer)
             self.optimizer.step()
-            with torch.no_grad():
-                for param, anchor, rho in zip(self.params, anchors, self.rho1):
-                    param.lerp_(anchor, proximal_weight(self.ctx.recipe.lr, rho))
+            if self.admm_round:
+                with torch.no_grad():
+                    for param, anchor, rho in zip(self.params, anchors, self.rho1):
+                        param.lerp_(anchor, proximal_weight(self.ctx.recipe.lr, rho))
             self.structure.keep(self.named_params)
             total += loss.item() * len(y)
             samples += len(y)
         return total / samples, samples
 
     def consensus_sum(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """SUM over the consensus group of theta + u, and the group mean of BN statistics."""
+        """SUM over the consensus group of theta + u (of theta alone in an ``sgd`` round),
+        and the group mean of BN statistics."""
         with torch.no_grad():
-            send = list(torch._foreach_add([p.detach() for p in self.params], self.u))
+            theta = [p.detach() for p in self.params]
+            send = list(torch._foreach_add(theta, self.u) if self.admm_round else theta)
             send += [b / self.procs for b in self.buffers]
             flat = flatten(send)
         phase = phases.INTRA_ALLREDUCE if self.hierarchical else phases.ALLREDUCE
@@ -214,18 +233,21 @@ class PruneX(Method):
         return z_node, local_masks
 
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
-        """Pack z_i + v_i and the BN means, average between nodes (eq. 11), spread in the
-        node, unpack: the global z. Once frozen the buckets are allocated once (sec. 4.5)."""
+        """Pack z_i + v_i (z_i alone in an ``sgd`` round) and the BN means, average between
+        nodes (eq. 11), spread in the node, unpack: the global z. Once frozen the buckets are
+        allocated once (sec. 4.5)."""
         z, buffers = self.structure.exchange(
             self.named(z_node),
             dict(zip(self.buffer_names, buffer_mean)),
-            plus=self.named(self.v),
+            plus=self.named(self.v) if self.admm_round else None,
             reuse_buffers=self.frozen,
         )
         return [z[b.name] for b in self.blocks], [buffers[n] for n in self.buffer_names]
 
     # ------------------------------------------------------------------ one round
     def step(self, iteration: int) -> StepResult:
+        if not self.admm_round:
+            return self.sgd_round()
         rec = self.ctx.recorder
         with rec.phase(phases.LOCAL_COMPUTE):
             loss, samples = self.local_compute()
@@ -249,24 +271,11 @@ class PruneX(Method):
         self.ctx.comm.all_reduce(stats, self.ctx.topology.world, phase=phases.DUAL_UPDATE)
         with rec.phase(phases.DUAL_UPDATE), torch.no_grad():
             converged = self.balance_and_check(iteration, stats)
-            for target, value in zip(self.buffers, buffers):
-                target.copy_(value)
-            consensus_params = dict(self.consensus.named_parameters())
-            for block, value in zip(self.blocks, z):
-                consensus_params[block.name].data.copy_(value)
-            consensus_buffers = dict(self.consensus.named_buffers())
-            for name, value in zip(self.buffer_names, buffers):
-                consensus_buffers[name].copy_(value)
+            self.adopt_consensus(z, buffers)
 
         was_frozen = self.frozen
-        if not self.frozen and self.constrained:
-            by_round = self.freeze_round is not None and iteration + 1 >= self.freeze_round
-            by_patience = (
-                self.freeze_patience is not None and self.stable_rounds >= self.freeze_patience
-            )
-            self.frozen = by_round or by_patience
-            if self.frozen:
-                self.restrict_to_support()
+        if not self.frozen and self.constrained and self.freeze_due(iteration):
+            self.freeze(rounds_done=iteration + 1)
         rec.set(
             density=self.density(),
             mask_drift=drift,
@@ -277,6 +286,71 @@ class PruneX(Method):
             rho2_mean=sum(self.rho2) / len(self.rho2),
         )
         return StepResult(loss, samples, converged)
+
+    def freeze_due(self, iteration: int) -> bool:
+        """After ``--freeze-round`` rounds, at the end of the round that reaches
+        ``--freeze-epoch`` epochs of the shard, or after ``--freeze-patience`` unchanged
+        rounds, whichever comes first."""
+        loader = self.ctx.loader
+        by_round = self.freeze_round is not None and iteration + 1 >= self.freeze_round
+        by_epoch = (
+            self.freeze_epoch is not None
+            and loader.step >= self.freeze_epoch * loader.steps_per_epoch
+        )
+        by_patience = self.stable_rounds >= self.freeze_patience
+        return by_round or by_epoch or by_patience
+
+    def freeze(self, *, rounds_done: int) -> None:
+        """Fix the masks (sec. 4.5). With ``--after-freeze sgd`` every rank restarts from the
+        consensus z and trains with the recipe's weight decay from here on."""
+        self.frozen = True
+        loader = self.ctx.loader
+        self.frozen_at = {
+            "round": rounds_done,
+            "samples_per_rank": loader.step * loader.batch_size,
+            "epoch": loader.step / loader.steps_per_epoch,
+        }
+        if self.after_freeze == "sgd":
+            with torch.no_grad():
+                for param, value in zip(self.params, self.z):
+                    param.copy_(value)
+            for group in self.optimizer.param_groups:
+                group["weight_decay"] = self.lam
+        self.restrict_to_support()
+
+    def sgd_round(self) -> StepResult:
+        """``--after-freeze sgd``: local SGD on the support, the node mean of theta, the same
+        packed exchange between nodes, and theta := z on every rank. No proximal term, duals,
+        residuals or penalties: standard distributed training on a fixed sparse manifold."""
+        rec = self.ctx.recorder
+        with rec.phase(phases.LOCAL_COMPUTE):
+            loss, samples = self.local_compute()
+        self.average_models()
+        rec.set(
+            density=self.density(),
+            mask_drift=0,
+            mask_drift_fraction=0.0,
+            frozen=True,
+            packed_bytes=self.structure.packed_bytes,
+        )
+        return StepResult(loss, samples, False)
+
+    def average_models(self) -> None:
+        """The ``sgd`` round's exchange: node mean of theta, the packed average between
+        nodes, and theta := z on every rank."""
+        theta_sum, buffer_mean = self.consensus_sum()
+        with torch.no_grad():
+            z_node = [t.div_(self.procs) for t in theta_sum]  # the node's mean model
+        self.structure.zero_dead(self.named(z_node))
+        if self.hierarchical:
+            z, buffers = self.global_consensus(z_node, buffer_mean)
+        else:
+            z, buffers = z_node, list(buffer_mean)
+        with torch.no_grad():
+            for param, value in zip(self.params, z):
+                param.copy_(value)
+            self.z_node, self.z = z_node, [t.clone() for t in z]
+            self.adopt_consensus(z, buffers)
 
     def watch_oscillation(self, drift: int) -> None:
         """Warn once when the masks keep swapping: drift above half the structured bits for
@@ -294,6 +368,19 @@ class PruneX(Method):
             self.warnings.append(message)
             if self.ctx.topology.rank == 0:
                 print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    @torch.no_grad()
+    def adopt_consensus(self, z, buffers) -> None:
+        """The averaged BN statistics into the model, and z with them into the evaluated
+        consensus model."""
+        for target, value in zip(self.buffers, buffers):
+            target.copy_(value)
+        consensus_params = dict(self.consensus.named_parameters())
+        for block, value in zip(self.blocks, z):
+            consensus_params[block.name].data.copy_(value)
+        consensus_buffers = dict(self.consensus.named_buffers())
+        for name, value in zip(self.buffer_names, buffers):
+            consensus_buffers[name].copy_(value)
 
     def restrict_to_support(self) -> None:
         """Retraining on the fixed support (sec. 4.5, Algorithm 1 line 11 onwards).
@@ -394,6 +481,9 @@ class PruneX(Method):
     def resolved_settings(self) -> dict:
         return self.initial_penalties
 
+    def summary_facts(self) -> dict:
+        return {"masks_frozen_at": self.frozen_at} if self.frozen_at is not None else {}
+
     def eval_model(self) -> nn.Module:
         return self.consensus
 
@@ -414,6 +504,7 @@ class PruneX(Method):
             "rho1": self.rho1,
             "rho2": self.rho2,
             "frozen": self.frozen,
+            "frozen_at": self.frozen_at,
             "stable_rounds": self.stable_rounds,
             "oscillating_rounds": self.oscillating_rounds,
             "warnings": self.warnings,
@@ -435,6 +526,7 @@ class PruneX(Method):
         self.rho1, self.rho2 = list(state["rho1"]), list(state["rho2"])
         self.structure.load_mask_state(world["masks"])  # the pack layout is rebuilt on use
         self.frozen = bool(state["frozen"])
+        self.frozen_at = state.get("frozen_at")
         self.stable_rounds = int(state["stable_rounds"])
         self.oscillating_rounds = int(state["oscillating_rounds"])
         self.warnings = list(state["warnings"])

@@ -48,8 +48,20 @@ class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
         True, "residual balancing of the penalties (Boyd et al. 3.4.1)", off_flag="fixed-rho"
     )
     freeze_round: int | None = option(None, "freeze the masks after this round", check=AT_LEAST_1)
+    freeze_epoch: float | None = option(
+        None,
+        "freeze the masks at the end of the round in which a rank has consumed this many "
+        "epochs of its shard (the paper's T_freeze)",
+        check=POSITIVE,
+    )
     freeze_patience: int = option(
         3, "freeze the masks after N consecutive unchanged rounds", check=AT_LEAST_1
+    )
+    after_freeze: Literal["admm", "sgd"] = option(
+        "admm",
+        "admm: Algorithm 1 after the freeze (masked z_i, proximal pull, duals, rho balancing); "
+        "sgd: sec. 4.5's prose, standard local SGD on the fixed support with the same packed "
+        "exchange, no proximal term, no duals, the recipe's weight decay",
     )
     eps_abs: float | None = option(
         None, "stop once Boyd's residual tests pass with this absolute tolerance", check=POSITIVE

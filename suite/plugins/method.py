@@ -168,6 +168,11 @@ class Method:
         pull), recorded in the manifest over the given ones."""
         return {}
 
+    def summary_facts(self) -> dict:
+        """What the method did that a reader of summary.json needs (PruneX: the round and
+        sample count at which its masks froze); added to the summary at the end."""
+        return {}
+
 
 class LegacyMethod(Method):
     """A plugin method written before the ``Method`` base (a duck-typed object whose ``step``

@@ -259,6 +259,7 @@ def finish(run: Run, result: LoopResult) -> None:
         folder = run.folder
         folder.merge_parts()
         extra = {**(run.attempt or {}), "processes": (folder.summary() or {}).get("processes")}
+        extra.update(run.method.summary_facts())
         if run.method.warnings:
             extra["warnings"] = list(run.method.warnings)
         if run.checkpoints:

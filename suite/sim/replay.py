@@ -173,13 +173,13 @@ def simulate_run(
     write_table(folder.path / "iterations.parquet", frame)
     if recorder.layers:
         write_table(folder.path / "layers.parquet", recorder.layers)
-    borrowed = {}
-    if accuracy is not None:
-        borrowed = {
-            "final_accuracy": accuracy.final_accuracy,
-            "best_accuracy": accuracy.best_accuracy,
-            "accuracy_from": accuracy.run_id,
-        }
+    extra = method.summary_facts()
+    if accuracy is not None:  # borrowed from the real run named by --accuracy-from
+        extra.update(
+            final_accuracy=accuracy.final_accuracy,
+            best_accuracy=accuracy.best_accuracy,
+            accuracy_from=accuracy.run_id,
+        )
     finish_folder(
         folder,
         config=config,
@@ -189,7 +189,7 @@ def simulate_run(
         wall_seconds=float(frame.groupby("iteration")["t_iteration"].max().sum()),
         time_to_target=None,
         converged=False,
-        extra=borrowed,
+        extra=extra,
         evaluated=False,
     )
     return folder.path

@@ -1,0 +1,130 @@
+"""The accuracy-per-byte frontier of PruneX (both readings of its post-freeze phase) against
+the pruning baselines and dense local SGD, at several keep fractions.
+
+An *arm* is a method with fixed flags (``prunex (sgd)`` is prunex with ``--after-freeze
+sgd``). Every arm and keep gets the same treatment as in fair_comparison.py: the workload's
+recipe and shared cosine schedule, BN recalibration before evaluation, a small lr sweep on
+seed 0, and the best lr on the other seeds. Nothing is tuned more for one arm than another.
+
+    python benchmarks/frontier.py                                   # the issue's whole grid
+    python benchmarks/frontier.py --arms "prunex (sgd)" --keeps 0.5  # one cell of it
+
+Cells already recorded are skipped (``bench sweep``), so an interrupted measurement goes on
+where it stopped. Writes ``frontier.md`` (accuracy mean +- 95 % interval and inter-node MB per
+epoch, with each cell's lr) beside the results and renders the report of the best runs (fig.
+12: accuracy against inter-node bytes, with the Pareto frontier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+from runs import bench, sweep
+
+from suite.results.stats import mean_ci
+
+#: arm label -> the flags that make it
+ARMS = {
+    "prunex (admm)": ["--method", "prunex", "--after-freeze", "admm"],
+    "prunex (sgd)": ["--method", "prunex", "--after-freeze", "sgd"],
+    "prunex (sgd, freeze 0.1 ep)": ["--method", "prunex", "--after-freeze", "sgd",
+                                    "--freeze-epoch", "0.1"],
+    "prunex (sgd, freeze 0.25 ep)": ["--method", "prunex", "--after-freeze", "sgd",
+                                     "--freeze-epoch", "0.25"],
+    "gmp-hier": ["--method", "gmp-hier"],
+    "prune-retrain": ["--method", "prune-retrain"],
+    "localsgd-hier": ["--method", "localsgd-hier"],
+}  # fmt: skip
+#: arms whose keep does not matter (dense): run at one keep only
+DENSE = {"localsgd-hier"}
+#: the freeze arms are asked at keep 0.5 only
+KEEP_05_ONLY = {"prunex (sgd, freeze 0.1 ep)", "prunex (sgd, freeze 0.25 ep)"}
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", label.lower()).strip("-")
+
+
+def summaries(root: Path) -> pd.DataFrame:
+    rows = []
+    for path in root.rglob("summary.json"):
+        s = json.loads(path.read_text())
+        if s.get("status") != "ok":
+            continue
+        recipe = json.loads((path.parent / "manifest.json").read_text())["recipe"]
+        rows.append({"seed": s["seed"], "lr": recipe["lr"], "run": str(path.parent),
+                     "accuracy": 100 * s["final_accuracy"],
+                     "inter_MB_per_epoch": s["inter_node_bytes_total"] / 1e6 / s["epochs"],
+                     "frozen_at_round": (s.get("masks_frozen_at") or {}).get("round")})  # fmt: skip
+    columns = ["seed", "lr", "run", "accuracy", "inter_MB_per_epoch", "frozen_at_round"]
+    return pd.DataFrame(rows, columns=columns).drop_duplicates(["seed", "lr"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma list of arm labels")
+    parser.add_argument("--keeps", default="0.3,0.5,0.7")
+    parser.add_argument("--workload", default="cnn-fmnist")
+    parser.add_argument("--epochs", default="1")
+    parser.add_argument("--lrs", default="0.025,0.05,0.1")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--results-dir", default="results/frontier")
+    args, passed_on = parser.parse_known_args()  # any other flag goes to every bench sweep
+    root = Path(args.results_dir)
+    seeds = args.seeds.split(",")
+    common = ["--workload", args.workload, "--gpus", "4", "--gpus-per-node", "2",
+              "--epochs", args.epochs, "--bn-recalibrate", "8", "--eval-every", "100000",
+              *passed_on]  # fmt: skip
+    rows = []
+    for label in args.arms.split(","):
+        keeps = args.keeps.split(",")
+        if label in DENSE:
+            keeps = keeps[:1]
+        elif label in KEEP_05_ONLY:
+            keeps = [k for k in keeps if float(k) == 0.5]
+        for keep in keeps:
+            cell = root / slug(label) / f"keep{keep}"
+            flags = [*ARMS[label], *common]
+            if label not in DENSE:
+                flags += ["--channel-keep", keep]
+            for lr in args.lrs.split(","):
+                sweep(*flags, "--lr", lr, "--seed", seeds[0], "--results-dir",
+                      str(cell / "lr_sweep"))  # fmt: skip
+            swept = summaries(cell / "lr_sweep")
+            if swept.empty:
+                continue
+            best = swept.loc[swept.accuracy.idxmax()]
+            if len(seeds) > 1:
+                sweep(*flags, "--lr", str(best.lr), "--seed", ",".join(seeds[1:]),
+                      "--results-dir", str(cell / "seeds"))  # fmt: skip
+            runs = pd.concat([swept[swept.lr == best.lr], summaries(cell / "seeds")])
+            mean, half, n = mean_ci(runs.accuracy)
+            accuracy = f"{mean:.2f} +- {half:.2f}" if n > 1 else f"{mean:.2f}"
+            rows.append({"arm": label, "keep": "dense" if label in DENSE else keep,
+                         "lr (best of sweep)": best.lr, "seeds": n,
+                         "final accuracy %": accuracy,
+                         "inter-node MB/epoch": round(runs.inter_MB_per_epoch.mean(), 2),
+                         "masks froze after round": runs.frozen_at_round.dropna().tolist() or "",
+                         "lr sweep (seed 0)": ", ".join(f"{r.lr:g}: {r.accuracy:.2f}"
+                                                         for r in swept.itertuples()),
+                         "runs": list(runs.run)})  # fmt: skip
+    table = pd.DataFrame(rows)
+    text = table.drop(columns="runs").to_markdown(index=False)
+    print(text)
+    (root / "frontier.md").write_text(text + "\n")
+    chosen = root / "best"  # the report sees every arm and keep at its best lr
+    shutil.rmtree(chosen, ignore_errors=True)
+    for row in rows:
+        for run in row["runs"]:
+            shutil.copytree(run, chosen / f"{slug(row['arm'])}-k{row['keep']}-{Path(run).name}")
+    if rows:
+        bench("report", str(chosen), "-o", str(root / "report"))
+
+
+if __name__ == "__main__":
+    main()
