@@ -32,9 +32,9 @@ from suite.results.stats import mean_ci
 ARMS = {
     "prunex (admm)": ["--method", "prunex", "--after-freeze", "admm"],
     "prunex (sgd)": ["--method", "prunex", "--after-freeze", "sgd"],
-    "prunex (sgd, freeze 0.1 ep)": ["--method", "prunex", "--after-freeze", "sgd",
+    "prunex (sgd; freeze 0.1 ep)": ["--method", "prunex", "--after-freeze", "sgd",
                                     "--freeze-epoch", "0.1"],
-    "prunex (sgd, freeze 0.25 ep)": ["--method", "prunex", "--after-freeze", "sgd",
+    "prunex (sgd; freeze 0.25 ep)": ["--method", "prunex", "--after-freeze", "sgd",
                                      "--freeze-epoch", "0.25"],
     "gmp-hier": ["--method", "gmp-hier"],
     "prune-retrain": ["--method", "prune-retrain"],
@@ -43,7 +43,7 @@ ARMS = {
 #: arms whose keep does not matter (dense): run at one keep only
 DENSE = {"localsgd-hier"}
 #: the freeze arms are asked at keep 0.5 only
-KEEP_05_ONLY = {"prunex (sgd, freeze 0.1 ep)", "prunex (sgd, freeze 0.25 ep)"}
+KEEP_05_ONLY = {"prunex (sgd; freeze 0.1 ep)", "prunex (sgd; freeze 0.25 ep)"}
 
 
 def slug(label: str) -> str:
@@ -80,6 +80,9 @@ def main() -> None:
     common = ["--workload", args.workload, "--gpus", "4", "--gpus-per-node", "2",
               "--epochs", args.epochs, "--bn-recalibrate", "8", "--eval-every", "100000",
               *passed_on]  # fmt: skip
+    unknown = [a for a in args.arms.split(",") if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
     rows = []
     for label in args.arms.split(","):
         keeps = args.keeps.split(",")
