@@ -177,8 +177,10 @@ class PruneX(Method):
         lr: the schedule anneals the gradient noise of f, while the exact step of the
         deterministic penalty is stable at any size, so a round pulls the same all run."""
         device = self.ctx.device
-        with torch.no_grad():
-            anchors = torch._foreach_sub(self.z_node, self.u)  # z_i - u, fixed for the round
+        proximal = self.admm_round
+        if proximal:
+            with torch.no_grad():
+                anchors = torch._foreach_sub(self.z_node, self.u)  # z_i - u, fixed for the round
         total, samples = 0.0, 0
         for _ in range(self.ctx.round_steps()):
             x, y = next(self.batches)
@@ -188,7 +190,7 @@ class PruneX(Method):
             loss.backward()
             self.ctx.apply_lr(self.optimizer)
             self.optimizer.step()
-            if self.admm_round:
+            if proximal:
                 with torch.no_grad():
                     for param, anchor, rho in zip(self.params, anchors, self.rho1):
                         param.lerp_(anchor, proximal_weight(self.ctx.recipe.lr, rho))
