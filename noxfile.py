@@ -15,6 +15,23 @@ def tests(session):
 
 
 @nox.session(python=False)
+def gpu(session):
+    """Everything that needs a GPU, in one command for a lent or nightly GPU machine: the
+    tests marked ``gpu`` (every method on CUDA, NCCL, event timing, Top-K replicas, resume,
+    a GPU folder read without CUDA), then a short measurement of every method written to
+    benchmarks/measured/gpu_steps_<device>.md (GPU_OUT overrides)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        session.error("nox -s gpu needs a CUDA device")
+    device = torch.cuda.get_device_name(0).lower().replace(" ", "-")
+    out = os.environ.get("GPU_OUT", f"benchmarks/measured/gpu_steps_{device}.md")
+    env = {"PRUNEX_GPU_TESTS": "1"}
+    session.run("python", "-m", "pytest", "-q", "-m", "gpu", "-rs", *session.posargs, env=env)
+    session.run("python", "benchmarks/gpu_steps.py", "-o", out, env=env)
+
+
+@nox.session(python=False)
 def lint(session):
     session.run("ruff", "check", ".")
 

@@ -35,16 +35,19 @@ class SGDBaseline(Method):
         self.batches = iter(ctx.loader)
         self.loss_fn = nn.CrossEntropyLoss()
 
-    def forward_backward(self) -> tuple[float, int]:
-        """Gradients of the next local mini-batch; returns (loss, samples)."""
+    def forward_backward(self) -> tuple[torch.Tensor, int]:
+        """Gradients of the next local mini-batch; returns (loss, samples). Taking the batch
+        counts as local compute, as in PruneX's round. The loss stays on the device (as a
+        float64 scalar, so sums of it are the Python sums they replace): the loop reads it
+        once per iteration."""
         device = self.ctx.device
-        x, y = next(self.batches)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):
+            x, y = next(self.batches)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             self.optimizer.zero_grad(set_to_none=True)
             loss = self.loss_fn(self.model(x), y)
             loss.backward()
-        return loss.item(), len(y)
+        return loss.detach().double(), len(y)
 
     def apply_update(self) -> None:
         with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):

@@ -12,7 +12,6 @@ The 16-bit hooks' spans include their casts, which torch chains around the all-r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,10 +61,10 @@ def timed_hook(hook: CommHook, recorder: Recorder, phase: str = phases.ALLREDUCE
     ``Communicator.all_reduce_async`` records its own collectives."""
 
     def timed(state, bucket):
-        begin = time.perf_counter()
+        begin = recorder.mark()
 
         def done(fut):
-            recorder.add_time(phase, time.perf_counter() - begin)
+            recorder.add_span(phase, begin, recorder.mark())
             return fut.value()
 
         return hook(state, bucket).then(done)

@@ -91,6 +91,9 @@ class HierarchicalLocalSGD(SGDBaseline):
             return CommGroup("intra", ranks, pg), phases.INTRA_ALLREDUCE
         return CommGroup("world", ranks, pg), phases.ALLREDUCE
 
+    def process_groups(self) -> list:
+        return [group.pg for group, _ in self.groups]
+
     def step(self, iteration: int) -> StepResult:
         total, samples = 0.0, 0
         steps = self.ctx.round_steps()

@@ -154,7 +154,8 @@ class StructuredLocalSGD(SGDBaseline):
         return StepResult(total / samples, samples)
 
     def keep_support(self) -> None:
-        self.structure.keep(self.params)
+        with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):  # as PruneX's, part of its step
+            self.structure.keep(self.params)
 
     def node_average(self) -> None:
         """Mean of the parameters and BN statistics over the node (in place)."""
@@ -162,10 +163,13 @@ class StructuredLocalSGD(SGDBaseline):
         if topo.gpus_per_node == 1:
             return
         tensors = [p.data for p in self.params.values()] + list(self.buffers.values())
+        recorder, phase = self.ctx.recorder, phases.INTRA_ALLREDUCE
         with torch.no_grad():
-            flat = flatten(tensors).div_(topo.gpus_per_node)
-            self.ctx.comm.all_reduce(flat, topo.intra, phase=phases.INTRA_ALLREDUCE)
-            unflatten_into(tensors, flat)
+            with recorder.phase(phase):  # into and out of the buffer count with the collective
+                flat = flatten(tensors).div_(topo.gpus_per_node)
+            self.ctx.comm.all_reduce(flat, topo.intra, phase=phase)
+            with recorder.phase(phase):
+                unflatten_into(tensors, flat)
 
     @torch.no_grad()
     def prune(self, fraction: float) -> int:
@@ -177,7 +181,8 @@ class StructuredLocalSGD(SGDBaseline):
         self.applied = fraction
         drift = self.structure.agree(local)
         if drift:
-            self.restrict_to_support()
+            with self.ctx.recorder.phase(phases.PROJECTION):
+                self.restrict_to_support()
         return drift
 
     def restrict_to_support(self) -> None:
@@ -193,10 +198,11 @@ class StructuredLocalSGD(SGDBaseline):
         full_params, full_buffers = self.structure.exchange(
             params, self.buffers, reuse_buffers=self.frozen
         )
-        for name, value in full_params.items():
-            params[name].copy_(value)
-        for name, value in full_buffers.items():
-            self.buffers[name].copy_(value)
+        with self.ctx.recorder.phase(phases.UNPACK):  # the consensus into the model
+            for name, value in full_params.items():
+                params[name].copy_(value)
+            for name, value in full_buffers.items():
+                self.buffers[name].copy_(value)
 
     # ------------------------------------------------------------------ interface
     def density(self) -> float:

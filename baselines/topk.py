@@ -88,9 +88,15 @@ class ErrorFeedbackTopK:
         return values, idx.to(torch.int32)
 
     def decompress(self, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        """Mean of the contributors' sparse vectors (one per row), as one dense flat vector."""
+        """Mean of the contributors' sparse vectors (one per row), as one dense flat vector.
+
+        One ``index_add_`` per contributor, in row order: a row's indices are distinct (top-k
+        of distinct positions), so no add has repeated indices, which torch documents as
+        non-deterministic on CUDA. Every rank and every run sums in the same order and gets
+        the same bytes (on CPU, the bytes of one index_add_ over all rows)."""
         dense = torch.zeros(self.offsets[-1], dtype=values.dtype, device=values.device)
-        dense.index_add_(0, indices.reshape(-1).long(), values.reshape(-1))
+        for row_values, row_indices in zip(values, indices):
+            dense.index_add_(0, row_indices.long(), row_values)
         return dense.div_(values.shape[0])
 
 

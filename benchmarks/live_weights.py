@@ -109,7 +109,7 @@ def main() -> None:
             before = last_round(simulate(workload, "dense-masks", keep, out))
             run = simulate(workload, "live", keep, out)
             after = last_round(run)
-            saved = torch.load(run / "masks.pt", weights_only=True)
+            saved = torch.load(run / "masks.pt", map_location="cpu", weights_only=True)
             masks = {n: StructuredMask.from_state(m) for n, m in saved.items()}
             rows.append({
                 "model": model_name, "keep": label,

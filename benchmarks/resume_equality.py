@@ -61,8 +61,8 @@ def compare(method: str, root: Path) -> dict:
                           env=ENV, capture_output=True, text=True)  # fmt: skip
     if proc.returncode:
         raise SystemExit(proc.stderr)
-    full = torch.load(root / f"{method}-full" / "model.pt", weights_only=True)
-    resumed = torch.load(cut / "model.pt", weights_only=True)
+    full = torch.load(root / f"{method}-full" / "model.pt", map_location="cpu", weights_only=True)
+    resumed = torch.load(cut / "model.pt", map_location="cpu", weights_only=True)
     diff = max((full[k].double() - resumed[k].double()).abs().max().item() for k in full)
     losses = [pd.read_parquet(root / r / "iterations.parquet").groupby("iteration")["loss"].mean()
               for r in (f"{method}-full", f"{method}-cut")]  # fmt: skip

@@ -60,14 +60,16 @@ def make_context(
     model_fn=None,
     budget_steps: int | None = None,
     schedule=None,
+    device: torch.device | None = None,
 ) -> RunContext:
     topo = build_topology(gpus_per_node)
-    device = torch.device("cpu")
+    device = device or torch.device("cpu")
     recorder = Recorder(rank, device)
     torch.manual_seed(seed)
-    model = model_fn() if model_fn is not None else TinyCNN(bn=bn)
+    model = (model_fn() if model_fn is not None else TinyCNN(bn=bn)).to(device)
     recipe = Recipe(batch_size=batch_size, lr=lr, momentum=0.9, weight_decay=1e-4)
-    loader = ShardedLoader(tiny_data(), rank, topo.world_size, batch_size, seed)
+    resident = device if device.type == "cuda" else None
+    loader = ShardedLoader(tiny_data(), rank, topo.world_size, batch_size, seed, device=resident)
     config = RunConfig(method=method, options=dict(options or {}))
     return RunContext(
         config,

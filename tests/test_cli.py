@@ -7,6 +7,7 @@ import sys
 
 import pandas as pd
 import pytest
+import torch
 
 from suite.results.folder import SUMMARY_KEYS
 
@@ -100,6 +101,20 @@ def test_run_writes_complete_folder(tmp_path):
     assert manifest["topology"]["node_ranks"] == [[0, 1], [2, 3]]
     assert manifest["versions"]["torch"].startswith("2.14.1")
     assert manifest["live_logs"] == {"tensorboard": str(run / "tensorboard")}
+    # what a GPU number depends on, and the setup kept out of iteration 0
+    assert manifest["numerics"]["device"] == "cpu"
+    assert {"tf32_matmul", "cudnn_deterministic", "deterministic_algorithms"} <= set(
+        manifest["numerics"]
+    )
+    assert set(manifest["group_backends"].values()) == {"gloo"}
+    assert {"world", "intra", "inter", "peers"} <= set(manifest["group_backends"])
+    assert {"cudnn", "nccl"} <= set(manifest["versions"])
+    assert 0 < summary["connect_seconds"] < summary["setup_seconds"]
+    assert summary["samples_per_second_per_rank"] > 0
+    for artifact in ("model.pt", "masks.pt"):  # device-independent files
+        saved = torch.load(run / artifact, weights_only=True)
+        tensors = [t for t in tree_leaves(saved) if isinstance(t, torch.Tensor)]
+        assert tensors and all(t.device.type == "cpu" for t in tensors)
     scalars = tensorboard_scalars(run / "tensorboard")
     assert len(scalars["train/loss"]) == len(scalars["bytes/inter_node"]) == 3
     assert scalars["train/lr"] == pytest.approx(rows[rows["rank"] == 0]["lr"].tolist())
@@ -115,6 +130,15 @@ def test_run_writes_complete_folder(tmp_path):
     assert record["exported"]["flops"] < record["dense"]["flops"]
     assert 0 <= record["exported"]["test_accuracy"] <= 1
     assert set(record["dense"]) == {"parameters", "flops", "latency_ms_b1", "latency_ms_b128"}
+
+
+def tree_leaves(obj) -> list:
+    """Every leaf of nested dicts, lists and tuples."""
+    if isinstance(obj, dict):
+        return [leaf for value in obj.values() for leaf in tree_leaves(value)]
+    if isinstance(obj, (list, tuple)):
+        return [leaf for value in obj for leaf in tree_leaves(value)]
+    return [obj]
 
 
 def tensorboard_scalars(logdir) -> dict[str, list[float]]:

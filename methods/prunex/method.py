@@ -181,7 +181,9 @@ class PruneX(Method):
         if proximal:
             with torch.no_grad():
                 anchors = torch._foreach_sub(self.z_node, self.u)  # z_i - u, fixed for the round
-        total, samples = 0.0, 0
+            weights = [proximal_weight(self.ctx.recipe.lr, rho) for rho in self.rho1]
+        # the loss stays on the device (float64, as a Python sum would be) and is read once
+        total, samples = torch.zeros((), dtype=torch.float64, device=device), 0
         for _ in range(self.ctx.round_steps()):
             x, y = next(self.batches)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -192,22 +194,21 @@ class PruneX(Method):
             self.optimizer.step()
             if proximal:
                 with torch.no_grad():
-                    for param, anchor, rho in zip(self.params, anchors, self.rho1):
-                        param.lerp_(anchor, proximal_weight(self.ctx.recipe.lr, rho))
+                    torch._foreach_lerp_(self.params, anchors, weights)
             self.structure.keep(self.named_params)
-            total += loss.item() * len(y)
+            total += loss.detach().double() * len(y)
             samples += len(y)
         return total / samples, samples
 
     def consensus_sum(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """SUM over the consensus group of theta + u (of theta alone in an ``sgd`` round),
         and the group mean of BN statistics."""
-        with torch.no_grad():
+        phase = phases.INTRA_ALLREDUCE if self.hierarchical else phases.ALLREDUCE
+        with torch.no_grad(), self.ctx.recorder.phase(phase):  # the copy into the buffer
             theta = [p.detach() for p in self.params]
             send = list(torch._foreach_add(theta, self.u) if self.admm_round else theta)
             send += [b / self.procs for b in self.buffers]
             flat = flatten(send)
-        phase = phases.INTRA_ALLREDUCE if self.hierarchical else phases.ALLREDUCE
         self.ctx.comm.all_reduce(flat, self.group, phase=phase)
         parts = unflatten(flat, send)
         return parts[: len(self.params)], parts[len(self.params) :]
@@ -262,7 +263,8 @@ class PruneX(Method):
             drift = self.structure.agree(local_masks)  # a new layout when the masks changed
             self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
             self.watch_oscillation(drift)
-        self.structure.zero_dead(self.named(z_node))  # dead slices are zero in z_i
+        with rec.phase(phases.PROJECTION):
+            self.structure.zero_dead(self.named(z_node))  # dead slices are zero in z_i
         if self.hierarchical:
             z, buffers = self.global_consensus(z_node, buffer_mean)
         else:
@@ -277,7 +279,8 @@ class PruneX(Method):
 
         was_frozen = self.frozen
         if not self.frozen and self.constrained and self.freeze_due(iteration):
-            self.freeze(rounds_done=iteration + 1)
+            with rec.phase(phases.PROJECTION):  # theta, momentum and u onto the support
+                self.freeze(rounds_done=iteration + 1)
         rec.set(
             density=self.density(),
             mask_drift=drift,
@@ -341,14 +344,14 @@ class PruneX(Method):
         """The ``sgd`` round's exchange: node mean of theta, the packed average between
         nodes, and theta := z on every rank."""
         theta_sum, buffer_mean = self.consensus_sum()
-        with torch.no_grad():
+        with torch.no_grad(), self.ctx.recorder.phase(phases.PROJECTION):
             z_node = [t.div_(self.procs) for t in theta_sum]  # the node's mean model
-        self.structure.zero_dead(self.named(z_node))
+            self.structure.zero_dead(self.named(z_node))
         if self.hierarchical:
             z, buffers = self.global_consensus(z_node, buffer_mean)
         else:
             z, buffers = z_node, list(buffer_mean)
-        with torch.no_grad():
+        with torch.no_grad(), self.ctx.recorder.phase(phases.UNPACK):  # z into every model
             for param, value in zip(self.params, z):
                 param.copy_(value)
             self.z_node, self.z = z_node, [t.clone() for t in z]
@@ -423,8 +426,9 @@ class PruneX(Method):
         """Boyd's stopping test per layer and level, and residual balancing of rho1, rho2."""
         world = self.ctx.topology.world_size
         rows, converged = [], True
+        host = stats.tolist()  # one transfer for every block's residual pieces
         for i, block in enumerate(self.blocks):
-            s = stats[i].tolist()
+            s = host[i]
             n = math.prod(block.shape)
             r_intra, s_intra = math.sqrt(s[0]), math.sqrt(s[1])
             tol = {"eps_abs": self.eps_abs or 0.0, "eps_rel": self.eps_rel}

@@ -15,14 +15,13 @@ over M nodes moves M * 2(n-1)/n * S bytes across them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from suite.cluster.recorder import Recorder, synchronize
+from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
 
 
@@ -90,11 +89,11 @@ class Communicator:
             raise ValueError(f"unknown collective kind {kind!r}")
 
     def _timed(self, phase: str, fn) -> None:
-        synchronize(self.device)
-        begin = time.perf_counter()
+        """A blocking collective: on CUDA torch makes the current stream wait for it, so the
+        end mark recorded on that stream falls after its completion."""
+        begin = self.recorder.mark()
         fn()
-        synchronize(self.device)
-        self.recorder.add_time(phase, time.perf_counter() - begin)
+        self.recorder.add_span(phase, begin, self.recorder.mark())
 
     # -- collectives ------------------------------------------------------------------
     def all_reduce(
@@ -110,15 +109,17 @@ class Communicator:
     ) -> torch.futures.Future:
         """SUM all-reduce that returns a future (for DDP comm hooks, which overlap backward).
 
-        The recorded time is the span from launch to completion as seen by the callback.
+        The recorded time spans the launch to the completion: with gloo the callback runs
+        when the work is done; with NCCL torch runs it at once, on a stream that waits for
+        the collective, so the end mark (a CUDA event there) falls after its completion.
         """
         self.account("all_reduce", group, nbytes(tensor))
-        begin = time.perf_counter()
-        work = dist.all_reduce(tensor, group=group.pg, async_op=True)
         recorder = self.recorder
+        begin = recorder.mark()
+        work = dist.all_reduce(tensor, group=group.pg, async_op=True)
 
         def done(fut):
-            recorder.add_time(phase, time.perf_counter() - begin)
+            recorder.add_span(phase, begin, recorder.mark())
             return fut.value()[0]
 
         return work.get_future().then(done)

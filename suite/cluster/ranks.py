@@ -4,6 +4,7 @@ process group. Shared by training runs and ``bench calibrate`` so both place ran
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -103,8 +104,23 @@ def join_process_group(preference: str, timeout_seconds: float | None = None) ->
     from torch.distributed import distributed_c10d
 
     distributed_c10d.default_pg_timeout = _timeout
-    dist.init_process_group(backend, timeout=_timeout, **attempt_store())
+    # NCCL with device_id forms the world's communicator now and splits subgroups from it
+    bound = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, timeout=_timeout, **bound, **attempt_store())
     return device
+
+
+def connect_groups(groups: list, device: torch.device) -> float:
+    """One tiny all-reduce on each of ``groups`` (process groups this rank belongs to, in the
+    same order on every rank), so every communicator exists before the first timed
+    iteration; returns the seconds it took. Gloo connects at creation, NCCL at first use."""
+    started = time.perf_counter()
+    probe = torch.zeros(1, device=device)
+    for pg in groups:
+        dist.all_reduce(probe, group=pg)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 def attempt_store() -> dict:

@@ -37,6 +37,10 @@ RANK_BASE_BYTES = int(0.55 * 2**30)
 #: v and consensus; the evaluation copy), an upper bound over the methods
 PARAMETER_COPIES = 10
 
+#: what a CUDA context and torch's kernels take on a GPU before any tensor (torch's CUDA
+#: context is typically 0.3-0.6 GiB; the upper end, so the guard errs toward refusing)
+CUDA_CONTEXT_BYTES = int(0.6 * 2**30)
+
 #: files that mean a run folder is in use (a SLURM script and its logs do not)
 RUN_FILES = ("manifest.json", "summary.json", "parts", "iterations.parquet")
 
@@ -110,6 +114,8 @@ def validate(
         settings.check_model(model)  # the method's own checks, e.g. PruneX's --masks-from
     if config.launcher == "local" and not ranks_on_cuda(config):
         check_memory(config, dataset, model)
+    elif config.launcher == "local":
+        check_gpu_memory(config, dataset, model)
     if not check_data:  # the simulator reads no data
         return
     load_data(
@@ -205,6 +211,73 @@ def check_memory(config: RunConfig, dataset: str, model) -> None:
             f"({each / gib:.2f} GiB each), this machine has {available / gib:.1f} GiB "
             "available; use fewer --gpus, --launcher slurm on a cluster, or --launcher sim "
             "to simulate it"
+        )
+
+
+def activation_bytes(model, dataset: str, batch_size: int) -> int:
+    """Bytes of every leaf module's output for one batch, from a forward pass on the meta
+    device (no storage): what backward keeps of the activations, about."""
+    import torch
+
+    from workloads.datasets import dataset_spec
+
+    spec = dataset_spec(dataset)
+    total = 0
+
+    def count(_module, _inputs, output):
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel() * output.element_size()
+
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.device("meta"), torch.no_grad():
+            model(torch.empty(batch_size, spec.in_chans, spec.image_size, spec.image_size))
+    except Exception:  # a model meta tensors cannot run: its activations go uncounted
+        total = 0
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
+def gpu_rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
+    """Bytes one CUDA rank needs on its GPU: the CUDA context, PARAMETER_COPIES copies of the
+    parameters (weights, gradients, momentum and what the method keeps), the activations of
+    a batch and their gradients, and the rank's resident data shard."""
+    from workloads.datasets import dataset_spec, split_sizes
+
+    _, recipe, _ = resolve_workload(config)
+    spec = dataset_spec(dataset)
+    train, _ = split_sizes(dataset, config.synthetic_size)
+    shard = train // config.gpus * spec.in_chans * spec.image_size**2 * 4
+    params = sum(p.numel() for p in model.parameters()) if model is not None else 0
+    activations = activation_bytes(model, dataset, recipe.batch_size) if model is not None else 0
+    return CUDA_CONTEXT_BYTES + PARAMETER_COPIES * 4 * params + 2 * activations + shard
+
+
+def check_gpu_memory(config: RunConfig, dataset: str, model) -> None:
+    """Refuse, in one line, local CUDA ranks that cannot fit in their GPUs' free memory
+    (``torch.cuda.mem_get_info``), ranks that share a GPU counted together: they would fail
+    with an out-of-memory error after setup, or one by one mid-run."""
+    import torch
+
+    from suite.cluster.ranks import ranks_per_gpu
+
+    gpus = torch.cuda.device_count()
+    if not gpus:
+        return  # --device cuda without CUDA is refused by the ranks, in one line
+    sharing = ranks_per_gpu(config.gpus, gpus)
+    free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(gpus, config.gpus)))
+    each = gpu_rank_memory_estimate(config, dataset, model)
+    if sharing * each > 0.95 * free:
+        gib = 2**30
+        raise BenchError(
+            f"{config.gpus} CUDA ranks ({sharing} per GPU) need about "
+            f"{sharing * each / gib:.1f} GiB per GPU ({each / gib:.2f} GiB each), the GPUs have "
+            f"{free / gib:.1f} GiB free; use fewer --gpus, a smaller --batch-size, or --launcher "
+            "slurm on a cluster"
         )
 
 

@@ -173,6 +173,12 @@ class Method:
         sample count at which its masks froze); added to the summary at the end."""
         return {}
 
+    def process_groups(self) -> list:
+        """Process groups the method created itself (beside the topology's), this rank's
+        membership only: they are connected before the first timed iteration, so no method's
+        iteration 0 pays for building a communicator (NCCL builds them lazily)."""
+        return []
+
 
 class LegacyMethod(Method):
     """A plugin method written before the ``Method`` base (a duck-typed object whose ``step``

@@ -4,6 +4,8 @@ tables and written last, so a folder with an ``ok`` summary is whole."""
 
 from __future__ import annotations
 
+import torch
+
 from suite.results.folder import RunFolder, write_torch
 from suite.results.summary import summarize
 from suite.run.config import RunConfig
@@ -22,11 +24,11 @@ def finish_folder(
     extra: dict | None = None,
     evaluated: bool = True,
 ) -> dict:
-    """Save ``artifacts`` (file name -> object for torch.save), summarize the folder's
-    iterations and evaluations (none for a simulated run, ``evaluated`` False), add ``extra``
-    and write ``summary.json``; returns it."""
+    """Save ``artifacts`` (file name -> object for torch.save, as CPU tensors), summarize the
+    folder's iterations and evaluations (none for a simulated run, ``evaluated`` False), add
+    ``extra`` and write ``summary.json``; returns it."""
     for name, obj in artifacts.items():
-        write_torch(folder.path / name, obj)
+        write_torch(folder.path / name, on_cpu(obj))
     summary = summarize(
         config=config,
         manifest=manifest,
@@ -41,3 +43,18 @@ def finish_folder(
     summary.update(extra or {})
     folder.write_summary(summary)
     return summary
+
+
+def on_cpu(obj):
+    """``obj`` with every tensor in it moved to the CPU, so a GPU run's folder loads on a
+    machine without one (nested dicts, lists and tuples, as artifacts are)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        moved = type(obj)((key, on_cpu(value)) for key, value in obj.items())
+        if hasattr(obj, "_metadata"):  # a module's state_dict keeps its version records
+            moved._metadata = obj._metadata
+        return moved
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_cpu(value) for value in obj)
+    return obj

@@ -171,7 +171,36 @@ def versions() -> dict:
         "timm": timm.__version__,
         "pandas": pd.__version__,
         "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": nccl_version(),
     }
+
+
+def nccl_version() -> str | None:
+    """The NCCL torch was built with, or None where it has none."""
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def numerics(device: torch.device) -> dict:
+    """What a GPU number depends on beyond the code: the device, and the switches that trade
+    exactness for speed (TF32) or speed for reproducibility (determinism)."""
+    facts = {
+        "device": str(device),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts.update(device_name=props.name, device_memory_bytes=props.total_memory,
+                     compute_capability=f"{props.major}.{props.minor}")  # fmt: skip
+    return facts
 
 
 #: the files of a run folder that say what the run was and how it ended

@@ -61,6 +61,7 @@ class LoopResult:
     converged: bool = False
     inter_bytes: float = 0.0
     intra_bytes: float = 0.0
+    evaluation_seconds: float = 0.0  # of wall_seconds, spent evaluating
 
 
 def train(
@@ -188,7 +189,9 @@ def training_loop(run: Run, result: LoopResult) -> None:
                 live.layers(recorder.layers)
             finished = result.converged or result.done == run.iterations
             if result.done in run.eval_points or result.converged:
+                evaluation_started = time.perf_counter()
                 accuracy, test_loss = run.evaluate(method.eval_model())
+                result.evaluation_seconds += time.perf_counter() - evaluation_started
                 target = config.target_accuracy
                 if result.time_to_target is None and target is not None and accuracy >= target:
                     result.time_to_target = result.train_seconds
@@ -259,6 +262,10 @@ def finish(run: Run, result: LoopResult) -> None:
         folder = run.folder
         folder.merge_parts()
         extra = {**(run.attempt or {}), "processes": (folder.summary() or {}).get("processes")}
+        extra.update(run.setup_seconds, evaluation_seconds=result.evaluation_seconds)
+        if result.train_seconds > 0:  # a host-bound run shows here
+            samples = run.loader.step * run.loader.batch_size
+            extra["samples_per_second_per_rank"] = samples / result.train_seconds
         extra.update(run.method.summary_facts())
         if run.method.warnings:
             extra["warnings"] = list(run.method.warnings)

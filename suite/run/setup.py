@@ -6,18 +6,19 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from suite.cluster.comm import Communicator
-from suite.cluster.ranks import gpu_sharing
+from suite.cluster.ranks import connect_groups, gpu_sharing
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import Topology, build_topology
 from suite.cluster.wire import WireCounters
 from suite.plugins.method import Method
-from suite.results.folder import RunFolder, hardware, identity_summary
+from suite.results.folder import RunFolder, hardware, identity_summary, numerics
 from suite.run.build import build_method, evaluation_points, make_manifest, resolve_workload
 from suite.run.config import RunConfig
 from suite.run.evaluation import Evaluator, calibration_batches
@@ -50,6 +51,7 @@ class Run:
     stop: StopRequest
     wire: WireCounters | None = None  # node's shaped interface, read on local rank 0
     attempt: dict | None = None  # restarts and resumes, for the summary
+    setup_seconds: dict = field(default_factory=dict)  # before the first iteration, for the summary
     checkpoints: list[dict] = field(default_factory=list)  # seconds and bytes of each save
 
     @property
@@ -62,7 +64,9 @@ def setup(
     config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
     stop: StopRequest,
 ) -> Run:  # fmt: skip
-    """Topology, data shard, model, method; the manifest and a ``running`` summary."""
+    """Topology, data shard, model, method, every process group connected; the manifest and
+    a ``running`` summary."""
+    started = time.perf_counter()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     topology = build_topology(config.gpus_per_node)
     config.gpus = world_size
@@ -76,16 +80,21 @@ def setup(
         seed=config.seed,
         synthetic_size=config.synthetic_size,
     )
-    loader = ShardedLoader(train_data, rank, world_size, recipe.batch_size, config.seed)
+    resident = device if device.type == "cuda" else None  # the shard lives on the GPU
+    loader = ShardedLoader(
+        train_data, rank, world_size, recipe.batch_size, config.seed, device=resident
+    )
     comm = Communicator(topology, recorder, device)
     ctx, method, iterations = build_method(
         config, topology=topology, comm=comm, recorder=recorder, workload=workload,
         recipe=recipe, spec=spec, loader=loader, device=device,
     )  # fmt: skip
+    connect = connect_groups(run_groups(topology, method), device)
     manifest = make_manifest(
         config, ctx, method, dataset=dataset, iterations=iterations,
         train_samples=len(train_data), test_samples=len(test_data),
         device=str(device), backend=dist.get_backend(), topology=topology.describe(),
+        numerics=numerics(device), group_backends=group_backends(topology, method),
         gpu_sharing=gpu_sharing(device, dist.get_backend()),
         live_logs=live_logs_of(config, folder),
         hardware=hardware(), simulated=False, network=network_description(folder, config),
@@ -129,7 +138,24 @@ def setup(
         ),
         stop,
         wire,
+        setup_seconds={"setup_seconds": time.perf_counter() - started, "connect_seconds": connect},
     )
+
+
+def group_backends(topology: Topology, method: Method) -> dict:
+    """The backend of each group this rank uses (rank 0's view: world, its node, the
+    leaders, its peers, the method's own), for the manifest."""
+    mine = {"world": topology.world, "intra": topology.intra, "inter": topology.inter,
+            "peers": topology.peers}  # fmt: skip
+    named = {name: g.pg for name, g in mine.items() if g is not None}
+    named.update({f"method_{i}": pg for i, pg in enumerate(method.process_groups())})
+    return {name: dist.get_backend(pg) for name, pg in named.items()}
+
+
+def run_groups(topology: Topology, method: Method) -> list:
+    """Every process group this rank will use, in an order every rank shares."""
+    mine = [topology.world, topology.intra, topology.inter, topology.peers]
+    return [g.pg for g in mine if g is not None] + list(method.process_groups())
 
 
 def live_logs_of(config: RunConfig, folder: RunFolder) -> dict:

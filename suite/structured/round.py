@@ -93,9 +93,10 @@ class StructuredRound:
         agreed = (
             or_across_nodes(local, self.ctx.comm, self.ctx.topology) if self.hierarchical else local
         )
-        drift = sum(self.masks[n].changed_groups(agreed[n]) for n in self.shapes)
-        if drift:
-            self.use_masks(agreed)
+        with self.ctx.recorder.phase(phases.MASK_SYNC):  # the new masks' live slices
+            drift = sum(self.masks[n].changed_groups(agreed[n]) for n in self.shapes)
+            if drift:
+                self.use_masks(agreed)
         return drift
 
     def load(self, path: str) -> dict[str, StructuredMask]:
@@ -150,8 +151,10 @@ class StructuredRound:
 
     @torch.no_grad()
     def keep(self, params: dict[str, torch.Tensor]) -> None:
-        for name, mask in self.support.items():
-            params[name].mul_(mask)
+        """theta back onto the support after a local step: one foreach multiply."""
+        if self.support:
+            names = list(self.support)
+            torch._foreach_mul_([params[n] for n in names], [self.support[n] for n in names])
 
     # ------------------------------------------------------------------ exchange
     @property
@@ -182,19 +185,20 @@ class StructuredRound:
         spread over P links.
         """
         topo, rec = self.ctx.topology, self.ctx.recorder
-        if self.layout is None:
-            self.layout = PackLayout(
-                model_entries(self.model, self.masks, live=self.live),
-                bucket_bytes=self.bucket_bytes,
-                device=self.ctx.device,
-            )
         packs = topo.is_leader or self.sharded
-        if reuse_buffers:
-            if self.fixed_buffers is None:
-                self.fixed_buffers = self.layout.allocate()
-            out = self.fixed_buffers
-        else:
-            out = None if packs else self.layout.allocate()
+        with rec.phase(phases.PACK):  # a new layout when the masks changed, its buckets
+            if self.layout is None:
+                self.layout = PackLayout(
+                    model_entries(self.model, self.masks, live=self.live),
+                    bucket_bytes=self.bucket_bytes,
+                    device=self.ctx.device,
+                )
+            if reuse_buffers:
+                if self.fixed_buffers is None:
+                    self.fixed_buffers = self.layout.allocate()
+                out = self.fixed_buffers
+            else:
+                out = None if packs else self.layout.allocate()
         if packs:
             with rec.phase(phases.PACK):
                 if plus is not None:

@@ -1,0 +1,111 @@
+"""A short measurement of every method on a GPU machine: resnet18-cifar10 on synthetic data,
+seconds per local step by phase, iteration 0 against the rest, samples per second per rank,
+setup seconds, and PruneX's overhead ratio over localsgd-hier (benchmarks/prunex_overhead.py).
+
+Layouts: one rank per visible GPU on NCCL (the real thing, one rank if there is one GPU), and
+2 nodes x 2 ranks sharing the GPUs round-robin (gloo: collectives through the host, timings
+not representative of a cluster, but every hierarchical path runs). ``nox -s gpu`` runs it
+after the gpu tests and writes the markdown to benchmarks/measured/.
+
+    python benchmarks/gpu_steps.py -o benchmarks/measured/gpu_steps_h100.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+from prunex_overhead import PRUNEX_WORK, overhead_ratio
+from runs import sweep
+
+ALL_METHODS = (
+    "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
+    "gmp-hier,prune-retrain"
+)
+
+
+def describe(root: Path) -> pd.DataFrame:
+    rows = []
+    for path in sorted(root.rglob("summary.json")):
+        run = path.parent
+        summary = json.loads(path.read_text())
+        manifest = json.loads((run / "manifest.json").read_text())
+        if summary.get("status") != "ok":
+            rows.append({"method": summary["method"], "status": summary.get("error", "failed")})
+            continue
+        table = pd.read_parquet(run / "iterations.parquet")
+        steps = manifest["steps_per_iteration"]
+        later = table[table["iteration"] > 0]
+        row = {
+            "method": summary["method"],
+            "backend": manifest["backend"],
+            "iteration 0 s": table[table["iteration"] == 0]["t_iteration"].mean(),
+            "later iterations s": later["t_iteration"].mean(),
+            "s per local step": later["t_iteration"].mean() / steps,
+            "samples/s per rank": summary.get("samples_per_second_per_rank"),
+            "setup s": summary.get("setup_seconds"),
+            "connect s": summary.get("connect_seconds"),
+        }
+        for column in sorted(c for c in later if c.startswith("t_") and c != "t_iteration"):
+            row[f"{column[2:]} s/step"] = later[column].mean() / steps
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="resnet18-cifar10")
+    parser.add_argument("--iterations", default="6")
+    parser.add_argument("--methods", default=ALL_METHODS)
+    parser.add_argument("-o", "--output", default=None)
+    args = parser.parse_args()
+    gpus = torch.cuda.device_count()
+    if not gpus:
+        raise SystemExit("no CUDA device: this measurement is for a GPU machine")
+    common = [
+        "--workload",
+        args.workload,
+        "--dataset",
+        "synthetic",
+        "--device",
+        "cuda",
+        "--iterations",
+        args.iterations,
+        "--local-steps",
+        "4",
+        "--eval-every",
+        "100000",
+    ]
+    layouts = {f"{gpus} rank(s), one per GPU (NCCL)": ["--gpus", str(gpus)],
+               "2 nodes x 2 ranks sharing the GPUs (gloo)": ["--gpus", "4", "--gpus-per-node",
+                                                             "2"]}  # fmt: skip
+    name = torch.cuda.get_device_name(0)
+    sections = [f"# Every method on {name} x {gpus}", "",
+                f"`{' '.join(common)}`; seconds are means over ranks and iterations "
+                "after the first; phases overlap where the method overlaps them (DDP).",
+                f"PruneX's work phases: {', '.join(PRUNEX_WORK)}.", ""]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for title, layout in layouts.items():
+            root = Path(tmp) / str(len(sections))
+            sweep("--method", args.methods, *common, *layout, "--results-dir", str(root))
+            table = describe(root)
+            sections += [f"## {title}", "", table.to_markdown(index=False, floatfmt=".4g"), ""]
+            runs = {
+                json.loads(p.read_text())["method"]: p.parent for p in root.rglob("summary.json")
+            }
+            if {"prunex", "localsgd-hier"} <= set(runs):
+                ratio = overhead_ratio(runs["prunex"], runs["localsgd-hier"])
+                sections += [f"PruneX overhead ratio over localsgd-hier: **{ratio:.3f}**", ""]
+    text = "\n".join(sections)
+    print(text)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""What H-SADMM adds to a local step: PruneX's local compute plus its dual update,
+projection, mask sync, pack and unpack, per local step, over localsgd-hier's local compute per
+local step (the same local SGD with no ADMM). The paper puts H-SADMM's whole overhead at 2-3 %.
+
+The two methods run alternately ``--repeats`` times in one sitting on one configuration, so a
+drift of the machine falls on both; iteration 0 is left out of both (it carries the first
+touches of every buffer). Seconds are means over every rank and iteration.
+
+    python benchmarks/prunex_overhead.py                  # the nightly's configuration
+    python benchmarks/prunex_overhead.py --workload resnet18-fmnist --dataset synthetic \\
+        --iterations 6
+    python benchmarks/prunex_overhead.py --device cuda    # on a GPU machine
+
+Any other flag goes to both ``bench run`` commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from runs import bench, only_run
+
+#: PruneX's phases that are not communication between ranks (the numerator's terms)
+PRUNEX_WORK = ("local_compute", "dual_update", "projection", "mask_sync", "pack", "unpack")
+
+
+def seconds_per_local_step(run: Path, phases: tuple[str, ...]) -> float:
+    """Mean over ranks of the phases' seconds per local step, iteration 0 left out."""
+    rows = pd.read_parquet(run / "iterations.parquet")
+    rows = rows[rows["iteration"] > 0]
+    steps = rows.groupby("rank")["iteration"].count() * steps_per_iteration(run)
+    present = [f"t_{p}" for p in phases if f"t_{p}" in rows]
+    seconds = rows.groupby("rank")[present].sum().sum(axis=1)
+    return float((seconds / steps).mean())
+
+
+def steps_per_iteration(run: Path) -> int:
+    import json
+
+    return int(json.loads((run / "manifest.json").read_text())["steps_per_iteration"])
+
+
+def overhead_ratio(prunex_run: Path, localsgd_run: Path) -> float:
+    return seconds_per_local_step(prunex_run, PRUNEX_WORK) / seconds_per_local_step(
+        localsgd_run, ("local_compute",)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="cnn-fmnist")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("-o", "--output", default=None, help="also write the table here")
+    args, passed_on = parser.parse_known_args()
+    common = ["--workload", args.workload, "--gpus", "4", "--gpus-per-node", "2",
+              "--local-steps", "4", "--eval-every", "100000"]  # fmt: skip
+    if not any(a in passed_on for a in ("--iterations", "--epochs")):
+        common += ["--epochs", "0.1"]  # the nightly's budget
+    common += passed_on
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            runs = {}
+            for method in ("prunex", "localsgd-hier"):
+                out = Path(tmp) / f"{method}-{repeat}"
+                bench("run", "--method", method, *common, "--results-dir", str(out))
+                runs[method] = only_run(out)
+            rows.append({
+                "repeat": repeat,
+                "prunex s/step (work)": seconds_per_local_step(runs["prunex"], PRUNEX_WORK),
+                "prunex s/step (local compute)": seconds_per_local_step(
+                    runs["prunex"], ("local_compute",)),
+                "localsgd-hier s/step (local compute)": seconds_per_local_step(
+                    runs["localsgd-hier"], ("local_compute",)),
+                "ratio": overhead_ratio(runs["prunex"], runs["localsgd-hier"]),
+            })  # fmt: skip
+            print(rows[-1], flush=True)
+    table = pd.DataFrame(rows)
+    text = "\n".join([
+        f"`{' '.join(common)}`, prunex and localsgd-hier alternated {args.repeats} times",
+        "",
+        table.to_markdown(index=False, floatfmt=".5f"),
+        "",
+        f"**ratio: {', '.join(f'{r:.3f}' for r in table['ratio'])} "
+        f"(median {statistics.median(table['ratio']):.3f})**",
+    ])  # fmt: skip
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
