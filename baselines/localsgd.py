@@ -123,10 +123,13 @@ class HierarchicalLocalSGD(SGDBaseline):
         with self.ctx.recorder.phase(phase):
             self.averager.average_parameters(params)
         if self.buffers:
+            recorder = self.ctx.recorder
             with torch.no_grad():
-                flat = flatten(self.buffers).div_(group.size)
+                with recorder.phase(phase):  # into and out of the buffer count with it
+                    flat = flatten(self.buffers).div_(group.size)
                 comm.all_reduce(flat, group, phase=phase)
-                unflatten_into(self.buffers, flat)
+                with recorder.phase(phase):
+                    unflatten_into(self.buffers, flat)
 
     def eval_model(self) -> nn.Module:
         return self.module  # every iteration ends with a world average of parameters and BN

@@ -4,6 +4,8 @@ decompression in a fixed order, and the device-resident loader equal to the host
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 from torch import nn
@@ -54,20 +56,20 @@ def phase_rows():
 
 @pytest.mark.parametrize("name", list(PHASE_RUNS))
 def test_phases_add_up_to_the_iteration(phase_rows, name):
-    """No phase lost or counted twice: the recorded phases of every iteration, less those
-    that overlap local compute, sum to within 5 % of its measured time (iteration 0 too:
-    its setup happens before it). Summed over ranks and iterations, so one descheduled
-    moment of a rank on a 2-core machine does not decide it."""
-    phases = recorded = 0.0
+    """No phase lost or counted twice: the recorded phases of an iteration, less those that
+    overlap local compute, sum to within 5 % of its measured time (iteration 0 too: its
+    setup happens before it). The median over ranks and iterations, so one descheduled
+    moment of a rank on a busy 2-core machine does not decide it."""
+    shares = []
     for rows, overlapped in (out[name] for out in phase_rows):
         for row in rows:
-            recorded += row["t_iteration"]
-            phases += sum(
+            phases = sum(
                 value
                 for key, value in row.items()
                 if key.startswith("t_") and key != "t_iteration" and key[2:] not in overlapped
             )
-    assert phases == pytest.approx(recorded, rel=0.05)
+            shares.append(phases / row["t_iteration"])
+    assert statistics.median(shares) == pytest.approx(1.0, abs=0.05)
 
 
 def reference_local_compute(method: PruneX) -> tuple[float, int]:
