@@ -53,6 +53,11 @@ class SGDBaseline(Method):
         with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):
             self.ctx.apply_lr(self.optimizer)
             self.optimizer.step()
+            self.constrain()
+
+    def constrain(self) -> None:
+        """Hold the parameters where the method allows them after each update (the pruning
+        baselines: on their support); nothing by default."""
 
     def eval_model(self) -> nn.Module:
         return average_buffers_for_eval(self.module)

@@ -48,11 +48,9 @@ from suite.api import (
     RunContext,
     StepResult,
     broadcast_initial_state,
-    flatten,
     nbytes,
     option,
     phases,
-    unflatten_into,
 )
 
 
@@ -123,13 +121,8 @@ class HierarchicalLocalSGD(SGDBaseline):
         with self.ctx.recorder.phase(phase):
             self.averager.average_parameters(params)
         if self.buffers:
-            recorder = self.ctx.recorder
             with torch.no_grad():
-                with recorder.phase(phase):  # into and out of the buffer count with it
-                    flat = flatten(self.buffers).div_(group.size)
-                comm.all_reduce(flat, group, phase=phase)
-                with recorder.phase(phase):
-                    unflatten_into(self.buffers, flat)
+                comm.all_reduce_into(self.buffers, group, phase=phase, divide_before=group.size)
 
     def eval_model(self) -> nn.Module:
         return self.module  # every iteration ends with a world average of parameters and BN

@@ -45,11 +45,9 @@ from suite.api import (
     StructuredKeepSettings,
     StructuredRound,
     broadcast_initial_state,
-    flatten,
     option,
     phases,
     project,
-    unflatten_into,
 )
 
 UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
@@ -131,7 +129,6 @@ class StructuredLocalSGD(SGDBaseline):
         for k in range(1, steps + 1):
             loss, n = self.forward_backward()
             self.apply_update()
-            self.keep_support()
             if k % self.period == 0 and k < steps:
                 self.node_average()
             total += loss * n
@@ -153,9 +150,8 @@ class StructuredLocalSGD(SGDBaseline):
         )
         return StepResult(total / samples, samples)
 
-    def keep_support(self) -> None:
-        with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):  # as PruneX's, part of its step
-            self.structure.keep(self.params)
+    def constrain(self) -> None:
+        self.structure.keep(self.params)  # part of the local step, as in PruneX
 
     def node_average(self) -> None:
         """Mean of the parameters and BN statistics over the node (in place)."""
@@ -163,13 +159,10 @@ class StructuredLocalSGD(SGDBaseline):
         if topo.gpus_per_node == 1:
             return
         tensors = [p.data for p in self.params.values()] + list(self.buffers.values())
-        recorder, phase = self.ctx.recorder, phases.INTRA_ALLREDUCE
         with torch.no_grad():
-            with recorder.phase(phase):  # into and out of the buffer count with the collective
-                flat = flatten(tensors).div_(topo.gpus_per_node)
-            self.ctx.comm.all_reduce(flat, topo.intra, phase=phase)
-            with recorder.phase(phase):
-                unflatten_into(tensors, flat)
+            self.ctx.comm.all_reduce_into(
+                tensors, topo.intra, phase=phases.INTRA_ALLREDUCE, divide_before=topo.gpus_per_node
+            )
 
     @torch.no_grad()
     def prune(self, fraction: float) -> int:

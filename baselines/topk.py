@@ -129,19 +129,23 @@ class TopK(SGDBaseline):
     def exchange_flat(self) -> None:
         world, comm, rec = self.ctx.topology.world, self.ctx.comm, self.ctx.recorder
         sparse = [p.grad for p in self.sparse]
-        pieces = comm.all_gather(self._compress(flatten(sparse)), world, phase=phases.ALLGATHER)
+        with rec.phase(phases.COMPRESS):  # the copy the selection reads counts with it
+            flat_sparse = flatten(sparse)
+        pieces = comm.all_gather(self._compress(flat_sparse), world, phase=phases.ALLGATHER)
         with rec.phase(phases.DECOMPRESS):
             unflatten_into(sparse, self.compressor.decompress(*unpack(pieces)))
         if self.dense:
             dense = [p.grad for p in self.dense]
-            flat = comm.all_reduce(flatten(dense), world, phase=phases.ALLREDUCE)
-            unflatten_into(dense, flat.div_(world.size))
+            comm.all_reduce_into(dense, world, phase=phases.ALLREDUCE, divide_after=world.size)
 
     def exchange_hierarchical(self) -> None:
         topo, comm, rec = self.ctx.topology, self.ctx.comm, self.ctx.recorder
         grads = [p.grad for p in [*self.sparse, *self.dense]]
-        node_mean = comm.all_reduce(flatten(grads), topo.intra, phase=phases.INTRA_ALLREDUCE)
-        node_mean.div_(topo.gpus_per_node)
+        with rec.phase(phases.INTRA_ALLREDUCE):  # the copy into the buffer counts with it
+            node_mean = flatten(grads)
+        comm.all_reduce(node_mean, topo.intra, phase=phases.INTRA_ALLREDUCE)
+        with rec.phase(phases.INTRA_ALLREDUCE):
+            node_mean.div_(topo.gpus_per_node)
         split = self.compressor.offsets[-1]  # sparse entries first, then the 1-D ones
         gathered = topo.num_nodes * 2 * self.compressor.k
         if topo.inter is not None:  # node leader

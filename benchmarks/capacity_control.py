@@ -21,23 +21,14 @@ per arm. Cells already recorded are skipped (``bench sweep``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
-from runs import sweep
+from runs import finished_runs, sweep
 
+from suite.report.tables import mean_pm
 from suite.results.stats import mean_ci
-
-
-def finished_runs(root: Path, method: str | None = None):
-    """(folder, summary, manifest) of every run under ``root`` that ended ok."""
-    for path in sorted(root.rglob("summary.json")):
-        summary = json.loads(path.read_text())
-        manifest = json.loads((path.parent / "manifest.json").read_text())
-        if summary.get("status") == "ok" and method in (None, summary["method"]):
-            yield path.parent, summary, manifest
 
 
 def same_setting(manifest: dict) -> list[str]:
@@ -95,7 +86,7 @@ def main() -> None:
     for arm, group in frame.groupby("arm", sort=False):
         mean, half, n = mean_ci(group.accuracy)
         table.append({"arm": arm, "seeds": n,
-                      "final accuracy %": f"{mean:.2f} +- {half:.2f}" if n > 1 else f"{mean:.2f}",
+                      "final accuracy %": mean_pm(mean, half, 2),
                       "density": round(group.density.mean(), 3)})  # fmt: skip
     setting = " ".join(same_setting(prunex[0][2]))  # every prunex run's, seeds aside
     text = f"{pd.DataFrame(table).to_markdown(index=False)}\n\nsetting: {setting}\n"

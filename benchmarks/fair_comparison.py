@@ -21,30 +21,16 @@ skipped (``bench sweep``), so an interrupted measurement continues where it stop
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 import pandas as pd
-from runs import bench, sweep
+from runs import bench, run_table, sweep
 
+from suite.report.tables import mean_pm
 from suite.results.stats import mean_ci
 
 METHODS = "ddp,localsgd-hier,prunex,prunex-flat,gmp-hier,prune-retrain,topk,powersgd"
-
-
-def summaries(root: Path) -> pd.DataFrame:
-    rows = []
-    for path in root.rglob("summary.json"):
-        s = json.loads(path.read_text())
-        recipe = json.loads((path.parent / "manifest.json").read_text())["recipe"]
-        if s.get("status") == "ok":
-            rows.append({"method": s["method"], "seed": s["seed"], "lr": recipe["lr"],
-                         "accuracy": 100 * s["final_accuracy"], "epochs": s["epochs"],
-                         "inter_MB_per_epoch": s["inter_node_bytes_total"] / 1e6 / s["epochs"],
-                         "samples_per_rank": s.get("samples_per_rank")})  # fmt: skip
-    # a cell run twice (e.g. after its identity changed) counts once
-    return pd.DataFrame(rows).drop_duplicates(["method", "seed", "lr"])
 
 
 def main() -> None:
@@ -72,7 +58,7 @@ def main() -> None:
         for lr in args.lrs.split(","):
             sweep("--method", method, "--lr", lr, "--seed", seeds[0], *common,
                   "--results-dir", str(root / "lr_sweep"))  # fmt: skip
-    swept = summaries(root / "lr_sweep")
+    swept = run_table(root / "lr_sweep")
     best = swept.loc[swept.groupby("method").accuracy.idxmax()].set_index("method").lr
     for method in methods:  # the other seeds at the method's best lr
         if method in best and len(seeds) > 1:
@@ -81,7 +67,7 @@ def main() -> None:
     final = pd.concat(
         [
             swept.merge(best.reset_index(), on=["method", "lr"]),
-            summaries(root / "seeds") if (root / "seeds").exists() else None,
+            run_table(root / "seeds"),
         ]
     )
     rows = []
@@ -89,7 +75,7 @@ def main() -> None:
         group = final[final.method == method]
         mean, half, n = mean_ci(group.accuracy)
         rows.append({"method": method, "lr (best of sweep)": best[method], "seeds": n,
-                     "final accuracy %": f"{mean:.2f} +- {half:.2f}" if n > 1 else f"{mean:.2f}",
+                     "final accuracy %": mean_pm(mean, half, 2),
                      "inter-node MB/epoch": round(group.inter_MB_per_epoch.mean(), 2),
                      "samples/rank": int(group.samples_per_rank.mean())})  # fmt: skip
     table = pd.DataFrame(rows).to_markdown(index=False)
@@ -100,15 +86,8 @@ def main() -> None:
     (root / "fair_comparison.md").write_text(text)
     chosen = root / "best"  # the report sees each method at its best lr only
     shutil.rmtree(chosen, ignore_errors=True)
-    copied = set()
-    for path in sorted(root.glob("*/*/summary.json")):
-        if path.parent.parent.name in ("lr_sweep", "seeds"):
-            s = json.loads(path.read_text())
-            recipe = json.loads((path.parent / "manifest.json").read_text())["recipe"]
-            key = (s["method"], s["seed"], recipe["lr"])
-            if s["method"] in best and recipe["lr"] == best[s["method"]] and key not in copied:
-                shutil.copytree(path.parent, chosen / path.parent.name)
-                copied.add(key)
+    for run in final.run:
+        shutil.copytree(run, chosen / Path(run).name)
     bench("report", str(chosen), "-o", str(root / "report"))
 
 

@@ -18,14 +18,14 @@ epoch, with each cell's lr) beside the results and renders the report of the bes
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 from pathlib import Path
 
 import pandas as pd
-from runs import bench, sweep
+from runs import bench, run_table, sweep
 
+from suite.report.tables import mean_pm
 from suite.results.stats import mean_ci
 
 #: arm label -> the flags that make it
@@ -48,21 +48,6 @@ KEEP_05_ONLY = {"prunex (sgd; freeze 0.1 ep)", "prunex (sgd; freeze 0.25 ep)"}
 
 def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", label.lower()).strip("-")
-
-
-def summaries(root: Path) -> pd.DataFrame:
-    rows = []
-    for path in root.rglob("summary.json"):
-        s = json.loads(path.read_text())
-        if s.get("status") != "ok":
-            continue
-        recipe = json.loads((path.parent / "manifest.json").read_text())["recipe"]
-        rows.append({"seed": s["seed"], "lr": recipe["lr"], "run": str(path.parent),
-                     "accuracy": 100 * s["final_accuracy"],
-                     "inter_MB_per_epoch": s["inter_node_bytes_total"] / 1e6 / s["epochs"],
-                     "frozen_at_round": (s.get("masks_frozen_at") or {}).get("round")})  # fmt: skip
-    columns = ["seed", "lr", "run", "accuracy", "inter_MB_per_epoch", "frozen_at_round"]
-    return pd.DataFrame(rows, columns=columns).drop_duplicates(["seed", "lr"])
 
 
 def main() -> None:
@@ -98,16 +83,16 @@ def main() -> None:
             for lr in args.lrs.split(","):
                 sweep(*flags, "--lr", lr, "--seed", seeds[0], "--results-dir",
                       str(cell / "lr_sweep"))  # fmt: skip
-            swept = summaries(cell / "lr_sweep")
+            swept = run_table(cell / "lr_sweep")
             if swept.empty:
                 continue
             best = swept.loc[swept.accuracy.idxmax()]
             if len(seeds) > 1:
                 sweep(*flags, "--lr", str(best.lr), "--seed", ",".join(seeds[1:]),
                       "--results-dir", str(cell / "seeds"))  # fmt: skip
-            runs = pd.concat([swept[swept.lr == best.lr], summaries(cell / "seeds")])
+            runs = pd.concat([swept[swept.lr == best.lr], run_table(cell / "seeds")])
             mean, half, n = mean_ci(runs.accuracy)
-            accuracy = f"{mean:.2f} +- {half:.2f}" if n > 1 else f"{mean:.2f}"
+            accuracy = mean_pm(mean, half, 2)
             rows.append({"arm": label, "keep": "dense" if label in DENSE else keep,
                          "lr (best of sweep)": best.lr, "seeds": n,
                          "final accuracy %": accuracy,

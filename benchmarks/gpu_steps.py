@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from prunex_overhead import PRUNEX_WORK, overhead_ratio
-from runs import sweep
+from runs import finished_runs, sweep
 
 ALL_METHODS = (
     "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
@@ -94,9 +94,7 @@ def main() -> None:
             sweep("--method", args.methods, *common, *layout, "--results-dir", str(root))
             table = describe(root)
             sections += [f"## {title}", "", table.to_markdown(index=False, floatfmt=".4g"), ""]
-            runs = {
-                json.loads(p.read_text())["method"]: p.parent for p in root.rglob("summary.json")
-            }
+            runs = {summary["method"]: run for run, summary, _ in finished_runs(root)}
             if {"prunex", "localsgd-hier"} <= set(runs):
                 ratio = overhead_ratio(runs["prunex"], runs["localsgd-hier"])
                 sections += [f"PruneX overhead ratio over localsgd-hier: **{ratio:.3f}**", ""]

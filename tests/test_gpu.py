@@ -33,8 +33,10 @@ ALL_METHODS = (
     "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
     "gmp-hier,prune-retrain"
 )
-SMALL = ["--workload", "cnn-fmnist", "--dataset", "synthetic", "--synthetic-size", "2048,512",
-         "--batch-size", "32", "--local-steps", "2", "--device", "cuda"]  # fmt: skip
+#: small CUDA runs on synthetic data; SMALL adds the workload (cnn-fmnist)
+ON_CUDA = ["--dataset", "synthetic", "--synthetic-size", "2048,512", "--batch-size", "32",
+           "--local-steps", "2", "--device", "cuda"]  # fmt: skip
+SMALL = ["--workload", "cnn-fmnist", *ON_CUDA]
 
 
 def bench(*args: str, env: dict | None = None, timeout: float = 570) -> subprocess.CompletedProcess:
@@ -98,7 +100,7 @@ def test_ddp_allreduce_time_matches_its_bytes_over_nccl(tmp_path):
                  "-o", str(profile))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     link = json.loads(profile.read_text())["links"]["inter"]
-    proc = bench("run", "--method", "ddp", *SMALL, "--workload", "resnet18-cifar10", "--gpus",
+    proc = bench("run", "--method", "ddp", "--workload", "resnet18-cifar10", *ON_CUDA, "--gpus",
                  "2", "--gpus-per-node", "1", "--iterations", "10", "--results-dir",
                  str(tmp_path / "runs"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -57,9 +57,11 @@ class ShardedLoader:
         split = torch.randperm(len(data), generator=seeded_generator(seed))
         self._shard = split[rank * shard_size : (rank + 1) * shard_size]
         self.device = device
-        if device is not None:  # the shard, resident on the device
+        if device is not None:  # the shard, resident on the device, indexed by position
             self._images = data.images[self._shard].to(device)
             self._labels = data.labels[self._shard].to(device)
+        else:  # the train set, indexed by sample
+            self._images, self._labels = data.images, data.labels
         self._start_epoch(0)
 
     def shard_indices(self) -> torch.Tensor:
@@ -82,22 +84,19 @@ class ShardedLoader:
         # the epoch's order and augmentation depend only on (seed, rank, epoch)
         self.epoch = epoch
         self._generator = seeded_generator(self.seed, self.rank, epoch)
-        self._positions = torch.randperm(len(self._shard), generator=self._generator)
-        self._order = self._shard[self._positions]
-        if self.device is not None:  # one copy per epoch, not one per batch
-            self._resident_positions = self._positions.to(self.device)
+        positions = torch.randperm(len(self._shard), generator=self._generator)
+        if self.device is not None:  # shard positions, copied once per epoch
+            self._order = positions.to(self.device)
+        else:  # train-set indices
+            self._order = self._shard[positions]
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         position = self.step % self.steps_per_epoch
         if position == 0 and self.step > 0:
             self._start_epoch(self.step // self.steps_per_epoch)
         start = position * self.batch_size
-        if self.device is not None:
-            index = self._resident_positions[start : start + self.batch_size]
-            images, labels = self._images[index], self._labels[index]
-        else:
-            index = self._order[start : start + self.batch_size]
-            images, labels = self.data.images[index], self.data.labels[index]
+        index = self._order[start : start + self.batch_size]
+        images, labels = self._images[index], self._labels[index]
         if self.data.augment:
             images = random_crop_flip(images, self._generator)
         self.step += 1
@@ -110,15 +109,20 @@ def random_crop_flip(images: torch.Tensor, generator: torch.Generator) -> torch.
     The whole batch is one gather instead of a per-image transform loop. Padding is zero,
     which on normalized images is the dataset's mean colour rather than torchvision's black.
     The offsets and flips are drawn on the host from ``generator`` (the same stream whatever
-    the device); the gather runs where ``images`` are.
+    the device) and reach the device in one non-blocking copy; the gather runs where
+    ``images`` are.
     """
     n, c, h, w = images.shape
     pad = CROP_PADDING
     device = images.device
     padded = F.pad(images, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator).to(device)
-    dx = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator).to(device)
-    flip = (torch.rand(n, 1, generator=generator) < 0.5).to(device)
+    dy = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (n, 1), generator=generator)
+    flip = (torch.rand(n, 1, generator=generator) < 0.5).long()
+    drawn = torch.cat([dy, dx, flip], dim=1)
+    if device.type == "cuda":
+        drawn = drawn.pin_memory().to(device, non_blocking=True)
+    dy, dx, flip = drawn[:, :1], drawn[:, 1:2], drawn[:, 2:].bool()
     ahead, back = torch.arange(w, device=device), torch.arange(w - 1, -1, -1, device=device)
     rows = dy + torch.arange(h, device=device)
     cols = dx + torch.where(flip, back, ahead)

@@ -238,7 +238,9 @@ class PruneX(Method):
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
         """Pack z_i + v_i (z_i alone in an ``sgd`` round) and the BN means, average between
         nodes (eq. 11), spread in the node, unpack: the global z. Once frozen the buckets are
-        allocated once (sec. 4.5)."""
+        allocated once (sec. 4.5). Flat (one node): z_i is the global z."""
+        if not self.hierarchical:
+            return z_node, list(buffer_mean)
         z, buffers = self.structure.exchange(
             self.named(z_node),
             dict(zip(self.buffer_names, buffer_mean)),
@@ -265,10 +267,7 @@ class PruneX(Method):
             self.watch_oscillation(drift)
         with rec.phase(phases.PROJECTION):
             self.structure.zero_dead(self.named(z_node))  # dead slices are zero in z_i
-        if self.hierarchical:
-            z, buffers = self.global_consensus(z_node, buffer_mean)
-        else:
-            z, buffers = z_node, list(buffer_mean)
+        z, buffers = self.global_consensus(z_node, buffer_mean)
 
         with rec.phase(phases.DUAL_UPDATE), torch.no_grad():
             stats = self.dual_update(z_node, z)
@@ -347,14 +346,11 @@ class PruneX(Method):
         with torch.no_grad(), self.ctx.recorder.phase(phases.PROJECTION):
             z_node = [t.div_(self.procs) for t in theta_sum]  # the node's mean model
             self.structure.zero_dead(self.named(z_node))
-        if self.hierarchical:
-            z, buffers = self.global_consensus(z_node, buffer_mean)
-        else:
-            z, buffers = z_node, list(buffer_mean)
+        z, buffers = self.global_consensus(z_node, buffer_mean)
         with torch.no_grad(), self.ctx.recorder.phase(phases.UNPACK):  # z into every model
             for param, value in zip(self.params, z):
                 param.copy_(value)
-            self.z_node, self.z = z_node, [t.clone() for t in z]
+            self.z_node, self.z = z_node, z  # fresh tensors: no copy needed
             self.adopt_consensus(z, buffers)
 
     def watch_oscillation(self, drift: int) -> None:
@@ -459,7 +455,7 @@ class PruneX(Method):
                     "s_inter": s_inter,
                     "rho1": self.rho1[i],
                     "rho2": self.rho2[i],
-                    "density": self.masks[block.name].density() if block.constrained else 1.0,
+                    "density": self.structure.densities.get(block.name, 1.0),
                 }
             )
             if self.adaptive:

@@ -104,6 +104,29 @@ class Communicator:
             self._timed(phase, lambda: dist.all_reduce(tensor, op=op, group=group.pg))
         return tensor
 
+    def all_reduce_into(
+        self,
+        tensors: Sequence[torch.Tensor],
+        group: CommGroup,
+        *,
+        phase: str,
+        divide_before: int = 1,
+        divide_after: int = 1,
+    ) -> None:
+        """SUM all-reduce of ``tensors`` as one flat buffer, written back into them. Copying
+        into and out of the buffer counts toward ``phase``, as the collective does (a
+        model-sized copy each way). The buffer is divided by ``divide_before`` before the
+        collective and by ``divide_after`` after it (a mean, where the caller wants one)."""
+        with self.recorder.phase(phase):
+            flat = flatten(tensors)
+            if divide_before != 1:
+                flat.div_(divide_before)
+        self.all_reduce(flat, group, phase=phase)
+        with self.recorder.phase(phase):
+            if divide_after != 1:
+                flat.div_(divide_after)
+            unflatten_into(tensors, flat)
+
     def all_reduce_async(
         self, tensor: torch.Tensor, group: CommGroup, *, phase: str
     ) -> torch.futures.Future:

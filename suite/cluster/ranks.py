@@ -10,6 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from suite.cluster.recorder import synchronize
 from suite.errors import BenchError
 
 #: how long a collective waits for a stalled or dead peer before it fails (``--collective-
@@ -118,8 +119,7 @@ def connect_groups(groups: list, device: torch.device) -> float:
     probe = torch.zeros(1, device=device)
     for pg in groups:
         dist.all_reduce(probe, group=pg)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return time.perf_counter() - started
 
 

@@ -6,13 +6,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from suite.commands.preflight import describe, refuse_foreign_flags, split_options, validate
+from suite.commands.preflight import (
+    LAUNCHER_FLAGS,
+    describe,
+    refuse_foreign_flags,
+    split_options,
+    validate,
+)
 from suite.errors import BenchError
 from suite.results.folder import MANIFEST
 from suite.run.config import RunConfig
 
-SIM_FLAGS = ("profile", "replay", "accuracy_from")
-SLURM_FLAGS = ("slurm_partition", "slurm_account", "slurm_time")
+SIM_FLAGS = LAUNCHER_FLAGS["sim"]
+SLURM_FLAGS = LAUNCHER_FLAGS["slurm"]
 
 
 def run_config(kwargs: dict, options: dict, gpus: int) -> RunConfig:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
 from suite.plugins.options import POSITIVE, Check, check_value, settings_dict
+from suite.results.folder import MANIFEST, SUMMARY
 from suite.run.build import count_iterations, method_settings, resolve_workload
 from suite.run.config import RunConfig
 
@@ -42,7 +45,7 @@ PARAMETER_COPIES = 10
 CUDA_CONTEXT_BYTES = int(0.6 * 2**30)
 
 #: files that mean a run folder is in use (a SLURM script and its logs do not)
-RUN_FILES = ("manifest.json", "summary.json", "parts", "iterations.parquet")
+RUN_FILES = (MANIFEST, SUMMARY, "parts", "iterations.parquet")
 
 #: launcher -> the flags that only it reads
 LAUNCHER_FLAGS = {
@@ -112,10 +115,11 @@ def validate(
     model = model_on_meta_device(config, dataset)
     if hasattr(settings, "check_model") and model is not None:
         settings.check_model(model)  # the method's own checks, e.g. PruneX's --masks-from
-    if config.launcher == "local" and not ranks_on_cuda(config):
-        check_memory(config, dataset, model)
-    elif config.launcher == "local":
-        check_gpu_memory(config, dataset, model)
+    if config.launcher == "local":
+        if ranks_on_cuda(config):
+            check_gpu_memory(config, dataset, model)
+        else:
+            check_memory(config, dataset, model)
     if not check_data:  # the simulator reads no data
         return
     load_data(
@@ -184,16 +188,30 @@ def available_memory() -> int | None:
     return None
 
 
-def rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
-    """Bytes one CPU rank needs: base, the whole dataset as float32 (every rank loads it and
-    keeps its shard), and PARAMETER_COPIES copies of the parameters."""
-    from workloads.datasets import dataset_spec, split_sizes
+def sample_bytes(dataset: str) -> int:
+    """Bytes of one float32 image of ``dataset``."""
+    from workloads.datasets import dataset_spec
 
     spec = dataset_spec(dataset)
+    return spec.in_chans * spec.image_size**2 * 4
+
+
+def parameter_bytes(model) -> int:
+    """PARAMETER_COPIES fp32 copies of ``model``'s parameters (none known: 0)."""
+    return (
+        PARAMETER_COPIES * 4 * sum(p.numel() for p in model.parameters())
+        if model is not None
+        else 0
+    )
+
+
+def rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
+    """Bytes one CPU rank needs: base, the whole dataset as float32 (every rank loads it and
+    keeps its shard), and the parameter copies."""
+    from workloads.datasets import split_sizes
+
     samples = sum(split_sizes(dataset, config.synthetic_size))
-    data = samples * spec.in_chans * spec.image_size**2 * 4
-    params = sum(p.numel() for p in model.parameters()) if model is not None else 0
-    return RANK_BASE_BYTES + data + PARAMETER_COPIES * 4 * params
+    return RANK_BASE_BYTES + samples * sample_bytes(dataset) + parameter_bytes(model)
 
 
 def check_memory(config: RunConfig, dataset: str, model) -> None:
@@ -243,18 +261,29 @@ def activation_bytes(model, dataset: str, batch_size: int) -> int:
 
 
 def gpu_rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
-    """Bytes one CUDA rank needs on its GPU: the CUDA context, PARAMETER_COPIES copies of the
-    parameters (weights, gradients, momentum and what the method keeps), the activations of
-    a batch and their gradients, and the rank's resident data shard."""
-    from workloads.datasets import dataset_spec, split_sizes
+    """Bytes one CUDA rank needs on its GPU: the CUDA context, the parameter copies (weights,
+    gradients, momentum and what the method keeps), the activations of a batch and their
+    gradients, and the rank's resident data shard."""
+    from workloads.datasets import split_sizes
 
     _, recipe, _ = resolve_workload(config)
-    spec = dataset_spec(dataset)
     train, _ = split_sizes(dataset, config.synthetic_size)
-    shard = train // config.gpus * spec.in_chans * spec.image_size**2 * 4
-    params = sum(p.numel() for p in model.parameters()) if model is not None else 0
+    shard = train // config.gpus * sample_bytes(dataset)
     activations = activation_bytes(model, dataset, recipe.batch_size) if model is not None else 0
-    return CUDA_CONTEXT_BYTES + PARAMETER_COPIES * 4 * params + 2 * activations + shard
+    return CUDA_CONTEXT_BYTES + parameter_bytes(model) + 2 * activations + shard
+
+
+def free_gpu_memory(count: int) -> list[int]:
+    """Free bytes of the first ``count`` GPUs (``torch.cuda.mem_get_info``), read in a child
+    process: a CUDA context made here would hold 0.3-0.6 GiB of every GPU for as long as
+    this launcher lives, which is the whole run."""
+    code = (
+        "import sys, torch; "
+        "print(*(torch.cuda.mem_get_info(i)[0] for i in range(int(sys.argv[1]))))"
+    )
+    probe = subprocess.run([sys.executable, "-c", code, str(count)], capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    return [int(free) for free in probe.stdout.split()]
 
 
 def check_gpu_memory(config: RunConfig, dataset: str, model) -> None:
@@ -269,7 +298,7 @@ def check_gpu_memory(config: RunConfig, dataset: str, model) -> None:
     if not gpus:
         return  # --device cuda without CUDA is refused by the ranks, in one line
     sharing = ranks_per_gpu(config.gpus, gpus)
-    free = min(torch.cuda.mem_get_info(i)[0] for i in range(min(gpus, config.gpus)))
+    free = min(free_gpu_memory(min(gpus, config.gpus)))
     each = gpu_rank_memory_estimate(config, dataset, model)
     if sharing * each > 0.95 * free:
         gib = 2**30

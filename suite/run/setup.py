@@ -57,7 +57,7 @@ class Run:
     @property
     def node(self) -> int:
         """This rank's node: the scope of the method's ``shared_node`` checkpoint state."""
-        return self.topology.node_of(self.topology.rank)
+        return self.topology.node
 
 
 def setup(
@@ -89,12 +89,14 @@ def setup(
         config, topology=topology, comm=comm, recorder=recorder, workload=workload,
         recipe=recipe, spec=spec, loader=loader, device=device,
     )  # fmt: skip
-    connect = connect_groups(run_groups(topology, method), device)
+    groups = run_groups(topology, method)
+    connect = connect_groups(list(groups.values()), device)
     manifest = make_manifest(
         config, ctx, method, dataset=dataset, iterations=iterations,
         train_samples=len(train_data), test_samples=len(test_data),
         device=str(device), backend=dist.get_backend(), topology=topology.describe(),
-        numerics=numerics(device), group_backends=group_backends(topology, method),
+        numerics=numerics(device),
+        group_backends={name: dist.get_backend(pg) for name, pg in groups.items()},
         gpu_sharing=gpu_sharing(device, dist.get_backend()),
         live_logs=live_logs_of(config, folder),
         hardware=hardware(), simulated=False, network=network_description(folder, config),
@@ -142,20 +144,14 @@ def setup(
     )
 
 
-def group_backends(topology: Topology, method: Method) -> dict:
-    """The backend of each group this rank uses (rank 0's view: world, its node, the
-    leaders, its peers, the method's own), for the manifest."""
+def run_groups(topology: Topology, method: Method) -> dict:
+    """Every process group this rank uses, by name (world, its node, the leaders, its peers,
+    the method's own), in an order every rank shares."""
     mine = {"world": topology.world, "intra": topology.intra, "inter": topology.inter,
             "peers": topology.peers}  # fmt: skip
-    named = {name: g.pg for name, g in mine.items() if g is not None}
-    named.update({f"method_{i}": pg for i, pg in enumerate(method.process_groups())})
-    return {name: dist.get_backend(pg) for name, pg in named.items()}
-
-
-def run_groups(topology: Topology, method: Method) -> list:
-    """Every process group this rank will use, in an order every rank shares."""
-    mine = [topology.world, topology.intra, topology.inter, topology.peers]
-    return [g.pg for g in mine if g is not None] + list(method.process_groups())
+    groups = {name: g.pg for name, g in mine.items() if g is not None}
+    groups.update({f"method_{i}": pg for i, pg in enumerate(method.process_groups())})
+    return groups
 
 
 def live_logs_of(config: RunConfig, folder: RunFolder) -> dict:

@@ -216,18 +216,29 @@ def apply_mask(weight: torch.Tensor, mask: StructuredMask) -> torch.Tensor:
 def or_across_nodes(masks: dict, comm, topology) -> dict:
     """Eq. (14) of PruneX on the group bitmaps: node leaders OR their masks (MAX on uint8:
     NCCL has no bitwise OR) and broadcast the union inside their node; same keys, in order."""
-    bits = torch.cat([m.to_bits() for m in masks.values()])
+    pieces = [m.to_bits() for m in masks.values()]
+    bits = torch.cat(pieces)
     if topology.is_leader and topology.inter is not None:
         comm.all_reduce(
             bits, topology.inter, phase=phases.MASK_SYNC, op=torch.distributed.ReduceOp.MAX
         )
     comm.broadcast(bits, topology.intra, src=topology.intra.ranks[0], phase=phases.MASK_SYNC)
     agreed, offset = {}, 0
-    for key, mask in masks.items():
-        n = mask.to_bits().numel()
+    for (key, mask), piece in zip(masks.items(), pieces):
+        n = piece.numel()
         agreed[key] = StructuredMask.from_bits(bits[offset : offset + n], mask.weight_shape)
         offset += n
     return agreed
+
+
+def mask_drift(old: dict, new: dict) -> int:
+    """Group bits that differ between two sets of masks with the same keys (the mask drift of
+    sec. 4.5), read back once for all of them."""
+    for key, mask in old.items():
+        mask._check_same_shape(new[key])
+    before = torch.cat([old[key].to_bits() for key in old])
+    after = torch.cat([new[key].to_bits() for key in old])
+    return int((before != after).sum().item())
 
 
 def mask_artifact(masks: dict[str, StructuredMask]) -> dict:

@@ -222,15 +222,19 @@ class PackLayout:
             if slot.rows is None and slot.cols is None:
                 full[slot.name] = view.reshape(slot.shape).clone()
                 continue
-            rows = slot.rows if slot.rows is not None else torch.arange(slot.shape[0])
+            rows = (
+                slot.rows.to(view.device)
+                if slot.rows is not None
+                else torch.arange(slot.shape[0], device=view.device)
+            )
             block_shape = (rows.numel(), *slot.shape[1:])
             if slot.cols is not None:
                 block_shape = (rows.numel(), slot.cols.numel(), *slot.shape[2:])
             block = view.view(block_shape)
             t = torch.zeros(slot.shape, dtype=view.dtype, device=view.device)
             if slot.cols is None:
-                t.index_copy_(0, rows.to(view.device), block)
+                t.index_copy_(0, rows, block)
             else:
-                t.index_put_((rows.to(view.device)[:, None], slot.cols[None, :]), block)
+                t.index_put_((rows[:, None], slot.cols[None, :]), block)
             full[slot.name] = t
         return full

@@ -26,6 +26,7 @@ from suite.structured.masks import (
     density_of,
     load_masks,
     mask_artifact,
+    mask_drift,
     or_across_nodes,
 )
 from suite.structured.packing import PackingSettings, PackLayout, model_entries
@@ -77,6 +78,9 @@ class StructuredRound:
         """New agreed masks: their live slices (``--pack live``) and the per-tensor element
         masks of the dead slices; the pack layout and its buffers are rebuilt on next use."""
         self.masks = masks
+        # read once per mask change (a host sync each), not every round
+        self.densities = {n: m.density() for n, m in masks.items()}
+        self.overall_density = density_of(masks)
         self.layout: PackLayout | None = None
         self.fixed_buffers: list[torch.Tensor] | None = None
         self.live: LiveSlices | None = None
@@ -93,8 +97,8 @@ class StructuredRound:
         agreed = (
             or_across_nodes(local, self.ctx.comm, self.ctx.topology) if self.hierarchical else local
         )
-        with self.ctx.recorder.phase(phases.MASK_SYNC):  # the new masks' live slices
-            drift = sum(self.masks[n].changed_groups(agreed[n]) for n in self.shapes)
+        with self.ctx.recorder.phase(phases.PROJECTION):  # local: the new masks' live slices
+            drift = mask_drift(self.masks, agreed)
             if drift:
                 self.use_masks(agreed)
         return drift
@@ -104,7 +108,7 @@ class StructuredRound:
         return load_masks(path, self.shapes, self.ctx.device)
 
     def density(self) -> float:
-        return density_of(self.masks)
+        return self.overall_density
 
     def mask_state(self) -> dict:
         return {n: m.state() for n, m in self.masks.items()}
@@ -199,8 +203,7 @@ class StructuredRound:
                 out = self.fixed_buffers
             else:
                 out = None if packs else self.layout.allocate()
-        if packs:
-            with rec.phase(phases.PACK):
+            if packs:
                 if plus is not None:
                     names = list(params)
                     summed = torch._foreach_add(
@@ -208,8 +211,8 @@ class StructuredRound:
                     )
                     params = dict(zip(names, summed))
                 packed = self.layout.pack_model(params, buffers, out=out)
-        else:
-            packed = out
+            else:
+                packed = out
         for bucket in packed:
             if self.sharded:
                 self._sharded_average(bucket)
@@ -242,7 +245,7 @@ class StructuredRound:
         chunk = -(-n // procs)
         padded = torch.zeros(chunk * procs, dtype=bucket.dtype, device=bucket.device)
         padded[:n] = bucket
-        shard = padded[topo.local_rank * chunk : (topo.local_rank + 1) * chunk].clone()
+        shard = padded[topo.local_rank * chunk : (topo.local_rank + 1) * chunk]
         self._average_between_nodes(shard, topo.peers)
         gathered = self.ctx.comm.all_gather(shard, topo.intra, phase=phases.INTRA_ALLGATHER)
         bucket.copy_(gathered.reshape(-1)[:n])
