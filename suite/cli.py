@@ -73,6 +73,12 @@ def list_cmd(names, show_options, markdown) -> None:
 @click.option("--slurm-partition", default=None, help="[slurm] #SBATCH --partition")
 @click.option("--slurm-account", default=None, help="[slurm] #SBATCH --account")
 @click.option("--slurm-time", default=None, help="[slurm] time limit (default: 02:00:00)")
+@click.option("--slurm-cpus-per-task", type=click.IntRange(1), default=None,
+              help="[slurm] CPUs of each node's task, shared by its ranks (default: 8 per "
+              "GPU rank, 1 per CPU rank)")  # fmt: skip
+@click.option("--slurm-signal-lead", type=click.IntRange(30), default=None,
+              help="[slurm] seconds before the time limit at which the ranks get SIGTERM to "
+              "checkpoint and the job requeues (default: 180)")  # fmt: skip
 @click.option("--profile", default=None, help="[sim] hardware profile name or JSON file")
 @click.option("--replay", type=int, default=None, help="[sim] iterations replayed (10)")
 @click.option("--accuracy-from", default=None, help="[sim] real run folder lending its accuracy")

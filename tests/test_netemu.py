@@ -17,6 +17,7 @@ from suite.cluster.netemu import (
     parse_rate,
     run_module_in_cluster,
 )
+from suite.cluster.processes import descendants, python_alive
 from suite.errors import BenchError
 
 ROOT_AND_IPROUTE = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
@@ -126,11 +127,17 @@ def test_interrupted_run_leaves_no_namespace(tmp_path):
     while not leftover_namespaces() and time.time() < deadline:
         time.sleep(0.2)
     assert leftover_namespaces()
+    ranks = set()
+    while len(ranks) < 6 and time.time() < deadline:  # 2 agents, each with 2 ranks
+        ranks |= descendants(proc.pid)
+        time.sleep(0.2)
     time.sleep(3)
+    ranks |= descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "interrupted" in err
     assert not leftover_namespaces()
+    assert len(ranks) >= 6 and not [pid for pid in ranks if python_alive(pid)]
 
 
 def test_without_iproute2_it_is_one_line(tmp_path):

@@ -15,8 +15,9 @@ from tests.prunex_reference import reference_rounds
 from workloads.sharding import ShardedLoader
 
 ROUNDS, FREEZE, STEPS = 5, 3, 3
+# Algorithm 1 as its box writes it, also after the freeze (--after-freeze admm)
 OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE, "rho1": 1.5e-3,
-           "rho2": 1.5e-4}  # fmt: skip
+           "rho2": 1.5e-4, "after_freeze": "admm"}  # fmt: skip
 
 
 def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):

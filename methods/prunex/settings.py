@@ -58,10 +58,11 @@ class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
         3, "freeze the masks after N consecutive unchanged rounds", check=AT_LEAST_1
     )
     after_freeze: Literal["admm", "sgd"] = option(
-        "admm",
-        "admm: Algorithm 1 after the freeze (masked z_i, proximal pull, duals, rho balancing); "
+        "sgd",
         "sgd: sec. 4.5's prose, standard local SGD on the fixed support with the same packed "
-        "exchange, no proximal term, no duals, the recipe's weight decay",
+        "exchange, no proximal term, no duals, the recipe's weight decay (the default: 2.4-2.7 "
+        "points above admm at the same bytes, benchmarks/measured/frontier.md); admm: "
+        "Algorithm 1 after the freeze (masked z_i, proximal pull, duals, rho balancing)",
     )
     eps_abs: float | None = option(
         None, "stop once Boyd's residual tests pass with this absolute tolerance", check=POSITIVE

@@ -23,6 +23,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
+from suite.cluster.watchdog import POSITION
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -73,8 +74,10 @@ class Communicator:
     def account(self, kind: str, group: CommGroup, size: int, *, src: int | None = None) -> None:
         """Attribute a collective issued outside this class (e.g. by a torch DDP comm hook
         such as PowerSGD) by the same ring model. ``size``: bytes of the all-reduced or broadcast
-        buffer, or one rank's all-gather piece."""
+        buffer, or one rank's all-gather piece. The watchdog learns the collective here."""
         n = group.size
+        if n > 1:
+            POSITION.issued(kind, group.name, group.ranks)
         if kind == "all_reduce":
             self._account(group, 2 * (n - 1) / n * size)
         elif kind == "all_gather":
@@ -93,6 +96,7 @@ class Communicator:
         end mark recorded on that stream falls after its completion."""
         begin = self.recorder.mark()
         fn()
+        POSITION.at()
         self.recorder.add_span(phase, begin, self.recorder.mark())
 
     # -- collectives ------------------------------------------------------------------

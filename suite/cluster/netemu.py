@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from suite.cluster.processes import pid_alive
+from suite.cluster.processes import descendants, kill_all, pid_alive, python_alive
 from suite.errors import BenchError
 
 PREFIX = "pxb-"
@@ -187,10 +187,12 @@ def run_module_in_cluster(
     module: str,
     args: list[str],
     logs: Path,
+    shutdown_seconds: int = 30,
 ) -> int:
     """Run ``python -m module args`` as ``gpus_per_node`` ranks on every emulated node (one
     torchrun agent per namespace, static rendezvous on node 0); returns the worst exit code.
-    Any node failing stops the others. Launcher output goes to ``logs/node<i>.log``."""
+    Any node failing stops the others; stopped ranks get ``shutdown_seconds`` to checkpoint.
+    Launcher output goes to ``logs/node<i>.log``."""
     logs.mkdir(parents=True, exist_ok=True)
     env = {
         "GLOO_SOCKET_IFNAME": INTERFACE,  # else gloo resolves the hostname to 127.0.0.1
@@ -200,7 +202,7 @@ def run_module_in_cluster(
         ),  # no hostname warnings
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
     }
-    procs, files = [], []
+    procs, files, ranks = [], [], set()
     try:
         for node in range(cluster.num_nodes):
             argv = [
@@ -208,6 +210,7 @@ def run_module_in_cluster(
                 "--nnodes", str(cluster.num_nodes), "--node-rank", str(node),
                 "--nproc-per-node", str(gpus_per_node),
                 "--master-addr", cluster.address(0), "--master-port", str(MASTER_PORT),
+                "--shutdown-timeout", str(shutdown_seconds),
                 "-m", module, *args,
             ]  # fmt: skip
             log = open(logs / f"node{node}.log", "w")
@@ -221,7 +224,11 @@ def run_module_in_cluster(
                 )
             )
         codes = [None] * len(procs)
+        last_look = 0.0
         while any(c is None for c in codes):
+            if time.monotonic() - last_look > 1.0:  # the ranks, to stop them with the agents
+                ranks.update(pid for proc in procs for pid in descendants(proc.pid))
+                last_look = time.monotonic()
             for i, proc in enumerate(procs):
                 if codes[i] is None:
                     try:
@@ -229,22 +236,34 @@ def run_module_in_cluster(
                     except subprocess.TimeoutExpired:
                         continue
                     if codes[i]:
-                        _stop(procs)
+                        _stop(procs, ranks, shutdown_seconds)
         return max(abs(c) for c in codes)
     finally:
-        _stop(procs)
+        _stop(procs, ranks, shutdown_seconds)
         for log in files:
             log.close()
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen], ranks: set[int], grace: float) -> None:
+    """SIGTERM to every agent (which passes it to its ranks); after ``grace`` seconds, SIGKILL
+    to the agents and to every rank still alive: no rank outlives the launcher."""
     for proc in procs:
+        ranks.update(descendants(proc.pid))
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    while any(python_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    kill_all(ranks)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from suite.cluster.recorder import synchronize
+from suite.cluster.watchdog import backend_timeout
 from suite.errors import BenchError
 
 #: how long a collective waits for a stalled or dead peer before it fails (``--collective-
@@ -22,24 +23,31 @@ def collective_timeout() -> timedelta:
     return _timeout
 
 
-def local_launch_config(
-    nproc: int, run_id: str, *, log_dir: str, max_restarts: int = 0, shutdown_seconds: int = 30
+def elastic_launch_config(
+    nproc: int,
+    run_id: str,
+    *,
+    log_dir: str,
+    max_restarts: int = 0,
+    shutdown_seconds: int = 30,
+    nodes: int = 1,
+    rendezvous: str = "localhost:0",
 ):
-    """torch elastic's config for ``nproc`` ranks on this machine (c10d rendezvous on a free
-    port, spawned processes). After a rank dies the agent restarts all ranks up to
-    ``max_restarts`` times; when it stops them it gives them ``shutdown_seconds`` to finish
-    their iteration and flush before SIGKILL. Its logs go to ``log_dir``, which the caller
-    removes."""
+    """torch elastic's config for ``nproc`` ranks on this machine, one of ``nodes`` machines
+    meeting by c10d rendezvous at ``rendezvous`` (default: this machine, a free port), ranks
+    spawned. After a rank dies the agents restart all ranks up to ``max_restarts`` times; when
+    an agent stops its ranks it gives them ``shutdown_seconds`` to finish their iteration,
+    flush and checkpoint before SIGKILL. Its logs go to ``log_dir``, which the caller removes."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     return LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nodes,
+        max_nodes=nodes,
         nproc_per_node=nproc,
         run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
+        rdzv_endpoint=rendezvous,
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -87,11 +95,12 @@ def gpu_sharing(device: torch.device, backend: str) -> dict | None:
 def join_process_group(preference: str, timeout_seconds: float | None = None) -> torch.device:
     """Pick the device, then join the job's default process group on it: NCCL on CUDA,
     gloo on CPU ranks, which get ``OMP_NUM_THREADS`` threads (1 unless set), and on GPUs
-    shared round-robin by more ranks than there are GPUs. Collectives time out after
-    ``timeout_seconds`` (default 10 minutes)."""
+    shared round-robin by more ranks than there are GPUs. Collectives of every group, gloo
+    and NCCL alike, time out a margin after ``timeout_seconds`` (the rank's watchdog reports
+    the stall first; default 10 minutes)."""
     global _timeout
     if timeout_seconds is not None:
-        _timeout = timedelta(seconds=timeout_seconds)
+        _timeout = backend_timeout(timeout_seconds)
     device = pick_device(preference)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -105,6 +114,11 @@ def join_process_group(preference: str, timeout_seconds: float | None = None) ->
     from torch.distributed import distributed_c10d
 
     distributed_c10d.default_pg_timeout = _timeout
+    if isinstance(distributed_c10d.default_pg_nccl_timeout, timedelta):  # NCCL builds only
+        distributed_c10d.default_pg_nccl_timeout = _timeout
+    # NCCL: a timed-out or failed collective aborts its communicator and ends the process
+    # (torch's documented mode 1), after the watchdog has written the rank's record
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
     # NCCL with device_id forms the world's communicator now and splits subgroups from it
     bound = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=_timeout, **bound, **attempt_store())

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 
 import torch
 
+from suite.cluster.watchdog import POSITION
+
 LINKS = ("intra", "inter")
 
 
@@ -67,6 +69,7 @@ class Recorder:
         """The previous iteration ended with a synchronize (and the loop's agreement reads a
         value back), so nothing of it is still running on the device."""
         self._row = {"iteration": iteration, "rank": self.rank}
+        POSITION.at(iteration=iteration, phase="iteration start")
         self._seconds.clear()
         self._bytes.clear()
         self._pending.clear()
@@ -122,6 +125,7 @@ class Recorder:
 
     @contextmanager
     def phase(self, name: str):
+        POSITION.at(phase=name)
         begin = self.mark()
         try:
             yield

@@ -36,6 +36,19 @@ def run_config(kwargs: dict, options: dict, gpus: int) -> RunConfig:
     return RunConfig(options=options, gpus=gpus, **fields)
 
 
+def config_from_flags(kwargs: dict, given: dict, *, warn: Callable | None = None) -> RunConfig:
+    """The RunConfig of ``bench run``'s parsed flags (launcher-only flags dropped), with the
+    method's options converted; options the method does not read are dropped with a warning."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in (*SIM_FLAGS, *SLURM_FLAGS, "dry_run")}
+    gpus = kwargs.pop("gpus")
+    kwargs["resume"] = bool(kwargs.get("resume"))
+    kwargs["overwrite"] = bool(kwargs.get("overwrite"))
+    options, ignored = split_options(kwargs["method"], given)
+    if ignored and warn is not None:
+        warn(f"warning: {', '.join(ignored)} not read by {kwargs['method']}; ignored", err=True)
+    return run_config(kwargs, options, gpus[0])
+
+
 def resume_arguments(kwargs: dict) -> dict:
     """``bench run --resume RUN_DIR``: the recorded run's flags (its manifest), into its own
     folder, from its latest complete checkpoint."""
@@ -93,10 +106,7 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
         return
     if len(gpus) > 1:
         raise BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`")
-    options, ignored = split_options(kwargs["method"], given)
-    if ignored:
-        echo(f"warning: {', '.join(ignored)} not read by {kwargs['method']}; ignored", err=True)
-    config = run_config(kwargs, options, gpus[0])
+    config = config_from_flags({**kwargs, "gpus": gpus}, given, warn=echo)
     if launcher == "slurm":
         from suite.launchers.slurm import submit_or_print
 
@@ -109,7 +119,8 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
         config.gpus_per_node = default_local_gpus_per_node(config.gpus)
     if config.network == "emulated" and launcher != "local":
         raise BenchError("--network emulated runs with --launcher local")
-    validate(config)
+    # a rank of a job reads (and with --download fetches) its data once, in setup
+    validate(config, check_data=launcher != "torchrun")
     if dry_run:
         run_dir = Path(config.results_dir) / (config.run_id or "<generated run id>")
         echo(describe(config, run_dir))

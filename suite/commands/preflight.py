@@ -49,7 +49,13 @@ RUN_FILES = (MANIFEST, SUMMARY, "parts", "iterations.parquet")
 
 #: launcher -> the flags that only it reads
 LAUNCHER_FLAGS = {
-    "slurm": ("slurm_partition", "slurm_account", "slurm_time"),
+    "slurm": (
+        "slurm_partition",
+        "slurm_account",
+        "slurm_time",
+        "slurm_cpus_per_task",
+        "slurm_signal_lead",
+    ),
     "sim": ("profile", "replay", "accuracy_from"),
 }
 
@@ -110,7 +116,7 @@ def validate(
         value = getattr(config, name)
         if value is not None:
             check_value("--" + name.replace("_", "-"), value, check)
-    if config.launcher in ("local", "torchrun"):
+    if config.launcher in ("local", "torchrun", "slurm"):
         check_run_folder(config, existing_ok=existing_folder_ok)
     model = model_on_meta_device(config, dataset)
     if hasattr(settings, "check_model") and model is not None:

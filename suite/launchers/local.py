@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from suite.cluster.ranks import local_launch_config
+from suite.cluster.ranks import elastic_launch_config
 from suite.commands.preflight import ranks_on_cuda
 from suite.errors import BenchError, RunFailed, RunInterrupted
 from suite.results.folder import RunFolder, identity_summary, make_run_id
@@ -33,9 +33,20 @@ def in_distributed_job() -> bool:
 
 
 def adopt_slurm_environment() -> bool:
-    """Map srun's per-task variables onto torch's, so one srun task per GPU just works."""
-    if in_distributed_job() or "SLURM_PROCID" not in os.environ:
-        return in_distributed_job()
+    """Map srun's per-task variables onto torch's, so one srun task per GPU just works.
+    ``bench run`` in a multi-node allocation but outside srun and torchrun (it would use the
+    first node only) is refused in one line."""
+    if in_distributed_job():
+        return True
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    if "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" not in os.environ and nodes > 1:
+        raise BenchError(
+            f"inside a SLURM allocation of {nodes} nodes but not in a job step: run it under "
+            "srun (one task per GPU) or torchrun, or submit it with --launcher slurm; "
+            "--launcher local uses this node only"
+        )
+    if "SLURM_PROCID" not in os.environ:
+        return False
     if int(os.environ.get("SLURM_NTASKS", "1")) < 2:
         return False
     os.environ["RANK"] = os.environ["SLURM_PROCID"]
@@ -80,7 +91,25 @@ def launch_local(config: RunConfig) -> Path:
     config.device = "cuda" if use_cuda else "cpu"
     if not use_cuda:
         os.environ["OMP_NUM_THREADS"] = "1"
-    folder = open_run_folder(config)
+    return run_agent(config, shutdown_seconds=shutdown_seconds(config))
+
+
+def run_agent(
+    config: RunConfig,
+    *,
+    shutdown_seconds: int,
+    nodes: int = 1,
+    node: int = 0,
+    rendezvous: str = "localhost:0",
+    job_id: str | None = None,
+) -> Path:
+    """This machine's torch elastic agent for its ranks of the run (one of ``nodes``, meeting
+    at ``rendezvous``); returns the run folder. Node 0 opens the folder before any rank starts
+    and, when the ranks fail or are stopped, marks it with the first reason."""
+    if node == 0:
+        folder = open_run_folder(config)
+    else:
+        folder = RunFolder(Path(config.results_dir) / str(config.run_id))
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -88,16 +117,21 @@ def launch_local(config: RunConfig) -> Path:
 
     quiet_launcher_logs()
     logs = tempfile.mkdtemp(prefix="prunex-launch-")
-    launch = local_launch_config(
-        config.gpus, config.run_id, log_dir=logs, max_restarts=config.max_restarts,
-        shutdown_seconds=shutdown_seconds(config),
+    launch = elastic_launch_config(
+        config.gpus // nodes, job_id or config.run_id, log_dir=logs, nodes=nodes,
+        rendezvous=rendezvous, max_restarts=config.max_restarts,
+        shutdown_seconds=shutdown_seconds,
     )  # fmt: skip
     try:
         elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
     except ChildFailedError as exc:
+        if node:
+            raise RunFailed(f"node {node}: {dead_rank(exc) or 'a rank failed'}") from None
         fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
     except (SignalException, KeyboardInterrupt) as exc:
         name = exc.sigval.name if isinstance(exc, SignalException) else "SIGINT"
+        if node:
+            raise RunInterrupted(f"node {node}: interrupted by {name}") from None
         fail_run(folder, config, signal_name=name)
     finally:
         shutil.rmtree(logs, ignore_errors=True)
@@ -113,8 +147,9 @@ def shutdown_seconds(config: RunConfig) -> int:
 
 def dead_rank(exc) -> str | None:
     """'rank 3 was killed by SIGKILL' when a rank died of a signal it could not handle (the
-    others' errors are then knock-on effects), else None."""
-    for rank, failure in sorted(exc.failures.items()):
+    others' errors are then knock-on effects), else None. Of several (NCCL aborts every rank
+    of a broken communicator), the first to die."""
+    for rank, failure in sorted(exc.failures.items(), key=lambda kv: (kv[1].timestamp, kv[0])):
         if failure.exitcode is not None and failure.exitcode < 0:
             try:
                 name = failure.signal_name()
@@ -158,6 +193,7 @@ def launch_emulated(config: RunConfig) -> Path:
                 "suite.run.entry",
                 [str(config_file), str(folder.path)],
                 folder.path / "launcher",
+                shutdown_seconds=shutdown_seconds(config),
             )
     except KeyboardInterrupt:
         fail_run(folder, config, signal_name=(received or ["SIGINT"])[0])

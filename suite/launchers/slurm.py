@@ -1,63 +1,74 @@
-"""``bench run --launcher slurm``: an sbatch script that runs the same ``bench run`` on a
-cluster: N/G nodes, one task per node, each task a torchrun agent for G ranks with c10d
-rendezvous on the allocation's first node. Inside the job every rank is ``bench run
---launcher torchrun``; nodes are discovered from the hostnames, not emulated."""
+"""``bench run --launcher slurm``: the run submitted to SLURM with submitit.
+
+One SLURM task per node. Each task runs :class:`NodeAgent` (submitit pickles it): torch's
+elastic agent for the node's ranks, the same launch as ``--launcher local``, with c10d
+rendezvous on the allocation's first node at a port derived from the job id (two jobs on one
+node never collide). The agent gets the run as ``bench run`` arguments derived from the
+resolved configuration field by field (:func:`rank_arguments`) and parses them with ``bench
+run``'s own flags, so what ``--dry-run`` prints is what the ranks run, and a configuration
+field added later reaches them without a table to update.
+
+Preemption and time limits: SLURM sends SIGTERM ``--slurm-signal-lead`` seconds before the
+limit (or on preemption) to every process of the job; the ranks stop after their iteration and
+checkpoint (the agent gives them the lead, less a margin, before SIGKILL), node 0 marks the run
+``interrupted`` and requeues the job, and its next start resumes the run folder.
+
+submitit is used for what it does well (executor parameters, the sbatch file, the pickled
+call, the logs); its own signal handling is not: it checkpoints in a signal handler on rank 0
+alone and exits at once, while the suite's checkpoint is collective, taken by all ranks at an
+agreed iteration.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
-from suite.errors import BenchError
+from suite.errors import BenchError, RunInterrupted
 from suite.run.config import RunConfig
 
-RDZV_PORT = 29500
 DEFAULT_TIME_LIMIT = "02:00:00"
-# RunConfig field -> bench run flag, for the fields a rank must see again
-FLAGS = {
-    "method": "--method",
-    "workload": "--workload",
-    "dataset": "--dataset",
-    "data_dir": "--data-dir",
-    "gpus": "--gpus",
-    "device": "--device",
-    "iterations": "--iterations",
-    "epochs": "--epochs",
-    "eval_every": "--eval-every",
-    "target_accuracy": "--target-accuracy",
-    "seed": "--seed",
-    "results_dir": "--results-dir",
-    "run_id": "--run-id",
-    "tag": "--tag",
-    "batch_size": "--batch-size",
-    "lr": "--lr",
-    "momentum": "--momentum",
-    "weight_decay": "--weight-decay",
-    "checkpoint_every": "--checkpoint-every",
-    "checkpoint_minutes": "--checkpoint-minutes",
-    "collective_timeout": "--collective-timeout",
-}
-#: seconds before the time limit at which SLURM sends SIGTERM to the ranks: they stop at the
-#: next iteration, checkpoint, and the job requeues itself to resume
+#: seconds before the time limit at which SLURM sends SIGTERM (``--slurm-signal-lead``)
 SIGNAL_LEAD_SECONDS = 180
+#: of the lead, the seconds kept for the agents to report and requeue after the ranks' exit
+SHUTDOWN_MARGIN_SECONDS = 20
+#: CPUs per GPU rank asked for when --slurm-cpus-per-task is not given (data and Python)
+CPUS_PER_GPU_RANK = 8
+#: where submitit keeps the job's pickles and logs, inside the run folder (kept by --overwrite)
+JOB_FOLDER = "slurm-job"
+#: RunConfig fields that do not travel as a flag, and why
+NOT_FLAGS = {
+    "launcher": "inside the job the ranks are always --launcher torchrun",
+    "resume": "decided at each start of the job from the run folder",
+    "overwrite": "applied once, by the first start of the job",
+    "options": "method options travel as their own flags",
+}
 
 
 def rank_arguments(config: RunConfig) -> list[str]:
-    """``bench run`` arguments that recreate ``config`` on every rank of the job."""
+    """``bench run`` arguments that recreate ``config`` on every node of the job: every
+    RunConfig field through the ``bench run`` flag of the same name, then the method options.
+    A field with no flag (and no reason in NOT_FLAGS) is an error here, not a silent loss."""
     from suite.plugins.registry import METHODS
 
+    params = {p.name: p for p in run_command().params}
+    args = ["--launcher", "torchrun"]
+    for field in dataclasses.fields(RunConfig):
+        if field.name in NOT_FLAGS:
+            continue
+        param = params.get(field.name)
+        if param is None:
+            raise BenchError(f"RunConfig.{field.name} has no bench run flag to reach the ranks")
+        value = getattr(config, field.name)
+        if field.name == "results_dir":
+            value = str(Path(value).resolve())
+        args += flag_arguments(param, value)
     declared = {o.name: o for o in METHODS.get(config.method).options}
-    args = ["run", "--launcher", "torchrun"]
-    for field, flag in FLAGS.items():
-        value = getattr(config, field)
-        if value is not None:
-            args += [flag, str(Path(value).resolve()) if field == "results_dir" else str(value)]
-    if config.download:
-        args.append("--download")
-    if config.dataset == "synthetic":
-        args += ["--synthetic-size", ",".join(map(str, config.synthetic_size))]
     for key, value in sorted(config.options.items()):
         opt = declared[key]
         if opt.kind is bool:
@@ -67,81 +78,192 @@ def rank_arguments(config: RunConfig) -> list[str]:
     return args
 
 
-def sbatch_script(
-    config: RunConfig,
-    *,
-    partition: str | None = None,
-    account: str | None = None,
-    time_limit: str = DEFAULT_TIME_LIMIT,
-    cpus_per_task: int | None = None,
-) -> str:
-    gpn = config.gpus_per_node
-    nodes = config.gpus // gpn
-    run_dir = Path(config.results_dir).resolve() / str(config.run_id)
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name=prunex-{config.method}-{config.gpus}g",
-        f"#SBATCH --nodes={nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={gpn}",
-        f"#SBATCH --cpus-per-task={cpus_per_task or 8 * gpn}",
-        f"#SBATCH --time={time_limit}",
-        f"#SBATCH --output={run_dir}/slurm-%j.out",
-        "#SBATCH --open-mode=append",
-        "#SBATCH --requeue",
-        f"#SBATCH --signal=TERM@{SIGNAL_LEAD_SECONDS}",
-    ]
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if account:
-        lines.append(f"#SBATCH --account={account}")
-    bench = shlex.join(["-m", "suite.cli", *rank_arguments(config)])
-    threads = max(1, (cpus_per_task or 8 * gpn) // gpn)
-    lines += [
-        "",
-        f"# {config.gpus} ranks: {nodes} nodes x {gpn} GPUs, one torchrun agent per node.",
-        f"# {SIGNAL_LEAD_SECONDS} s before the time limit the ranks get SIGTERM, stop after their",
-        "# iteration and checkpoint (with --checkpoint-every/--checkpoint-minutes); the job then",
-        "# requeues itself and the next start resumes the run folder.",
-        "set -uo pipefail",
-        f"run_dir={shlex.quote(str(run_dir))}",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{threads}}}",
-        'if [ -f "$run_dir/checkpoints/latest.json" ]; then',
-        '  bench_args=(-m suite.cli run --launcher torchrun --resume "$run_dir")',
-        'elif [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
-        f"  bench_args=({bench} --overwrite)",
-        "else",
-        f"  bench_args=({bench})",
-        "fi",
-        "srun --kill-on-bad-exit=1 python -m torch.distributed.run \\",
-        f'  --nnodes "$SLURM_NNODES" --nproc-per-node {gpn} \\',
-        f"  --max-restarts {config.max_restarts} \\",
-        f'  --rdzv-backend c10d --rdzv-endpoint "$head_node:{RDZV_PORT}" \\',
-        '  --rdzv-id "$SLURM_JOB_ID" \\',
-        '  "${bench_args[@]}"',
-        "code=$?",
-        'if [ "$code" -ne 0 ] && [ -f "$run_dir/checkpoints/latest.json" ] \\',
-        '   && grep -q \'"status": "interrupted"\' "$run_dir/summary.json"; then',
-        '  scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
-        'exit "$code"',
-        "",
-    ]
-    return "\n".join(lines)
+def flag_arguments(param, value) -> list[str]:
+    """One click option and its value as command-line words ([] for an unset value)."""
+    if value is None or (param.is_flag and not value):
+        return []
+    if param.is_flag:
+        return [param.opts[0]]
+    if isinstance(value, (list, tuple)):
+        value = ",".join(map(str, value))
+    return [param.opts[0], str(value)]
 
 
-def submit(script: str, run_dir: Path) -> str:
-    """Write the script beside the run and hand it to sbatch; returns sbatch's reply."""
-    if shutil.which("sbatch") is None:
-        raise BenchError("sbatch not found on PATH; use --dry-run to print the script")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "job.sbatch"
-    path.write_text(script)
-    proc = subprocess.run(["sbatch", str(path)], capture_output=True, text=True)
-    if proc.returncode:
-        raise BenchError(f"sbatch {path} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip()
+def run_command():
+    """``bench run``'s click command, with the registry's method options attached."""
+    import click
+
+    from suite.cli import main
+
+    return main.get_command(click.Context(main), "run")
+
+
+def config_from_arguments(arguments: list[str]) -> RunConfig:
+    """The RunConfig ``bench run ARGUMENTS`` would build (how each node reads its run)."""
+    from suite.commands.execute import config_from_flags
+    from suite.commands.flags import given_options
+
+    command = run_command()
+    kwargs = command.make_context("run", list(arguments)).params
+    return config_from_flags(kwargs, given_options(kwargs))
+
+
+def rendezvous_port(job_id: str) -> int:
+    """A port in 20000-49999 from the job id: jobs sharing a node do not collide, and a
+    requeued job (same id) finds its own again."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return 20000 + int(digits) % 30000
+
+
+@dataclasses.dataclass
+class SlurmRequest:
+    """What is asked of SLURM (``--slurm-*`` flags)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str = DEFAULT_TIME_LIMIT
+    cpus_per_task: int | None = None
+    signal_lead: int = SIGNAL_LEAD_SECONDS
+
+    def cpus(self, config: RunConfig) -> int:
+        return self.cpus_per_task or config.gpus_per_node * (
+            CPUS_PER_GPU_RANK if uses_cuda(config) else 1
+        )
+
+    def shutdown_seconds(self) -> int:
+        return max(5, self.signal_lead - SHUTDOWN_MARGIN_SECONDS)
+
+
+def uses_cuda(config: RunConfig) -> bool:
+    """A cluster run uses GPUs unless ``--device cpu`` says otherwise."""
+    return config.device != "cpu"
+
+
+def executor_parameters(config: RunConfig, request: SlurmRequest) -> dict:
+    """submitit's SlurmExecutor parameters for the run: one task per node, the node's CPUs
+    given to srun too (Slurm 22.05-23.02's srun does not inherit them), GPUs only for CUDA
+    ranks, SIGTERM at the lead, requeue allowed."""
+    cpus = request.cpus(config)
+    params = {
+        "job_name": f"prunex-{config.method}-{config.gpus}g",
+        "nodes": config.gpus // config.gpus_per_node,
+        "ntasks_per_node": 1,
+        "cpus_per_task": cpus,
+        "srun_args": [f"--cpus-per-task={cpus}"],
+        "stderr_to_stdout": True,
+        "additional_parameters": {
+            "time": request.time,
+            "signal": f"TERM@{request.signal_lead}",
+            "requeue": True,
+            "open-mode": "append",
+        },
+    }
+    if uses_cuda(config):
+        params["gpus_per_node"] = config.gpus_per_node
+    if request.partition:
+        params["partition"] = request.partition
+    if request.account:
+        params["account"] = request.account
+    return params
+
+
+@dataclasses.dataclass
+class NodeAgent:
+    """One SLURM task: this node's torch elastic agent for its ranks (pickled by submitit)."""
+
+    arguments: list[str]
+    threads_per_rank: int
+    shutdown_seconds: int
+
+    def __call__(self) -> None:
+        import submitit
+
+        from suite.launchers.local import run_agent
+
+        job = submitit.JobEnvironment()
+        config = config_from_arguments(self.arguments)
+        config.launcher = "torchrun"
+        run_dir = Path(config.results_dir) / config.run_id
+        config.resume, config.overwrite = start_mode(run_dir, config.overwrite)
+        os.environ["OMP_NUM_THREADS"] = str(self.threads_per_rank)
+        head = job.hostnames[0]
+        try:
+            run_agent(
+                config,
+                nodes=job.num_nodes,
+                node=job.node,
+                rendezvous=f"{head}:{rendezvous_port(job.job_id)}",
+                job_id=str(job.job_id),
+                shutdown_seconds=self.shutdown_seconds,
+            )
+        except RunInterrupted as exc:
+            if job.node == 0 and has_checkpoint(run_dir) and requeue(str(job.job_id)):
+                print(f"{exc}; job {job.job_id} requeued, its next start resumes", flush=True)
+                return
+            raise SystemExit(f"Error: {exc}") from None
+        except BenchError as exc:
+            raise SystemExit(f"Error: {exc}") from None
+
+
+def start_mode(run_dir: Path, overwrite: bool) -> tuple[bool, bool]:
+    """(resume, overwrite) for this start of the job: resume from a checkpoint a previous
+    start left; start over on a requeue that has none; as asked on the first start."""
+    if has_checkpoint(run_dir):
+        return True, False
+    restarted = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+    return False, overwrite or restarted
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    from suite.run.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(run_dir) is not None
+
+
+def requeue(job_id: str) -> bool:
+    """Put the job back in the queue (its next start resumes the checkpoint), unless it is
+    no longer running: a job cancelled with scancel stays cancelled."""
+    state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                           text=True).stdout.strip()  # fmt: skip
+    if state != "RUNNING":
+        return False
+    return subprocess.run(["scontrol", "requeue", job_id], capture_output=True).returncode == 0
+
+
+def submission(config: RunConfig, request: SlurmRequest):
+    """(submitit executor, the NodeAgent it will run) for the run."""
+    import submitit
+
+    job_folder = Path(config.results_dir).resolve() / str(config.run_id) / JOB_FOLDER
+    executor = submitit.SlurmExecutor(folder=job_folder, max_num_timeout=0)
+    executor.update_parameters(**executor_parameters(config, request))
+    agent = NodeAgent(
+        arguments=rank_arguments(config),
+        threads_per_rank=max(1, request.cpus(config) // config.gpus_per_node),
+        shutdown_seconds=request.shutdown_seconds(),
+    )
+    return executor, agent
+
+
+def describe_submission(config: RunConfig, request: SlurmRequest) -> str:
+    """``--dry-run``: the sbatch file submitit will submit and the ``bench run`` arguments
+    every node's agent runs its ranks with."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    executor, agent = submission(config, request)
+    command = " ".join(executor._submitit_command_str.split())
+    sbatch = _make_sbatch_string(command=command, folder=executor.folder, **executor.parameters)
+    return "\n".join([
+        sbatch.rstrip(),
+        "",
+        f"# each of the {config.gpus // config.gpus_per_node} tasks: a torch elastic agent for "
+        f"{config.gpus_per_node} ranks ({agent.threads_per_rank} threads each), c10d "
+        "rendezvous on the first node, port from the job id; the ranks run:",
+        "#   bench run " + shlex.join(agent.arguments),
+        f"# SIGTERM {request.signal_lead} s before the time limit or on preemption: the ranks "
+        f"get {agent.shutdown_seconds} s to checkpoint, then the job requeues and resumes.",
+        "",
+    ])  # fmt: skip
 
 
 def submit_or_print(
@@ -152,23 +274,36 @@ def submit_or_print(
     slurm_partition: str | None = None,
     slurm_account: str | None = None,
     slurm_time: str | None = None,
+    slurm_cpus_per_task: int | None = None,
+    slurm_signal_lead: int | None = None,
 ) -> None:
-    """``bench run --launcher slurm``: check the run, then print (--dry-run) or sbatch its
-    job script."""
+    """``bench run --launcher slurm``: check the run, then print (--dry-run) or submit it."""
     from suite.commands.preflight import validate
     from suite.results.folder import make_run_id
 
     if config.gpus_per_node is None:
-        raise BenchError("--launcher slurm needs --gpus-per-node (GPUs on each cluster node)")
+        raise BenchError("--launcher slurm needs --gpus-per-node (ranks on each cluster node)")
     config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
+    if config.device == "auto":
+        config.device = "cuda"
     validate(config, check_data=False)
-    script = sbatch_script(
-        config,
+    request = SlurmRequest(
         partition=slurm_partition,
         account=slurm_account,
-        time_limit=slurm_time or DEFAULT_TIME_LIMIT,
+        time=slurm_time or DEFAULT_TIME_LIMIT,
+        cpus_per_task=slurm_cpus_per_task,
+        signal_lead=slurm_signal_lead or SIGNAL_LEAD_SECONDS,
     )
+    if request.shutdown_seconds() >= request.signal_lead:
+        raise BenchError("--slurm-signal-lead must leave the ranks time to checkpoint")
     if dry_run:
-        echo(script, nl=False)
-    else:
-        echo(submit(script, Path(config.results_dir) / config.run_id))
+        echo(describe_submission(config, request), nl=False)
+        return
+    if shutil.which("sbatch") is None:
+        raise BenchError("sbatch not found on PATH; use --dry-run to print the job")
+    executor, agent = submission(config, request)
+    try:
+        job = executor.submit(agent)
+    except Exception as exc:  # submitit raises its own error types around sbatch's reply
+        raise BenchError(f"sbatch failed: {str(exc).strip().splitlines()[-1]}") from None
+    echo(f"Submitted batch job {job.job_id}; results: {Path(config.results_dir) / config.run_id}")

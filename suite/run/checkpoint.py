@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from suite.cluster.watchdog import barrier
 from suite.errors import BenchError
 from suite.results.folder import write_json
 
@@ -112,11 +113,13 @@ def save_checkpoint(run_dir: Path, iterations_done: int, rank_state: dict, *, no
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-    dist.barrier()
+    barrier("checkpoint folder made")
     skeleton, tensors = split_state(rank_state)
     (staging / f"skeleton-rank{rank:05d}.json").write_text(json.dumps(skeleton))
     dcp.save({storage_key(k, rank, node): t for k, t in tensors.items()}, checkpoint_id=staging)
-    dist.barrier()  # every rank's skeleton and tensors are on disk, the metadata last
+    barrier(
+        "checkpoint written"
+    )  # every rank's skeleton and tensors are on disk, the metadata last
     stats = {"iterations_done": iterations_done, "seconds": 0.0, "bytes": 0}
     if rank == 0:
         final = root / name

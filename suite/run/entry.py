@@ -9,6 +9,7 @@ started by torchrun agents (the emulated-network launcher runs one agent per nam
 from __future__ import annotations
 
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from suite.cluster.ranks import collective_timeout, join_process_group
 from suite.cluster.recorder import Recorder
+from suite.cluster.watchdog import POSITION, Watchdog
 from suite.errors import BenchError
 from suite.results.folder import RunFolder, make_run_id
 from suite.run.checkpoint import latest_checkpoint
@@ -34,6 +36,7 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
     standalone = run_dir is None  # no parent launcher to mark the folder on failure
     folder = None
     recorder = None
+    watchdog = None
     try:
         if run_dir is None:
             ident = [config.run_id or make_run_id(config.method, config.workload, config.gpus)]
@@ -48,12 +51,36 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
             prepare_attempt(folder, config)
         dist.barrier()
         recorder = Recorder(rank, device)
+        report = stall_reporter(folder, recorder, rank, stop)
+        watchdog = Watchdog(rank, dist.get_world_size(), POSITION, config.collective_timeout,
+                            on_stall=report).start()  # fmt: skip
         train(config, device, folder, recorder, stop)
     except BaseException as exc:
         if folder is not None:
             record_failure(folder, recorder, rank, exc, stop, standalone=standalone)
         raise  # without destroying the process group: that waits on peers that may be gone
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
     dist.destroy_process_group()
+
+
+def stall_reporter(folder: RunFolder, recorder: Recorder, rank: int, stop: StopRequest):
+    """What the watchdog does before it ends a stalled rank: the rank's rows to disk, its
+    errors file (the line, then where the main thread waits), and on rank 0 the run marked
+    failed at once (the launcher may take its shutdown timeout to notice)."""
+
+    def report(line: str) -> None:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        where = "".join(traceback.format_stack(main)) if main is not None else ""
+        with stop.held():
+            folder.errors.mkdir(parents=True, exist_ok=True)
+            (folder.errors / f"rank{rank:05d}.txt").write_text(f"{line}\n\n{where}")
+            folder.flush_rows(recorder)
+            if rank == 0:
+                folder.mark_failed(line, status="failed")
+
+    return report
 
 
 def prepare_attempt(folder: RunFolder, config: RunConfig) -> None:
@@ -107,7 +134,7 @@ def failure_message(exc: BaseException, rank: int, stop: StopRequest) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return f"interrupted by {stop.name if stop.requested else 'SIGINT'} (second signal)"
     message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    if "timed out" in message.lower():
+    if "timed out" in message.lower() or "timing out" in message.lower():  # gloo, NCCL
         seconds = collective_timeout().total_seconds()
         return (
             f"a collective timed out on rank {rank} after {seconds:g} s (--collective-timeout):"

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from suite.cluster.comm import flatten, unflatten_into
+from suite.cluster.watchdog import POSITION
 from workloads.base import TensorData
 from workloads.sharding import ShardedLoader, eval_slice
 
@@ -62,8 +63,10 @@ class Evaluator:
                 correct += (logits.argmax(1) == y).sum().item()
         count = float(self.slice.stop - self.slice.start)
         totals = torch.tensor([correct, loss_sum, count], dtype=torch.float64, device=self.device)
+        POSITION.issued("all_reduce", "world (test accuracy)", self.world.ranks)
         dist.all_reduce(totals, group=self.world.pg)
         correct, loss_sum, count = totals.tolist()
+        POSITION.at()
         return correct / count, loss_sum / count
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from suite.cluster.recorder import Recorder
+from suite.cluster.watchdog import POSITION, barrier
 from suite.errors import BenchError
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder
@@ -132,7 +133,9 @@ def agree(
         dtype=torch.float64,
         device=device,
     )  # fmt: skip
+    POSITION.issued("all_reduce", "world (the iteration's agreement)", ())
     dist.all_reduce(stats)
+    POSITION.at(phase="iteration end")
     loss_sum, nonfinite, inter, intra, stops, dues = stats.tolist()
     if nonfinite:
         raise NonFiniteLoss(
@@ -257,7 +260,7 @@ def finish(run: Run, result: LoopResult) -> None:
     final_model = run.method.eval_model()  # collective for some methods: every rank calls it
     with run.stop.held():
         run.folder.flush_rows(run.recorder)
-    dist.barrier()
+    barrier("rows flushed")
     if dist.get_rank() == 0:
         folder = run.folder
         folder.merge_parts()
@@ -289,4 +292,4 @@ def finish(run: Run, result: LoopResult) -> None:
                 extra=extra,
             )
         shutil.rmtree(checkpoint_root(folder.path), ignore_errors=True)
-    dist.barrier()
+    barrier("run finished")

@@ -7,7 +7,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -17,6 +19,7 @@ from suite.cluster.ranks import connect_groups, gpu_sharing
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import Topology, build_topology
 from suite.cluster.wire import WireCounters
+from suite.errors import BenchError
 from suite.plugins.method import Method
 from suite.results.folder import RunFolder, hardware, identity_summary, numerics
 from suite.run.build import build_method, evaluation_points, make_manifest, resolve_workload
@@ -60,6 +63,25 @@ class Run:
         return self.topology.node
 
 
+def load_data_once(load: Callable, *, download: bool):
+    """``load(download=...)`` on every rank, each decoding the data once. With ``--download``
+    rank 0 fetches and prepares the files first while the others wait (one download, not one
+    per rank into the same folder), then they read what it wrote; its failure is every rank's
+    one-line error. The folder must be shared by the nodes, as clusters' data folders are."""
+    if not download:
+        return load(download=False)
+    outcome: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            data = load(download=True)
+        except BenchError as exc:
+            outcome = [str(exc)]
+    dist.broadcast_object_list(outcome, src=0)  # the others wait here for rank 0
+    if outcome[0] is not None:
+        raise BenchError(outcome[0])
+    return data if dist.get_rank() == 0 else load(download=False)
+
+
 def setup(
     config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
     stop: StopRequest,
@@ -73,13 +95,11 @@ def setup(
     config.gpus_per_node = topology.gpus_per_node
     config.run_id = config.run_id or folder.path.name
     workload, recipe, dataset = resolve_workload(config)
-    train_data, test_data, spec = load_data(
-        dataset,
-        data_dir=config.data_dir,
-        download=config.download and rank == 0,
-        seed=config.seed,
-        synthetic_size=config.synthetic_size,
-    )
+    train_data, test_data, spec = load_data_once(
+        partial(load_data, dataset, data_dir=config.data_dir, seed=config.seed,
+                synthetic_size=config.synthetic_size),
+        download=config.download,
+    )  # fmt: skip
     resident = device if device.type == "cuda" else None  # the shard lives on the GPU
     loader = ShardedLoader(
         train_data, rank, world_size, recipe.batch_size, config.seed, device=resident

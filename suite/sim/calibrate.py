@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from suite.cluster.ranks import local_launch_config
+from suite.cluster.ranks import elastic_launch_config
 from suite.errors import BenchError
 from suite.sim.fit import build_profile, world_check
 from suite.sim.measure import DEFAULT_BLOCK_STEPS, DEFAULT_SIZES, calibration_rank
@@ -61,7 +61,7 @@ def run_local(plan: dict, out_path: Path) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"
     quiet_launcher_logs()
     with tempfile.TemporaryDirectory(prefix="prunex-launch-") as logs:
-        launch = local_launch_config(plan["gpus"], f"calibrate-{os.getpid()}", log_dir=logs)
+        launch = elastic_launch_config(plan["gpus"], f"calibrate-{os.getpid()}", log_dir=logs)
         elastic_launch(launch, calibration_rank)(json.dumps(plan), str(out_path))
 
 
