@@ -101,7 +101,8 @@ def foreach_worker(rank):
         for _ in range(2):
             ctx = make_context(
                 rank, gpus_per_node=1, method="prunex", batch_size=16, bn=True,
-                options={"local_steps": 4, "channel_keep": 0.5}, model_fn=cnn_fmnist_model,
+                options={"local_steps": 4, "channel_keep": 0.5, "after_freeze": "admm"},
+                model_fn=cnn_fmnist_model,
             )  # fmt: skip
             method = METHODS.get("prunex").factory(ctx)
             method.rho1 = [0.5 + 0.25 * i for i in range(len(method.rho1))]  # per-block weights
