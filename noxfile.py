@@ -2,6 +2,7 @@
 build is large, and a fresh virtualenv per session would reinstall it every time."""
 
 import os
+import subprocess
 
 import nox
 
@@ -54,6 +55,9 @@ ALL_METHODS = (
     "gmp-hier,prune-retrain"
 )
 REFERENCE = "results/reference"
+#: the time-ratio threshold of the nightly: beyond the run-to-run spread measured over
+#: repeated nightlies on one machine (benchmarks/measured/nightly_gate.md)
+TIME_THRESHOLD = "15%"
 # a tenth of an epoch, evaluated once at the end: minutes on CPU, seconds on GPUs; rounds of 4
 # local steps, so PruneX's masks settle and freeze within it (its evaluated consensus is only
 # meaningful once they do)
@@ -61,24 +65,60 @@ NIGHTLY = ["--workload", "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "-
            "--eval-every", "100000", "--local-steps", "4"]  # fmt: skip
 
 
+def nightly_seeds() -> str:
+    """Repeats: one seed where runs are deterministic (CPU ranks on gloo: the same seed gives
+    the same bits, so the gate is exact); three on CUDA, where cuDNN and TF32 are not, so the
+    gate compares distributions. NIGHTLY_SEEDS overrides."""
+    import torch
+
+    default = "0,1,2" if torch.cuda.device_count() >= 4 else "0"
+    return os.environ.get("NIGHTLY_SEEDS", default)
+
+
 @nox.session(python=False)
 def nightly(session):
     """Every method on a tenth of an epoch of Fashion-MNIST (4 ranks, 2 per node; CUDA when
-    there are 4 devices, else CPU), a report, and a regression check against the committed
-    reference set. The reference was recorded on CPU ranks: timings compare only when
-    NIGHTLY_COMPARE_TIME=1 (same kind of machine); accuracy and inter-node bytes always.
-    NIGHTLY_DIR sets where results and the report go (default .nox/nightly)."""
+    there are 4 devices, else CPU), a report, and the regression gate: `bench compare`
+    against the reference of this machine's class (results/reference/<class>/; none is a
+    one-line failure naming `nox -s reference`) on accuracy, inter-node bytes and time as a
+    ratio to DDP's, with every method's activity check; then the run is added to the history
+    (NIGHTLY_HISTORY, default <NIGHTLY_DIR>/history.jsonl) and `bench trend` fails on a change
+    point in it. Absolute times are compared only with NIGHTLY_COMPARE_TIME=1 (the class does
+    not name the CPU model). NIGHTLY_DIR sets where results and the report go."""
     out = os.environ.get("NIGHTLY_DIR", ".nox/nightly")
     results, report = f"{out}/results", f"{out}/report"
-    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--results-dir", results)
+    history = os.environ.get("NIGHTLY_HISTORY", f"{out}/history.jsonl")
+    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--seed", nightly_seeds(),
+                "--results-dir", results)  # fmt: skip
     session.run("bench", "report", results, "-o", report)
-    metrics = "accuracy,bytes" + (",time" if os.environ.get("NIGHTLY_COMPARE_TIME") else "")
-    session.run("bench", "compare", REFERENCE, results, "--max-regression", "5%",
-                "--metric", metrics)  # fmt: skip
+    metrics = "accuracy,bytes,time-ratio" + (
+        ",time" if os.environ.get("NIGHTLY_COMPARE_TIME") else ""
+    )
+    compare = ["bench", "compare", REFERENCE, results, "--max-regression", "5%",
+               "--max-time-regression", os.environ.get("NIGHTLY_TIME_THRESHOLD", TIME_THRESHOLD),
+               "--metric", metrics]  # fmt: skip
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:  # the job summary gets the table
+        with open(summary, "a") as page:
+            subprocess.run([*compare, "--format", "markdown"], stdout=page)
+    # both verdicts, whatever the first says: a failed gate still belongs in the history
+    failed = [" ".join(cmd[:2]) for cmd in (
+        compare, ["bench", "trend", history, "--add", results, "--fail-on-last"]
+    ) if subprocess.run(cmd).returncode]  # fmt: skip
+    if failed:
+        session.error(f"the nightly gate failed: {', '.join(failed)}")
 
 
 @nox.session(python=False)
 def reference(session):
-    """Re-record results/reference (after an intended change of numbers; commit the diff)."""
-    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--results-dir", REFERENCE,
-                "--force")  # fmt: skip
+    """Record the nightly's reference for this machine's class into
+    results/reference/<class>/ (after an intended change of numbers; commit the diff). Other
+    classes' references are left as they are."""
+    import tempfile
+
+    from suite.results.machine import record_reference
+
+    staging = tempfile.mkdtemp(prefix="reference-", dir="results")
+    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--seed", nightly_seeds(),
+                "--results-dir", staging, "--force")  # fmt: skip
+    session.log(f"recorded {record_reference(staging, REFERENCE)}")

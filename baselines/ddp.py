@@ -29,8 +29,10 @@ from suite.api import (
     Recorder,
     RunContext,
     StepResult,
+    crosses_nodes_every_round,
     option,
     phases,
+    sends_fraction_of_dense,
 )
 
 CommHook = Callable[[object, object], torch.futures.Future]
@@ -118,6 +120,7 @@ class DDPMethod(SGDBaseline):
     "(paper sec. 5.1.4)",
     settings=DDPSettings,
     look=Look("DDP", "#000000", "^"),
+    activity=crosses_nodes_every_round,
 )
 def make_ddp(ctx: RunContext) -> DDPMethod:
     return DDPMethod(ctx)
@@ -134,6 +137,7 @@ def make_half_precision_ddp(ctx: RunContext, torch_hook: CommHook, dtype: torch.
     "(half DDP's bytes), fp32 update",
     settings=DDPSettings,
     look=Look("DDP bf16", "#777777", "v"),
+    activity=lambda run: sends_fraction_of_dense(run, 0.45, 0.55, "a 16-bit hook"),
 )
 def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.bf16_compress_hook, torch.bfloat16)
@@ -145,6 +149,7 @@ def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
     "all-reduce (half DDP's bytes), fp32 update",
     settings=DDPSettings,
     look=Look("DDP fp16", "#777777", "<"),
+    activity=lambda run: sends_fraction_of_dense(run, 0.45, 0.55, "a 16-bit hook"),
 )
 def make_ddp_fp16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.fp16_compress_hook, torch.float16)

@@ -48,6 +48,7 @@ from suite.api import (
     RunContext,
     StepResult,
     broadcast_initial_state,
+    crosses_nodes_every_round,
     nbytes,
     option,
     phases,
@@ -144,6 +145,7 @@ class HierarchicalLocalSGD(SGDBaseline):
     not_simulable="torch's model averager builds its own subgroups, which a one-process "
     "replay cannot stand in for",
     look=Look("Local SGD (hier.)", "#009E73", "*"),
+    activity=crosses_nodes_every_round,
 )
 def make_localsgd_hier(ctx: RunContext) -> HierarchicalLocalSGD:
     return HierarchicalLocalSGD(ctx)

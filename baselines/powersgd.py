@@ -32,9 +32,11 @@ from suite.api import (
     Communicator,
     Look,
     RunContext,
+    RunView,
     at_least,
     nbytes,
     option,
+    sends_fraction_of_dense,
 )
 
 
@@ -113,6 +115,17 @@ class PowerSGD(DDPMethod):
     "feedback and warm start, vanilla all-reduce before --start-powersgd-iter (10)",
     settings=PowerSGDSettings,
     look=Look("PowerSGD", "#56B4E9", "D"),
+    activity=lambda run: compresses_after_start(run),
 )
 def make_powersgd(ctx: RunContext) -> PowerSGD:
     return PowerSGD(ctx)
+
+
+def compresses_after_start(run: RunView) -> list[str]:
+    """From --start-powersgd-iter on, well under half of DDP's bytes (rank-r factors)."""
+    start = int(run.settings.get("start_powersgd_iter", 10))
+    if run.summary.get("iterations", 0) <= start:
+        return [f"ran {run.summary.get('iterations')} iterations, never past its vanilla "
+                f"all-reduce warm-up (--start-powersgd-iter {start})"]  # fmt: skip
+    return sends_fraction_of_dense(run, 1e-6, 0.5, "PowerSGD after its start iteration",
+                                   after_iteration=start)  # fmt: skip

@@ -45,9 +45,11 @@ from suite.api import (
     StructuredKeepSettings,
     StructuredRound,
     broadcast_initial_state,
+    crosses_nodes_every_round,
     option,
     phases,
     project,
+    reaches_keep,
 )
 
 UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
@@ -232,6 +234,7 @@ class StructuredLocalSGD(SGDBaseline):
     not_simulable="its masks come from the trained weights' magnitudes, which a replay on "
     "stand-in batches does not have",
     look=Look("GMP (hier.)", "#E69F00", "h"),
+    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
 )
 def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     end = ctx.settings.prune_end
@@ -246,6 +249,7 @@ def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     not_simulable="its masks come from the trained weights' magnitudes, which a replay on "
     "stand-in batches does not have",
     look=Look("Prune-retrain", "#882255", "p"),
+    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
 )
 def make_prune_retrain(ctx: RunContext) -> StructuredLocalSGD:
     at = ctx.settings.prune_at

@@ -30,6 +30,12 @@ from suite.plugins.method import (
 )
 from suite.plugins.options import AT_LEAST_1, FRACTION, POSITIVE, Check, at_least, option
 from suite.plugins.registry import METHODS, WORKLOADS, Look
+from suite.results.activity import (
+    RunView,
+    crosses_nodes_every_round,
+    reaches_keep,
+    sends_fraction_of_dense,
+)
 from suite.structured.masks import (
     StructuredKeepSettings,
     StructuredMask,
@@ -54,6 +60,11 @@ __all__ = [
     "POSITIVE",
     "at_least",
     "BenchError",
+    # activity checks: what a finished run must have done
+    "RunView",
+    "crosses_nodes_every_round",
+    "reaches_keep",
+    "sends_fraction_of_dense",
     # the method contract and what it is given
     "Method",
     "StepResult",

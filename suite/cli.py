@@ -147,25 +147,56 @@ def sweep_cmd(**kwargs) -> None:
               help="allowed worsening of times and bytes, relative (5% or 0.05)")  # fmt: skip
 @click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
               help="allowed accuracy drop in points (absolute)")  # fmt: skip
+@click.option("--max-time-regression", default=None,
+              help="allowed worsening of time metrics, relative (default: --max-regression); "
+              "times are noisier than bytes")  # fmt: skip
 @click.option("--metric", multiple=True,
               help="metrics to compare (repeat or comma list): final_accuracy (accuracy), "
+              "time_ratio (time-ratio: seconds per local step over DDP's in the same set), "
               "iteration_seconds (time), time_to_target_seconds (time-to-target), "
               "inter_node_bytes_per_iteration (bytes); default: all")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True,
               help="markdown: for a CI job summary; json: for scripts")  # fmt: skip
-def compare_cmd(baseline, new, max_regression, max_accuracy_drop, metric, fmt) -> None:
+def compare_cmd(
+    baseline, new, max_regression, max_accuracy_drop, max_time_regression, metric, fmt
+) -> None:
     """Compare two sets of runs like with like; exit 1 on a regression, 2 on bad input.
 
-    Runs are matched by method, workload, dataset, ranks, options, setting (real, emulated,
-    simulated) and recipe (batch, lr, epochs); repeats are reduced to their mean and 95 %
-    interval, and with repeats on both sides a change counts only when the intervals do not
-    overlap."""
+    Runs are matched by machine class (cpu-gloo, cuda-nccl-h100), method, workload, dataset,
+    ranks, options, setting (real, emulated, simulated) and recipe (batch, lr, epochs);
+    repeats are reduced to their mean and 95 % interval, and with repeats on both sides a
+    change counts only when the intervals do not overlap. A BASELINE of per-class folders
+    (results/reference/<class>/) is read for the NEW runs' class; a class it lacks fails in
+    one line. Every finished NEW run must also pass its method's activity check."""
     from suite.commands.compare import run_compare
 
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
-                           echo=click.echo)  # fmt: skip
+                           echo=click.echo, max_time_regression=max_time_regression)  # fmt: skip
+    except BenchError as exc:
+        fail(exc)
+    sys.exit(code)
+
+
+@main.command("trend")
+@click.argument("history")
+@click.option("--add", "add", default=None, metavar="RESULTS_DIR",
+              help="first append this result set (a nightly's) to the history")  # fmt: skip
+@click.option("--max-regression", default="5%", show_default=True,
+              help="smallest relative step of bytes and times that counts")  # fmt: skip
+@click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
+              help="smallest accuracy step, in points, that counts")  # fmt: skip
+@click.option("--fail-on-last", is_flag=True,
+              help="exit 1 when a series' last run starts a worse segment")  # fmt: skip
+def trend_cmd(history, add, max_regression, max_accuracy_drop, fail_on_last) -> None:
+    """Change points over a nightly history (JSON lines), per machine class, run key and
+    metric (accuracy, bytes, time ratio, time), with the commit where each began."""
+    from suite.commands.trend import run_trend
+
+    try:
+        code = run_trend(history, add, max_regression, max_accuracy_drop, fail_on_last,
+                         echo=click.echo)  # fmt: skip
     except BenchError as exc:
         fail(exc)
     sys.exit(code)

@@ -2,7 +2,7 @@
 
 from methods.prunex.method import PruneX
 from methods.prunex.settings import PruneXFlatSettings, PruneXSettings
-from suite.api import METHODS, Look
+from suite.api import METHODS, Look, crosses_nodes_every_round, reaches_keep
 
 HANDLING = (
     "conv weights projected onto filter/channel/shape keep sets (default channel keep 0.5); "
@@ -16,6 +16,7 @@ HANDLING = (
     f"nodes; {HANDLING}",
     settings=PruneXSettings,
     look=Look("PruneX", "#D55E00", "o"),
+    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
 )
 def make_prunex(ctx):
     return PruneX(ctx, hierarchical=True)
@@ -27,6 +28,7 @@ def make_prunex(ctx):
     "hierarchy or shrinkage; same math as prunex",
     settings=PruneXFlatSettings,
     look=Look("PruneX (AR)", "#CC79A7", "s"),
+    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
 )
 def make_prunex_flat(ctx):
     return PruneX(ctx, hierarchical=False)

@@ -1,12 +1,21 @@
 """``bench compare``: two result sets, like with like, as a table (text, Markdown for a CI job
-summary, or JSON for scripts); the exit code says whether anything regressed."""
+summary, or JSON for scripts); the exit code says whether anything regressed.
+
+A baseline may be a tree of references per machine class (``results/reference/<class>/``):
+the NEW runs are compared with the reference of their own class, and a class that has none
+fails in one line naming ``nox -s reference`` (never a silent pass with nothing matched).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
-from suite.errors import BenchError
+import pandas as pd
+
+from suite.errors import BenchError, RunFailed
 from suite.results.compare import (
+    activity_rows,
     as_json,
     compare,
     format_table,
@@ -14,25 +23,59 @@ from suite.results.compare import (
     parse_metrics,
     parse_threshold,
 )
+from suite.results.machine import class_folders
+
+
+def load_baseline(baseline: str, new_classes: set[str]) -> tuple[pd.DataFrame, list[str]]:
+    """The baseline's runs of the NEW runs' machine classes."""
+    folders = class_folders(Path(baseline))
+    if not folders:
+        base, warnings = load_summaries(baseline)
+        held = set(base.machine_class) - {"-"}
+        missing = new_classes - held
+        if missing and held and not new_classes & held:
+            raise RunFailed(no_reference(missing, baseline, held))
+        return base, warnings
+    missing = new_classes - set(folders)
+    if missing:
+        raise RunFailed(no_reference(missing, baseline, set(folders)))
+    frames, warnings = [], []
+    for name in sorted(new_classes):
+        frame, warned = load_summaries(folders[name])
+        frames.append(frame)
+        warnings += warned
+    return pd.concat(frames, ignore_index=True), warnings
+
+
+def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
+    return (f"no reference for machine class {', '.join(sorted(missing))} in {baseline} (it "
+            f"holds {', '.join(sorted(held))}); record one on such a machine with "
+            "`nox -s reference` and commit it")  # fmt: skip
 
 
 def run_compare(
     baseline: str, new: str, max_regression: str, max_accuracy_drop: float,
-    metric: tuple[str, ...], fmt: str, *, echo: Callable,
+    metric: tuple[str, ...], fmt: str, *, echo: Callable, max_time_regression: str | None = None,
 ) -> int:  # fmt: skip
-    """Print the comparison; 1 when a metric regressed or a NEW run failed, else 0 (bad
-    input raises BenchError, exit 2)."""
+    """Print the comparison; 1 when a metric regressed, a NEW run failed or did not do its
+    method's job, or there is no reference for the NEW runs' class, else 0 (bad input raises
+    BenchError, exit 2)."""
     threshold = parse_threshold(max_regression)
+    time_threshold = None if max_time_regression is None else parse_threshold(max_time_regression)
     if not 0 <= max_accuracy_drop <= 100:
         raise BenchError(f"--max-accuracy-drop must be in [0, 100] points, got "
                          f"{max_accuracy_drop}")  # fmt: skip
     metrics = parse_metrics(metric)
-    base, warn_base = load_summaries(baseline)
     new_runs, warn_new = load_summaries(new)
-    warnings = warn_base + warn_new
+    base, warn_base = load_baseline(baseline, set(new_runs.machine_class) - {"-"})
+    table, unmatched = compare(base, new_runs, metrics, threshold, max_accuracy_drop,
+                               time_threshold)  # fmt: skip
+    activity, warn_activity = activity_rows(new_runs)
+    if activity:
+        table = pd.concat([table, pd.DataFrame(activity)], ignore_index=True)
+    warnings = warn_base + warn_new + warn_activity
     for line in warnings:
         echo(f"warning: {line}", err=True)
-    table, unmatched = compare(base, new_runs, metrics, threshold, max_accuracy_drop)
     regressions = table[table.verdict.str.startswith("REGRESSION")] if len(table) else table
     if fmt == "json":
         echo(as_json(table, unmatched, len(regressions), warnings))
@@ -41,6 +84,7 @@ def run_compare(
     for side, keys in unmatched.items():
         for key in keys:
             echo(f"{'- ' if fmt == 'markdown' else ''}unmatched ({side}): {key}")
-    echo(f"{len(regressions)} regression(s) beyond {threshold:.1%} (times, bytes) or "
+    times = "" if time_threshold is None else f" ({time_threshold:.1%} times)"
+    echo(f"{len(regressions)} regression(s) beyond {threshold:.1%} (times, bytes){times} or "
          f"{max_accuracy_drop:g} accuracy points")  # fmt: skip
     return 1 if len(regressions) else 0

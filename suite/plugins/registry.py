@@ -38,6 +38,8 @@ class Entry:
     settings: type | None = None  # a dataclass of suite.plugins.options.option fields
     not_simulable: str | None = None  # why `bench sim` cannot replay it (None: it can)
     look: Look | None = None  # how reports draw it (None: its name, grey)
+    #: what a finished run of it must have done (suite.results.activity), or None
+    activity: Callable[..., list[str]] | None = None
 
     @property
     def options(self) -> list[Option]:
@@ -59,20 +61,24 @@ class Registry:
         settings: type | None = None,
         not_simulable: str | None = None,
         look: Look | None = None,
+        activity: Callable[..., list[str]] | None = None,
     ):
         """Decorator on a factory: ``@METHODS.register("topk", "...", settings=TopKSettings)``.
 
         ``settings``: the dataclass of the method's options, built by the runner from the
         user's values and handed to the factory as ``ctx.settings``; ``not_simulable``: the
         reason the simulator's one-process replay cannot run this method, if it cannot;
-        ``look``: how reports draw it.
+        ``look``: how reports draw it; ``activity``: ``fn(run: RunView) -> [what it did not
+        do]``, checked on every finished run by ``bench compare`` (suite.results.activity).
         """
 
         def decorate(factory):
             if name in self._entries and self._entries[name].factory is not factory:
                 raise BenchError(f"{self.kind} {name!r} is registered twice")
             options_of(settings)  # a malformed declaration fails at import, not at run time
-            self._entries[name] = Entry(name, description, factory, settings, not_simulable, look)
+            self._entries[name] = Entry(
+                name, description, factory, settings, not_simulable, look, activity
+            )
             return factory
 
         return decorate

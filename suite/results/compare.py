@@ -25,6 +25,7 @@ from suite.results.stats import half_width
 # metric -> +1 when higher is better, -1 when lower is better
 METRICS = {
     "final_accuracy": +1,
+    "time_ratio": -1,
     "iteration_seconds": -1,
     "time_to_target_seconds": -1,
     "inter_node_bytes_per_iteration": -1,
@@ -32,11 +33,16 @@ METRICS = {
 ALIASES = {
     "accuracy": "final_accuracy",
     "time": "iteration_seconds",
+    "time-ratio": "time_ratio",
     "time-to-target": "time_to_target_seconds",
     "bytes": "inter_node_bytes_per_iteration",
 }
-KEY = ["method", "workload", "dataset", "gpus", "options", "setting", "batch_size", "lr",
-       "lr_schedule", "epochs"]  # fmt: skip
+KEY = ["machine_class", "method", "workload", "dataset", "gpus", "options", "setting",
+       "batch_size", "lr", "lr_schedule", "epochs"]  # fmt: skip
+#: the timing metrics, which may get a threshold of their own (--max-time-regression)
+TIME_METRICS = ("time_ratio", "iteration_seconds", "time_to_target_seconds")
+#: what a run and its DDP twin (the dense reference of time ratios and activity checks) share
+TWIN = ["machine_class", "workload", "dataset", "gpus", "setting", "batch_size", "epochs"]
 
 
 def parse_threshold(text: str) -> float:
@@ -96,7 +102,23 @@ def load_summaries(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
         if column not in frame:
             frame[column] = None
     frame[KEY] = frame[KEY].astype(object).where(frame[KEY].notna(), "-").astype(str)
+    frame["time_ratio"] = time_ratios(frame)
     return frame, warnings
+
+
+def time_ratios(frame: pd.DataFrame) -> pd.Series:
+    """Each run's seconds per local step over DDP's in the same set (same machine class,
+    workload, ranks, setting, batch, epochs; DDP's mean over its repeats): the runner's speed
+    cancels out. NaN where the set has no such DDP run."""
+    seconds = pd.to_numeric(frame["iteration_seconds"], errors="coerce")
+    steps = pd.to_numeric(frame.get("steps_per_iteration", 1.0), errors="coerce")
+    steps = pd.Series(steps, index=frame.index).fillna(1.0)
+    per_step = seconds / steps
+    ok = (frame["method"] == "ddp") & (frame["status"] == "ok")
+    dense = per_step[ok].groupby([frame.loc[ok, k] for k in TWIN]).mean()
+    keys = list(zip(*(frame[k] for k in TWIN)))
+    return pd.Series([per_step.iloc[i] / dense[k] if k in dense.index else math.nan
+                      for i, k in enumerate(keys)], index=frame.index)  # fmt: skip
 
 
 def recipe_and_setting(folder: Path, summary: dict) -> dict:
@@ -110,7 +132,12 @@ def recipe_and_setting(folder: Path, summary: dict) -> dict:
 
     recipe = manifest.get("recipe") or {}
     epochs = summary.get("epochs")
+    from suite.results.machine import machine_class
+
     return {
+        "machine_class": machine_class(manifest) if manifest else "-",
+        "commit": manifest.get("git_revision") or "-",
+        "started": manifest.get("started") or "-",
         "setting": setting_of(summary, manifest),
         "batch_size": recipe.get("batch_size"),
         "lr": recipe.get("lr"),
@@ -139,9 +166,14 @@ def compare(
     metrics: list[str],
     max_regression: float,
     max_accuracy_drop: float = 1.0,
+    max_time_regression: float | None = None,
 ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """The comparison table and the lists of unmatched keys. ``max_regression`` is relative
-    (times, bytes); ``max_accuracy_drop`` is in accuracy points."""
+    (bytes, and times unless ``max_time_regression`` is given); ``max_accuracy_drop`` is in
+    accuracy points."""
+    limits = {m: max_regression for m in METRICS}
+    if max_time_regression is not None:
+        limits.update({m: max_time_regression for m in TIME_METRICS})
     base_keys = set(map(tuple, baseline[KEY].values.tolist()))
     new_keys = set(map(tuple, new[KEY].values.tolist()))
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
@@ -153,7 +185,8 @@ def compare(
         for metric in metrics:
             before = stats_of(base_values, key, metric)
             after = stats_of(new_values, key, metric)
-            change, unit, verdict = judge(metric, before, after, max_regression, max_accuracy_drop)
+            change, unit, verdict = judge(metric, before, after, limits[metric],
+                                          max_accuracy_drop)  # fmt: skip
             rows.append(dict(zip(KEY, key), metric=metric, baseline=before["mean"],
                              new=after["mean"], baseline_ci=before["half"], new_ci=after["half"],
                              repeats=f"{before['n']}/{after['n']}", change=change, unit=unit,
@@ -168,6 +201,37 @@ def compare(
         "only in new": [_describe(k) for k in new_only],
     }
     return pd.DataFrame(rows), unmatched
+
+
+def activity_rows(new: pd.DataFrame) -> tuple[list[dict], list[str]]:
+    """Each finished NEW run's activity check (declared with its method): what it did not do
+    is a regression whatever the baseline says. Runs without a manifest (summaries written
+    by hand or by old tools) are not checked, with a warning."""
+    from suite.plugins.registry import METHODS
+    from suite.results.activity import check_run, load_view
+
+    ok = new[new.status == "ok"]
+    ddp = ok[ok.method == "ddp"]
+    dense = pd.to_numeric(ddp["inter_node_bytes_per_iteration"], errors="coerce")
+    dense = dense.groupby([ddp[k] for k in TWIN]).mean()
+    rows, unchecked = [], 0
+    for _, run in ok.iterrows():
+        folder = Path(run["folder"])
+        entry = METHODS.find(run["method"])
+        if entry is None or entry.activity is None:
+            continue
+        if not (folder / "manifest.json").is_file():
+            unchecked += 1
+            continue
+        view = load_view(folder, run.to_dict())
+        twin = tuple(run[k] for k in TWIN)
+        view.dense_bytes = float(dense[twin]) if twin in dense.index else None
+        for finding in check_run(view, entry.activity):
+            rows.append(dict(zip(KEY, (run[k] for k in KEY)), metric="activity",
+                             baseline="-", new=folder.name, change=None,
+                             verdict=f"REGRESSION: {run['method']} {finding}"))  # fmt: skip
+    warnings = [f"{unchecked} run(s) have no manifest: activity not checked"] if unchecked else []
+    return rows, warnings
 
 
 def stats_of(values: pd.DataFrame, key: tuple, metric: str) -> dict:
@@ -213,7 +277,9 @@ def failed_row(new: pd.DataFrame, key: tuple) -> dict:
 
 def _describe(key: tuple) -> str:
     fields = dict(zip(KEY, key))
-    text = f"{fields['method']} {fields['workload']} on {fields['dataset']} {fields['gpus']} ranks"
+    machine = fields["machine_class"]
+    text = f"[{machine}] " if machine != "-" else ""
+    text += f"{fields['method']} {fields['workload']} on {fields['dataset']} {fields['gpus']} ranks"
     text += f" {fields['options']} ({fields['setting']}; batch {fields['batch_size']}, "
     return text + f"lr {fields['lr']}, {fields['epochs']} epochs)"
 

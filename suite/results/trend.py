@@ -1,0 +1,170 @@
+"""``bench trend HISTORY``: change points over the nightly history, per method and metric.
+
+One committed reference cannot see drift (0.8 points a week never crosses a 1-point gate);
+a history can. Each nightly appends its result set to a JSON-lines history (``--add``): one
+line per run key with the nightly's commit, time, machine class and metrics (the mean over its
+repeats). Per machine class, key and metric, the series in time order goes to a change-point
+detector: ``ruptures``' PELT with a least-squares cost and a BIC penalty (2 sigma^2 log n),
+sigma the series' noise estimated from its successive differences (median absolute deviation,
+robust to the steps it looks for), floored so deterministic series do not split on rounding.
+A change point counts when its step is also beyond the gate's threshold (``--max-regression``
+relative, ``--max-accuracy-drop`` points). Apache Otava (e-divisive) was the first choice;
+its 0.8.0 pins numpy 2.2 and scipy < 1.17, which would downgrade the numpy 2.4 that torch and
+pandas use here, and pulls BigQuery, Postgres and Slack clients; ruptures has no such pins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from suite.errors import BenchError
+
+#: runs a series needs before it gets a verdict: a noise estimate and a segment on each side
+MIN_RUNS = 6
+#: metric -> +1 when higher is better, -1 when lower is better
+TREND_METRICS = {
+    "final_accuracy": +1,
+    "inter_node_bytes_per_iteration": -1,
+    "time_ratio": -1,
+    "iteration_seconds": -1,
+}
+SERIES_KEY = ["machine_class", "method", "workload", "dataset", "gpus", "options", "setting"]
+
+
+@dataclass
+class ChangePoint:
+    series: str
+    metric: str
+    index: int  # the first run after the change
+    commit: str
+    when: str
+    before: float
+    after: float
+    change: float  # signed, positive is better: points for accuracy, else relative
+    unit: str
+    length: int  # runs in the series
+
+    @property
+    def in_last_run(self) -> bool:
+        return self.index == self.length - 1
+
+    @property
+    def worse(self) -> bool:
+        return self.change < 0
+
+    def line(self) -> str:
+        shown = f"{self.change:+.2f} pts" if self.unit == "points" else f"{self.change:+.1%}"
+        return (f"{self.series} {self.metric}: change at run {self.index + 1} (commit "
+                f"{self.commit[:10]}, {self.when}): {self.before:.4g} -> {self.after:.4g} "
+                f"({shown}, {'worse' if self.worse else 'better'})")  # fmt: skip
+
+
+def history_rows(results_dir: str | Path) -> list[dict]:
+    """One history line per run key of a result set: its commit, time, class and metrics,
+    the mean over repeats (seeds)."""
+    from suite.results.compare import load_summaries
+
+    frame, _ = load_summaries(results_dir)
+    ok = frame[frame.status == "ok"].copy()
+    if ok.empty:
+        raise BenchError(f"{results_dir}: no finished runs to add to the history")
+    for metric in TREND_METRICS:
+        ok[metric] = pd.to_numeric(ok.get(metric), errors="coerce")
+    rows = []
+    for key, group in ok.groupby(SERIES_KEY):
+        rows.append({
+            **dict(zip(SERIES_KEY, key)),
+            "commit": str(group["commit"].iloc[0]),
+            "when": str(group["started"].min()),
+            "repeats": len(group),
+            **{m: (float(group[m].mean()) if group[m].notna().any() else None)
+               for m in TREND_METRICS},
+        })  # fmt: skip
+    return rows
+
+
+def add_to_history(results_dir: str | Path, history: str | Path) -> int:
+    rows = history_rows(results_dir)
+    path = Path(history)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        for row in rows:
+            out.write(json.dumps(row, sort_keys=True) + "\n")
+    return len(rows)
+
+
+def read_history(history: str | Path) -> pd.DataFrame:
+    path = Path(history)
+    if not path.is_file():
+        raise BenchError(f"history {path} does not exist (bench trend --add RESULTS {path} "
+                         "starts one)")  # fmt: skip
+    lines = []
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError:
+            raise BenchError(f"history {path}: line {number} is not JSON") from None
+    if not lines:
+        raise BenchError(f"history {path} is empty")
+    return pd.DataFrame(lines)
+
+
+def noise(values: np.ndarray, floor: float) -> float:
+    """The series' noise (sigma) from its successive differences, robust to steps."""
+    diffs = np.diff(values)
+    mad = float(np.median(np.abs(diffs - np.median(diffs)))) if len(diffs) else 0.0
+    return max(1.4826 * mad / math.sqrt(2), floor)
+
+
+def change_points(values: np.ndarray, floor: float) -> list[int]:
+    """Indices where a new segment starts (PELT, least squares, BIC penalty)."""
+    import ruptures
+
+    sigma = noise(values, floor)
+    penalty = 2 * sigma**2 * math.log(len(values))
+    breaks = ruptures.Pelt(model="l2", min_size=1, jump=1).fit(values.reshape(-1, 1))
+    return [b for b in breaks.predict(pen=penalty) if b < len(values)]
+
+
+def find_changes(
+    history: pd.DataFrame, max_regression: float, max_accuracy_drop: float
+) -> tuple[list[ChangePoint], list[str], int]:
+    """(change points beyond the thresholds, series too short for a verdict, runs in the
+    longest series)."""
+    found, short, longest = [], [], 0
+    for key, series in history.groupby(SERIES_KEY, sort=True):
+        series = series.sort_values("when")
+        name = f"[{key[0]}] {key[1]} {key[2]} {key[4]} ranks {key[5]}"
+        longest = max(longest, len(series))
+        if len(series) < MIN_RUNS:
+            short.append(f"{name}: {len(series)} run(s)")
+            continue
+        for metric, sign in TREND_METRICS.items():
+            values = pd.to_numeric(series.get(metric), errors="coerce").to_numpy(dtype=float)
+            if np.isnan(values).any() or len(values) < MIN_RUNS:
+                continue
+            accuracy = metric == "final_accuracy"
+            # rounding-level noise: 0.05 points of accuracy, 0.2 % of bytes and times
+            floor = 0.0005 if accuracy else 0.002 * float(np.median(np.abs(values)))
+            limit = max_accuracy_drop if accuracy else max_regression
+            for start in change_points(values, floor):
+                before = float(np.mean(values[max(0, start - 3) : start]))
+                after = float(np.mean(values[start : start + 3]))
+                change = 100 * (after - before) if accuracy else (after - before) / abs(before)
+                change *= sign
+                if abs(change) <= limit:
+                    continue
+                row = series.iloc[start]
+                found.append(ChangePoint(name, metric, start, str(row["commit"]),
+                                         str(row["when"]), before, after, change,
+                                         "points" if accuracy else "relative",
+                                         len(series)))  # fmt: skip
+    return found, short, longest
