@@ -102,9 +102,10 @@ def nightly(session):
         with open(summary, "a") as page:
             subprocess.run([*compare, "--format", "markdown"], stdout=page)
     # both verdicts, whatever the first says: a failed gate still belongs in the history
-    failed = [" ".join(cmd[:2]) for cmd in (
-        compare, ["bench", "trend", history, "--add", results, "--fail-on-last"]
-    ) if subprocess.run(cmd).returncode]  # fmt: skip
+    time_threshold = os.environ.get("NIGHTLY_TIME_THRESHOLD", TIME_THRESHOLD)
+    trend = ["bench", "trend", history, "--add", results, "--fail-on-last",
+             "--max-time-regression", time_threshold]  # fmt: skip
+    failed = [" ".join(cmd[:2]) for cmd in (compare, trend) if subprocess.run(cmd).returncode]
     if failed:
         session.error(f"the nightly gate failed: {', '.join(failed)}")
 

@@ -187,16 +187,20 @@ def compare_cmd(
               help="smallest relative step of bytes and times that counts")  # fmt: skip
 @click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
               help="smallest accuracy step, in points, that counts")  # fmt: skip
+@click.option("--max-time-regression", default=None,
+              help="smallest relative step of times (default: --max-regression)")  # fmt: skip
 @click.option("--fail-on-last", is_flag=True,
               help="exit 1 when a series' last run starts a worse segment")  # fmt: skip
-def trend_cmd(history, add, max_regression, max_accuracy_drop, fail_on_last) -> None:
+def trend_cmd(
+    history, add, max_regression, max_accuracy_drop, max_time_regression, fail_on_last
+) -> None:
     """Change points over a nightly history (JSON lines), per machine class, run key and
     metric (accuracy, bytes, time ratio, time), with the commit where each began."""
     from suite.commands.trend import run_trend
 
     try:
         code = run_trend(history, add, max_regression, max_accuracy_drop, fail_on_last,
-                         echo=click.echo)  # fmt: skip
+                         echo=click.echo, max_time_regression=max_time_regression)  # fmt: skip
     except BenchError as exc:
         fail(exc)
     sys.exit(code)

@@ -10,14 +10,17 @@ from suite.results.trend import MIN_RUNS, add_to_history, find_changes, read_his
 
 def run_trend(
     history: str, add: str | None, max_regression: str, max_accuracy_drop: float,
-    fail_on_last: bool, *, echo: Callable,
+    fail_on_last: bool, *, echo: Callable, max_time_regression: str | None = None,
 ) -> int:  # fmt: skip
     """1 with --fail-on-last when a series' last run starts a worse segment, else 0."""
     threshold = parse_threshold(max_regression)
+    time_threshold = (
+        threshold if max_time_regression is None else parse_threshold(max_time_regression)
+    )
     if add:
         echo(f"added {add_to_history(add, history)} series point(s) from {add} to {history}")
     frame = read_history(history)
-    changes, short, longest = find_changes(frame, threshold, max_accuracy_drop)
+    changes, short, longest = find_changes(frame, threshold, max_accuracy_drop, time_threshold)
     for change in changes:
         echo(change.line())
     if short:

@@ -135,7 +135,10 @@ def change_points(values: np.ndarray, floor: float) -> list[int]:
 
 
 def find_changes(
-    history: pd.DataFrame, max_regression: float, max_accuracy_drop: float
+    history: pd.DataFrame,
+    max_regression: float,
+    max_accuracy_drop: float,
+    max_time_regression: float | None = None,
 ) -> tuple[list[ChangePoint], list[str], int]:
     """(change points beyond the thresholds, series too short for a verdict, runs in the
     longest series)."""
@@ -154,7 +157,10 @@ def find_changes(
             accuracy = metric == "final_accuracy"
             # rounding-level noise: 0.05 points of accuracy, 0.2 % of bytes and times
             floor = 0.0005 if accuracy else 0.002 * float(np.median(np.abs(values)))
+            timing = metric in ("time_ratio", "iteration_seconds")
             limit = max_accuracy_drop if accuracy else max_regression
+            if timing and max_time_regression is not None:
+                limit = max_time_regression
             for start in change_points(values, floor):
                 before = float(np.mean(values[max(0, start - 3) : start]))
                 after = float(np.mean(values[start : start + 3]))
