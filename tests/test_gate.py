@@ -75,14 +75,14 @@ TINY = ["--workload", "cnn-fmnist", "--dataset", "synthetic", "--synthetic-size"
 def test_a_method_that_does_not_do_its_job_fails_its_activity_check(tmp_path):
     keep_all, done = tmp_path / "keep-all", tmp_path / "done"
     runs = [
-        (keep_all, "ddp", []),
+        (keep_all, "ddp", ["--run-id", "ddp"]),  # the dense twin of both sets
         (keep_all, "prunex", ["--channel-keep", "1", "--run-id", "keep1"]),
-        (done, "ddp", []),
         (done, "prunex", []),
     ]
     for results, method, extra in runs:
         proc = bench("run", "--method", method, *TINY, "--results-dir", results, *extra)
         assert proc.returncode == 0, proc.stderr
+    shutil.copytree(keep_all / "ddp", done / "ddp")
     # PruneX on masks that keep everything: it trains, sends, and prunes nothing
     masked = ["--masks-from", keep_all / "keep1", "--run-id", "masked"]
     proc = bench("run", "--method", "prunex", *TINY, "--results-dir", keep_all, *masked)
