@@ -17,7 +17,7 @@ from suite.cluster.netemu import (
     parse_rate,
     run_module_in_cluster,
 )
-from suite.cluster.processes import descendants, python_alive
+from suite.cluster.processes import alive, descendants
 from suite.errors import BenchError
 
 ROOT_AND_IPROUTE = os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc")
@@ -137,7 +137,7 @@ def test_interrupted_run_leaves_no_namespace(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "interrupted" in err
     assert not leftover_namespaces()
-    assert len(ranks) >= 6 and not [pid for pid in ranks if python_alive(pid)]
+    assert len(ranks) >= 6 and not [rank for rank in ranks if alive(rank)]
 
 
 def test_without_iproute2_it_is_one_line(tmp_path):

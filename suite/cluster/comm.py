@@ -96,7 +96,6 @@ class Communicator:
         end mark recorded on that stream falls after its completion."""
         begin = self.recorder.mark()
         fn()
-        POSITION.at()
         self.recorder.add_span(phase, begin, self.recorder.mark())
 
     # -- collectives ------------------------------------------------------------------

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from suite.cluster.processes import descendants, kill_all, pid_alive, python_alive
+from suite.cluster.processes import alive, descendants, kill_all, pid_alive
 from suite.errors import BenchError
 
 PREFIX = "pxb-"
@@ -227,7 +227,8 @@ def run_module_in_cluster(
         last_look = 0.0
         while any(c is None for c in codes):
             if time.monotonic() - last_look > 1.0:  # the ranks, to stop them with the agents
-                ranks.update(pid for proc in procs for pid in descendants(proc.pid))
+                ranks = {r for r in ranks if alive(r)}
+                ranks.update(r for proc in procs for r in descendants(proc.pid))
                 last_look = time.monotonic()
             for i, proc in enumerate(procs):
                 if codes[i] is None:
@@ -264,6 +265,6 @@ def _stop(procs: list[subprocess.Popen], ranks: set[int], grace: float) -> None:
             except ProcessLookupError:
                 pass
             proc.wait()
-    while any(python_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+    while any(alive(rank) for rank in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     kill_all(ranks)

@@ -29,36 +29,47 @@ def python_alive(pid: int) -> bool:
         return True
 
 
-def descendants(pid: int) -> set[int]:
-    """Every living process below ``pid`` (children, theirs, ...), from /proc. torch elastic
-    starts each rank in a session of its own, so a signal to the agent's process group does
-    not reach the ranks; this finds them."""
-    parents: dict[int, list[int]] = {}
+def descendants(pid: int) -> set[tuple[int, int]]:
+    """Every living process below ``pid`` (children, theirs, ...) from /proc, as (pid, start
+    time) so a pid recycled later is never taken for it. torch elastic starts each rank in a
+    session of its own, so a signal to the agent's process group does not reach the ranks;
+    this finds them."""
+    parents: dict[int, list[tuple[int, int]]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
+        parents.setdefault(int(fields[1]), []).append((int(entry.name), int(fields[19])))
     found, todo = set(), [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
             if child not in found:
                 found.add(child)
-                todo.append(child)
+                todo.append(child[0])
     return found
 
 
-def kill_all(pids: set[int]) -> None:
-    """SIGKILL those of ``pids`` still alive as Python processes (a pid recycled since it was
-    seen is left alone)."""
-    for pid in pids:
-        if not python_alive(pid):
+def start_time(pid: int) -> int | None:
+    try:
+        return int((Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(process: tuple[int, int]) -> bool:
+    """The process (pid, start time) still runs (not a later one with its pid)."""
+    return start_time(process[0]) == process[1]
+
+
+def kill_all(processes: set[tuple[int, int]]) -> None:
+    """SIGKILL those of ``processes`` (pid, start time) still alive as themselves."""
+    for process in processes:
+        if not alive(process):
             continue
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(process[0], signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass

@@ -77,6 +77,7 @@ class Recorder:
 
     def end_iteration(self, **values) -> dict:
         synchronize(self.device)  # the iteration's one synchronize: every event is complete
+        POSITION.at()  # and so is every collective it issued
         row = self._row
         assert row is not None, "end_iteration without begin_iteration"
         for phase, begin, end in self._pending:
@@ -125,7 +126,7 @@ class Recorder:
 
     @contextmanager
     def phase(self, name: str):
-        POSITION.at(phase=name)
+        POSITION.phase = name  # a collective issued before stays waited on (NCCL: queued)
         begin = self.mark()
         try:
             yield

@@ -15,11 +15,12 @@ behind), hands that line to the rank's ``on_stall`` (which flushes the rows and 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 #: seconds between two heartbeats; a rank not heard from for STALE_BEATS of them is stalled
@@ -34,33 +35,45 @@ def backend_timeout(collective_timeout: float) -> timedelta:
     return timedelta(seconds=collective_timeout + max(10.0, collective_timeout / 4))
 
 
+@dataclass(frozen=True)
+class Wait:
+    """A collective issued and not yet known complete (one object, so the watchdog thread
+    never reads half of an update)."""
+
+    collective: str
+    group: str
+    group_ranks: tuple[int, ...]
+    since: float
+
+
 @dataclass
 class Position:
-    """Where the rank is; set by the Recorder and the Communicator at every phase and
-    collective (attribute writes only: the training thread pays nothing measurable)."""
+    """Where the rank is; set by the Recorder, the Communicator and the loop at every phase
+    and collective (attribute writes only: the training thread pays nothing measurable).
+
+    A collective counts as waited on from its issue until the rank knows it complete: the
+    end-of-iteration synchronize, or a value read back from it. Under NCCL a collective
+    returns once queued, so a phase change does not clear it."""
 
     iteration: int = -1
     phase: str = "setup"
-    collective: str | None = None  # the last one issued and not yet followed by progress
-    group: str | None = None
-    group_ranks: tuple[int, ...] = field(default_factory=tuple)
-    since: float = field(default_factory=time.monotonic)
+    wait: Wait | None = None
 
     def at(self, iteration: int | None = None, phase: str | None = None) -> None:
+        """Progress the device has completed: nothing is waited on any more."""
         if iteration is not None:
             self.iteration = iteration
         if phase is not None:
             self.phase = phase
-        self.collective = None
-        self.since = time.monotonic()
+        self.wait = None
 
     def issued(self, collective: str, group: str, group_ranks: tuple[int, ...]) -> None:
-        self.collective, self.group, self.group_ranks = collective, group, tuple(group_ranks)
-        self.since = time.monotonic()
+        self.wait = Wait(collective, group, tuple(group_ranks), time.monotonic())
 
     def waited(self) -> float:
-        """Seconds since the collective was issued with no progress after it (0: none)."""
-        return time.monotonic() - self.since if self.collective else 0.0
+        """Seconds since the collective waited on was issued (0: none)."""
+        wait = self.wait
+        return time.monotonic() - wait.since if wait else 0.0
 
     def where(self) -> str:
         return f"iteration {self.iteration}, phase {self.phase}"
@@ -108,57 +121,64 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             self._beat()
-            if self.position.waited() > self.timeout:
+            if self.position.waited() > self.timeout and not self._stop.is_set():
                 self._fire()
                 return
 
-    def _beat(self) -> None:
+    def _beat(self, fired: bool = False) -> None:
         if self._store is None:
             return
-        record = {**asdict(self.position), "heard": time.time()}
-        record.pop("since")
+        pos, wait = self.position, self.position.wait
+        record = {"iteration": pos.iteration, "phase": pos.phase, "heard": time.time(),
+                  "collective": wait and [wait.collective, wait.group], "fired": fired}  # fmt: skip
         try:
             self._store.set(KEY.format(rank=self.rank), json.dumps(record))
         except Exception:  # the store's host is gone: the stall check still runs
             self._store = None
 
     def _fire(self) -> None:
-        pos = self.position
-        members = f" {list(pos.group_ranks)}" if pos.group_ranks else ""
+        wait = self.position.wait
+        if wait is None:
+            return
+        members = f" {list(wait.group_ranks)}" if wait.group_ranks else ""
         line = (
-            f"a collective waited {pos.waited():.0f} s (--collective-timeout "
-            f"{self.timeout:g}) on rank {self.rank}: {pos.collective} on group {pos.group}"
-            f"{members} at {pos.where()}; {self.blame()}"
+            f"a collective waited {time.monotonic() - wait.since:.0f} s (--collective-timeout "
+            f"{self.timeout:g}) on rank {self.rank}: {wait.collective} on group {wait.group}"
+            f"{members} at {self.position.where()}; {self.blame(wait)}"
         )
+        self._beat(fired=True)  # peers that fire later count this rank as waiting, not silent
         try:
             self.on_stall(line)
         finally:
             os._exit(1)
 
-    def blame(self) -> str:
-        """Which of the group's ranks this one waited for, from their last heartbeats."""
-        peers = [r for r in (self.position.group_ranks or range(self.world_size)) if r != self.rank]
+    def blame(self, wait: Wait) -> str:
+        """Which of the group's ranks this one waited for, from their last heartbeats: those
+        silent longest (stopped or dead), else those elsewhere (another collective or an
+        earlier iteration). Keys never written are skipped without waiting on them."""
+        peers = [r for r in (wait.group_ranks or range(self.world_size)) if r != self.rank]
         if self._store is None:
             return f"waiting for one of ranks {peers} (no store to ask which)"
         now, silent, behind = time.time(), [], []
+        mine = [wait.collective, wait.group]
         for peer in peers:
+            key = KEY.format(rank=peer)
             try:
-                record = json.loads(self._store.get(KEY.format(rank=peer)))
+                record = json.loads(self._store.get(key)) if self._store.check([key]) else None
             except Exception:
-                silent.append(f"rank {peer} (never heard from)")
+                record = None
+            if record is None:
+                silent.append((math.inf, f"rank {peer} (never heard from)"))
                 continue
             quiet = now - record["heard"]
-            if quiet > STALE_BEATS * BEAT_SECONDS:
-                silent.append(f"rank {peer} (silent for {quiet:.0f} s, last at iteration "
-                              f"{record['iteration']}, phase {record['phase']})")  # fmt: skip
-            elif record["collective"] != self.position.collective or (
-                record["iteration"] < self.position.iteration
-            ):
-                behind.append(f"rank {peer} (at iteration {record['iteration']}, phase "
-                              f"{record['phase']})")  # fmt: skip
-        named = silent or behind
+            where = f"iteration {record['iteration']}, phase {record['phase']}"
+            if quiet > STALE_BEATS * BEAT_SECONDS and not record.get("fired"):
+                silent.append((quiet, f"rank {peer} (silent for {quiet:.0f} s, last at {where})"))
+            elif record["collective"] != mine or record["iteration"] != self.position.iteration:
+                behind.append(f"rank {peer} (at {where})")
+        named = [text for _, text in sorted(silent, reverse=True)] or behind
         if not named:
-            return f"every peer of group {list(self.position.group_ranks)} waits too"
+            return f"every peer of the group waits too (ranks {peers})"
         return "waiting for " + ", ".join(named) + " (stalled)"
 
 

@@ -44,7 +44,7 @@ JOB_FOLDER = "slurm-job"
 #: RunConfig fields that do not travel as a flag, and why
 NOT_FLAGS = {
     "launcher": "inside the job the ranks are always --launcher torchrun",
-    "resume": "decided at each start of the job from the run folder",
+    "resume": "the first start takes it from NodeAgent.resume, a requeued one from the folder",
     "overwrite": "applied once, by the first start of the job",
     "options": "method options travel as their own flags",
 }
@@ -72,7 +72,8 @@ def rank_arguments(config: RunConfig) -> list[str]:
     for key, value in sorted(config.options.items()):
         opt = declared[key]
         if opt.kind is bool:
-            args.append(opt.flag if value else f"--{opt.off_flag}")
+            if value or opt.off_flag:  # a False with no --off flag is the flag left out
+                args.append(opt.flag if value else f"--{opt.off_flag}")
         else:
             args += [opt.flag, str(value)]
     return args
@@ -174,6 +175,7 @@ class NodeAgent:
     arguments: list[str]
     threads_per_rank: int
     shutdown_seconds: int
+    resume: bool = False  # the first start continues the folder (bench run --resume)
 
     def __call__(self) -> None:
         import submitit
@@ -184,7 +186,7 @@ class NodeAgent:
         config = config_from_arguments(self.arguments)
         config.launcher = "torchrun"
         run_dir = Path(config.results_dir) / config.run_id
-        config.resume, config.overwrite = start_mode(run_dir, config.overwrite)
+        config.resume, config.overwrite = start_mode(run_dir, config.overwrite, self.resume)
         os.environ["OMP_NUM_THREADS"] = str(self.threads_per_rank)
         head = job.hostnames[0]
         try:
@@ -205,13 +207,15 @@ class NodeAgent:
             raise SystemExit(f"Error: {exc}") from None
 
 
-def start_mode(run_dir: Path, overwrite: bool) -> tuple[bool, bool]:
-    """(resume, overwrite) for this start of the job: resume from a checkpoint a previous
-    start left; start over on a requeue that has none; as asked on the first start."""
+def start_mode(run_dir: Path, overwrite: bool, resume: bool) -> tuple[bool, bool]:
+    """(resume, overwrite) for this start of the job: the first start as asked (--resume,
+    --overwrite); a requeued start resumes the checkpoint an earlier start left, or starts
+    over without one."""
+    if int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0:
+        return resume, overwrite
     if has_checkpoint(run_dir):
         return True, False
-    restarted = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
-    return False, overwrite or restarted
+    return False, True
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -241,6 +245,7 @@ def submission(config: RunConfig, request: SlurmRequest):
         arguments=rank_arguments(config),
         threads_per_rank=max(1, request.cpus(config) // config.gpus_per_node),
         shutdown_seconds=request.shutdown_seconds(),
+        resume=config.resume,
     )
     return executor, agent
 
@@ -305,5 +310,6 @@ def submit_or_print(
     try:
         job = executor.submit(agent)
     except Exception as exc:  # submitit raises its own error types around sbatch's reply
-        raise BenchError(f"sbatch failed: {str(exc).strip().splitlines()[-1]}") from None
+        last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        raise BenchError(f"sbatch failed: {last}") from None
     echo(f"Submitted batch job {job.job_id}; results: {Path(config.results_dir) / config.run_id}")

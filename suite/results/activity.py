@@ -94,6 +94,8 @@ def reaches_keep(view: RunView, tolerance: float = 0.05) -> list[str]:
     keeps = [settings.get(k) for k in ("filter_keep", "channel_keep", "shape_keep")]
     asked = math.prod(k for k in keeps if k is not None) if any(keeps) else 0.5
     density = float(view.iterations["density"].iloc[-1])
+    if not math.isfinite(density):
+        return ["recorded no density of the pruned layers in its last round"]
     if density > asked + tolerance:
         return [f"density of the pruned layers ended at {density:.3f}, asked {asked:.3f} "
                 "(it did not prune)"]  # fmt: skip

@@ -151,8 +151,10 @@ def find_changes(
             short.append(f"{name}: {len(series)} run(s)")
             continue
         for metric, sign in TREND_METRICS.items():
-            values = pd.to_numeric(series.get(metric), errors="coerce").to_numpy(dtype=float)
-            if np.isnan(values).any() or len(values) < MIN_RUNS:
+            points = series.assign(value=pd.to_numeric(series.get(metric), errors="coerce"))
+            points = points[points["value"].notna()]  # e.g. no time ratio on a night DDP failed
+            values = points["value"].to_numpy(dtype=float)
+            if len(values) < MIN_RUNS:
                 continue
             accuracy = metric == "final_accuracy"
             # rounding-level noise: 0.05 points of accuracy, 0.2 % of bytes and times
@@ -164,13 +166,18 @@ def find_changes(
             for start in change_points(values, floor):
                 before = float(np.mean(values[max(0, start - 3) : start]))
                 after = float(np.mean(values[start : start + 3]))
-                change = 100 * (after - before) if accuracy else (after - before) / abs(before)
+                if accuracy:
+                    change = 100 * (after - before)
+                elif before:
+                    change = (after - before) / abs(before)
+                else:
+                    change = math.inf if after else 0.0
                 change *= sign
                 if abs(change) <= limit:
                     continue
-                row = series.iloc[start]
+                row = points.iloc[start]
                 found.append(ChangePoint(name, metric, start, str(row["commit"]),
                                          str(row["when"]), before, after, change,
                                          "points" if accuracy else "relative",
-                                         len(series)))  # fmt: skip
+                                         len(points)))  # fmt: skip
     return found, short, longest

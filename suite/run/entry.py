@@ -56,6 +56,8 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
                             on_stall=report).start()  # fmt: skip
         train(config, device, folder, recorder, stop)
     except BaseException as exc:
+        if watchdog is not None:
+            watchdog.stop()  # one writer of this rank's rows and errors file
         if folder is not None:
             record_failure(folder, recorder, rank, exc, stop, standalone=standalone)
         raise  # without destroying the process group: that waits on peers that may be gone
@@ -137,7 +139,8 @@ def failure_message(exc: BaseException, rank: int, stop: StopRequest) -> str:
     if "timed out" in message.lower() or "timing out" in message.lower():  # gloo, NCCL
         seconds = collective_timeout().total_seconds()
         return (
-            f"a collective timed out on rank {rank} after {seconds:g} s (--collective-timeout):"
+            f"a collective timed out on rank {rank} after {seconds:g} s (--collective-timeout "
+            "and its margin):"
             f" a peer stalled or died ({message[:160]})"
         )
     return f"rank {rank}: {message}"

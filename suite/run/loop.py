@@ -135,8 +135,8 @@ def agree(
     )  # fmt: skip
     POSITION.issued("all_reduce", "world (the iteration's agreement)", ())
     dist.all_reduce(stats)
+    loss_sum, nonfinite, inter, intra, stops, dues = stats.tolist()  # waits for it (NCCL too)
     POSITION.at(phase="iteration end")
-    loss_sum, nonfinite, inter, intra, stops, dues = stats.tolist()
     if nonfinite:
         raise NonFiniteLoss(
             f"non-finite loss at iteration {iteration} on {int(nonfinite)} rank(s); "
@@ -292,4 +292,4 @@ def finish(run: Run, result: LoopResult) -> None:
                 extra=extra,
             )
         shutil.rmtree(checkpoint_root(folder.path), ignore_errors=True)
-    barrier("run finished")
+    dist.barrier()  # not watched: the others wait for rank 0's merge and summary

@@ -74,8 +74,9 @@ def load_data_once(load: Callable, *, download: bool):
     if dist.get_rank() == 0:
         try:
             data = load(download=True)
-        except BenchError as exc:
-            outcome = [str(exc)]
+        except Exception as exc:  # any failure, so the others never wait for nothing
+            text = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+            outcome = [(text.strip().splitlines() or [type(exc).__name__])[0]]
     dist.broadcast_object_list(outcome, src=0)  # the others wait here for rank 0
     if outcome[0] is not None:
         raise BenchError(outcome[0])
