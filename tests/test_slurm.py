@@ -219,6 +219,10 @@ def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(s
     assert 10 <= resumed["resumed_at_iteration"] < 60
     log = "".join(p.read_text() for p in (tmp_path / "signalled" / "slurm-job").glob("*.out"))
     assert "requeued, its next start resumes" in log
+    # no process of either job outlives it: node agents (submitit) and their ranks
+    left = subprocess.run(["pgrep", "-f", "submitit.core._submit|multiprocessing.spawn"],
+                          capture_output=True, text=True).stdout.split()  # fmt: skip
+    assert not left, f"processes left behind: {left}"
     a = torch.load(tmp_path / "plain" / "model.pt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "signalled" / "model.pt", map_location="cpu", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
