@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -28,7 +28,6 @@ class RunView:
     #: DDP's inter-node bytes per iteration in the same result set, same workload, ranks and
     #: machine class: the dense exchange (None when the set has no such DDP run)
     dense_bytes: float | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def method(self) -> str:

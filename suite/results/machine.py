@@ -46,28 +46,16 @@ def class_folders(root: Path) -> dict[str, Path]:
     return {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and CLASS_PATTERN.match(p.name)}
 
 
-def classes_of(results: Path) -> set[str]:
-    """The machine classes of the runs under ``results`` (from their manifests)."""
-    import json
-
-    found = set()
-    for manifest in results.rglob("manifest.json"):
-        try:
-            found.add(machine_class(json.loads(manifest.read_text())))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def record_reference(staging: str | Path, root: str | Path) -> Path:
     """Move a freshly recorded result set into ``root/<its class>/``, replacing that class's
     previous reference (``nox -s reference``); returns the new folder."""
     import shutil
 
     from suite.errors import BenchError
+    from suite.results.compare import load_summaries
 
     staging, root = Path(staging), Path(root)
-    classes = classes_of(staging)
+    classes = set(load_summaries(staging)[0].machine_class) - {"-"}
     if len(classes) != 1:
         raise BenchError(f"{staging}: a reference holds runs of one machine class, found "
                          f"{sorted(classes) or 'none'}")  # fmt: skip
