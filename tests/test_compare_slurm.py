@@ -111,8 +111,9 @@ def test_compare_matches_like_with_like(tmp_path):
     sim = {**RUNS[0], "simulated": True}  # a simulated ddp run never meets the real one
     short = {**RUNS[1], "epochs": 0.1}  # nor a 0.1-epoch run a full one
     proc = bench("compare", base, write_set(tmp_path / "b", [sim, short]))
-    assert proc.returncode == 0, proc.stdout
+    assert proc.returncode == 1, proc.stdout  # a gate that compared nothing does not pass
     assert "(no matched runs)" in proc.stdout
+    assert "nothing compared: none of the 2 NEW run(s) matches" in proc.stderr
     assert "unmatched (only in new): ddp cnn-fmnist on - 4 ranks {} (sim ?;" in proc.stdout
     assert "0.1 epochs" in proc.stdout
 

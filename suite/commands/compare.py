@@ -3,7 +3,8 @@ summary, or JSON for scripts); the exit code says whether anything regressed.
 
 A baseline may be a tree of references per machine class (``results/reference/<class>/``):
 the NEW runs are compared with the reference of their own class, and a class that has none
-fails in one line naming ``nox -s reference`` (never a silent pass with nothing matched).
+fails in one line naming ``nox -s reference``; NEW runs of which none matched a baseline run
+fail too (never a silent pass with nothing compared).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from suite.results.compare import (
     as_json,
     compare,
     format_table,
+    keys_of,
     load_summaries,
     parse_metrics,
     parse_threshold,
@@ -58,7 +60,8 @@ def run_compare(
     metric: tuple[str, ...], fmt: str, *, echo: Callable, max_time_regression: str | None = None,
 ) -> int:  # fmt: skip
     """Print the comparison; 1 when a metric regressed, a NEW run failed or did not do its
-    method's job, or there is no reference for the NEW runs' class, else 0 (bad input raises
+    method's job, there is no reference for the NEW runs' class, or no NEW run matched a
+    baseline run (a gate that compared nothing must not pass), else 0 (bad input raises
     BenchError, exit 2)."""
     threshold = parse_threshold(max_regression)
     time_threshold = None if max_time_regression is None else parse_threshold(max_time_regression)
@@ -77,9 +80,11 @@ def run_compare(
     for line in warnings:
         echo(f"warning: {line}", err=True)
     regressions = table[table.verdict.str.startswith("REGRESSION")] if len(table) else table
+    matched = len(keys_of(base) & keys_of(new_runs))
+    failed = 1 if len(regressions) or (len(new_runs) and not matched) else 0
     if fmt == "json":
-        echo(as_json(table, unmatched, len(regressions), warnings))
-        return 1 if len(regressions) else 0
+        echo(as_json(table, unmatched, len(regressions), warnings, matched))
+        return failed
     echo(format_table(table, fmt))
     for side, keys in unmatched.items():
         for key in keys:
@@ -87,4 +92,7 @@ def run_compare(
     times = "" if time_threshold is None else f" ({time_threshold:.1%} times)"
     echo(f"{len(regressions)} regression(s) beyond {threshold:.1%} (times, bytes){times} or "
          f"{max_accuracy_drop:g} accuracy points")  # fmt: skip
-    return 1 if len(regressions) else 0
+    if len(new_runs) and not matched:
+        echo(f"nothing compared: none of the {len(new_runs)} NEW run(s) matches a baseline "
+             "run (see the unmatched above), so the gate fails", err=True)  # fmt: skip
+    return failed

@@ -174,8 +174,7 @@ def compare(
     limits = {m: max_regression for m in METRICS}
     if max_time_regression is not None:
         limits.update({m: max_time_regression for m in TIME_METRICS})
-    base_keys = set(map(tuple, baseline[KEY].values.tolist()))
-    new_keys = set(map(tuple, new[KEY].values.tolist()))
+    base_keys, new_keys = keys_of(baseline), keys_of(new)
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
     rows = []
     for key in sorted(base_keys & new_keys, key=str):
@@ -201,6 +200,11 @@ def compare(
         "only in new": [_describe(k) for k in new_only],
     }
     return pd.DataFrame(rows), unmatched
+
+
+def keys_of(runs: pd.DataFrame) -> set[tuple]:
+    """The comparison keys of a set's runs."""
+    return set(map(tuple, runs[KEY].values.tolist()))
 
 
 def activity_rows(new: pd.DataFrame) -> tuple[list[dict], list[str]]:
@@ -318,10 +322,12 @@ def format_table(table: pd.DataFrame, fmt: str = "text") -> str:
     return shown(table).to_string(index=False)
 
 
-def as_json(table: pd.DataFrame, unmatched: dict, regressions: int, warnings: list) -> str:
+def as_json(
+    table: pd.DataFrame, unmatched: dict, regressions: int, warnings: list, matched: int
+) -> str:
     rows = json.loads(table.to_json(orient="records")) if len(table) else []
     return json.dumps({"rows": rows, "unmatched": unmatched, "regressions": regressions,
-                       "warnings": warnings}, indent=2)  # fmt: skip
+                       "matched": matched, "warnings": warnings}, indent=2)  # fmt: skip
 
 
 def schedule_of(recipe: dict) -> str:

@@ -1,4 +1,4 @@
-"""The training loop of one rank: iterations, the per-iteration agreement of the ranks,
+"""The training loop of one rank: iterations, the agreement of the ranks,
 evaluations, row flushes, checkpoints and stops, and finishing the run folder.
 
 Collectives issued here for bookkeeping (loss/NaN agreement, test accuracy) are not part of
@@ -34,7 +34,7 @@ from suite.run.stopping import StopRequest
 
 
 class NonFiniteLoss(BenchError):
-    """Every rank stops after the same iteration (agreed in :func:`agree`)."""
+    """Every rank stops after the same iteration (agreed in :meth:`Agreement.settle`)."""
 
 
 class AgreedInterruption(BenchError):
@@ -111,38 +111,85 @@ def checkpoint(run: Run, result: LoopResult) -> None:
     run.checkpoints.append(stats)
 
 
+#: the ranks agree at most this often, in seconds of training (``PRUNEX_AGREE_SECONDS``
+#: overrides), and always before an evaluation, a checkpoint and the last iteration: each
+#: agreement is a synchronization point, which on a GPU costs tens of microseconds but on
+#: oversubscribed CPU ranks a scheduler time slice (6-8 ms per iteration, measured on
+#: cnn-fmnist with 4 ranks on 2 cores, when the ranks agreed every iteration)
+AGREE_SECONDS = float(os.environ.get("PRUNEX_AGREE_SECONDS", "1"))
+#: the most iterations between two agreements; the interval at most doubles from one to the next
+MAX_AGREE_INTERVAL = 64
+
+
 @dataclass
-class Agreement:
-    mean_loss: float
-    inter_bytes: float
+class SettledIteration:
+    iteration: int
+    row: dict  # this rank's row
+    mean_loss: float  # over all ranks
+    inter_bytes: float  # summed over all ranks
     intra_bytes: float
+
+
+@dataclass
+class Settled:
+    iterations: list[SettledIteration]
     stop: bool  # a rank was asked to stop
     checkpoint_due: bool  # rank 0's clock says a timed checkpoint is due
 
 
-def agree(
-    loss: float, row: dict, iteration: int, device: torch.device, *, stop: bool, due: bool
-) -> Agreement:
-    """One small world all-reduce per iteration: mean loss, NaN agreement, stop requests and
-    timed checkpoints (so every rank stops or saves after the same iteration and nothing
-    recorded is lost), and the iteration's traffic over all ranks."""
-    finite = math.isfinite(loss)
-    stats = torch.tensor(
-        [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"], row["bytes_intra"],
-         float(stop), float(due)],
-        dtype=torch.float64,
-        device=device,
-    )  # fmt: skip
-    POSITION.issued("all_reduce", "world (the iteration's agreement)", ())
-    dist.all_reduce(stats)
-    loss_sum, nonfinite, inter, intra, stops, dues = stats.tolist()  # waits for it (NCCL too)
-    POSITION.at(phase="iteration end")
-    if nonfinite:
-        raise NonFiniteLoss(
-            f"non-finite loss at iteration {iteration} on {int(nonfinite)} rank(s); "
-            "lower --lr or check the data"
-        )
-    return Agreement(loss_sum / dist.get_world_size(), inter, intra, stops > 0, dues > 0)
+class Agreement:
+    """What the ranks must agree on, batched: mean losses, NaN, stop requests, timed
+    checkpoints and each iteration's traffic over all ranks, in one small world all-reduce
+    every ``interval`` iterations (so every rank stops or saves after the same iteration and
+    nothing recorded is lost).
+
+    The interval follows rank 0's seconds per iteration, carried in the all-reduce (the other
+    ranks add zeros, so every rank reads the same bits and picks the same next interval)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pending: list[tuple[int, dict, float]] = []
+        self.interval = 1
+        self.since = time.perf_counter()
+
+    def add(self, iteration: int, row: dict, loss: float) -> None:
+        self.pending.append((iteration, row, loss))
+
+    @property
+    def due(self) -> bool:
+        return len(self.pending) >= self.interval
+
+    def settle(self, *, stop: bool, checkpoint_due: bool) -> Settled:
+        pending, self.pending = self.pending, []
+        seconds = (time.perf_counter() - self.since) / len(pending)
+        head = [seconds if dist.get_rank() == 0 else 0.0, float(stop), float(checkpoint_due)]
+        for _, row, loss in pending:
+            finite = math.isfinite(loss)
+            head += [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"],
+                     row["bytes_intra"]]  # fmt: skip
+        stats = torch.tensor(head, dtype=torch.float64, device=self.device)
+        POSITION.issued("all_reduce", "world (the ranks' agreement)", ())
+        dist.all_reduce(stats)
+        values = stats.tolist()  # waits for it (NCCL too)
+        POSITION.at(phase="iteration end")
+        rank0_seconds, stops, dues = values[:3]
+        per_iteration = [values[3 + 4 * i : 7 + 4 * i] for i in range(len(pending))]
+        for (iteration, _, _), (_, nonfinite, _, _) in zip(pending, per_iteration, strict=True):
+            if nonfinite:
+                raise NonFiniteLoss(
+                    f"non-finite loss at iteration {iteration} on {int(nonfinite)} rank(s); "
+                    "lower --lr or check the data"
+                )
+        wanted = int(AGREE_SECONDS / rank0_seconds) if rank0_seconds > 0 else MAX_AGREE_INTERVAL
+        self.interval = max(1, min(wanted, 2 * self.interval, MAX_AGREE_INTERVAL))
+        self.since = time.perf_counter()
+        world = dist.get_world_size()
+        return Settled(
+            [SettledIteration(it, row, loss_sum / world, inter, intra)
+             for (it, row, _), (loss_sum, _, inter, intra) in zip(pending, per_iteration)],
+            stops > 0,
+            dues > 0,
+        )  # fmt: skip
 
 
 def progress_bar(run: Run):
@@ -156,15 +203,16 @@ def progress_bar(run: Run):
 def training_loop(run: Run, result: LoopResult) -> None:
     """Iterations ``result.done`` .. the end (or convergence); ``result`` is updated in place.
 
-    At the end of every iteration the ranks agree on the loss, on stop requests and on timed
-    checkpoints; then come the evaluation, the row flush, the checkpoint and the stop, in that
-    order, so a checkpoint holds every row before it."""
+    Every few iterations (:class:`Agreement`) the ranks agree on the losses, on stop requests
+    and on timed checkpoints; then come the evaluation, the row flush, the checkpoint and the
+    stop, in that order, so a checkpoint holds every row before it."""
     config, recorder, loader, method = run.config, run.recorder, run.loader, run.method
     accuracy = None
     progress = progress_bar(run)
     live = TensorBoardLog(run.folder.path, result.done) if live_logging(run) else None
     wall_start = time.perf_counter() - result.wall_seconds
     last_checkpoint = time.monotonic()
+    agreement = Agreement(run.device)
     try:
         for it in range(result.done, run.iterations):
             recorder.begin_iteration(it)
@@ -179,19 +227,32 @@ def training_loop(run: Run, result: LoopResult) -> None:
                 samples=int(done.samples),
                 epoch=loader.step / loader.steps_per_epoch,
             )
-            minutes = config.checkpoint_minutes
-            timed_due = minutes is not None and time.monotonic() - last_checkpoint >= 60 * minutes
-            agreed = agree(loss, row, it, run.device, stop=run.stop.requested, due=timed_due)
-            result.inter_bytes += agreed.inter_bytes
-            result.intra_bytes += agreed.intra_bytes
             result.train_seconds += row["t_iteration"]
             result.done = it + 1
-            result.converged = bool(done.converged)
-            if live is not None:
-                live.iteration(row, agreed.mean_loss, agreed.inter_bytes, agreed.intra_bytes)
-                live.layers(recorder.layers)
+            result.converged = bool(done.converged)  # collective: the same on every rank
             finished = result.converged or result.done == run.iterations
-            if result.done in run.eval_points or result.converged:
+            evaluating = result.done in run.eval_points or result.converged
+            every = config.checkpoint_every
+            scheduled_checkpoint = every is not None and result.done % every == 0
+            agreement.add(it, row, loss)
+            if not (agreement.due or finished or evaluating or scheduled_checkpoint):
+                if recorder.flush_due(FLUSH_SECONDS):
+                    with run.stop.held():
+                        run.folder.flush_rows(recorder)
+                continue
+            minutes = config.checkpoint_minutes
+            timed_due = minutes is not None and time.monotonic() - last_checkpoint >= 60 * minutes
+            agreed = agreement.settle(stop=run.stop.requested, checkpoint_due=timed_due)
+            for settled in agreed.iterations:
+                result.inter_bytes += settled.inter_bytes
+                result.intra_bytes += settled.intra_bytes
+                if live is not None:
+                    live.iteration(settled.row, settled.mean_loss, settled.inter_bytes,
+                                   settled.intra_bytes)  # fmt: skip
+            mean_loss = agreed.iterations[-1].mean_loss
+            if live is not None:
+                live.layers(recorder.layers)
+            if evaluating:
                 evaluation_started = time.perf_counter()
                 accuracy, test_loss = run.evaluate(method.eval_model())
                 result.evaluation_seconds += time.perf_counter() - evaluation_started
@@ -204,7 +265,7 @@ def training_loop(run: Run, result: LoopResult) -> None:
                         epoch=row["epoch"],
                         accuracy=accuracy,
                         test_loss=test_loss,
-                        train_loss=agreed.mean_loss,
+                        train_loss=mean_loss,
                         train_seconds=result.train_seconds,
                         wall_seconds=time.perf_counter() - wall_start,
                         inter_node_bytes=result.inter_bytes,
@@ -214,14 +275,13 @@ def training_loop(run: Run, result: LoopResult) -> None:
                     live.evaluation(it, accuracy, test_loss)
             if progress is not None:
                 rate = int(done.samples) * dist.get_world_size() / max(row["t_iteration"], 1e-9)
-                post = {"loss": f"{agreed.mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
+                post = {"loss": f"{mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
                 if accuracy is not None:
                     post["acc"] = f"{accuracy:.4f}"
                 progress.set_postfix(post, refresh=False)
-                progress.update(1)
-            every = config.checkpoint_every
+                progress.update(len(agreed.iterations))
             checkpointing = every is not None or minutes is not None
-            due = agreed.checkpoint_due or (every is not None and result.done % every == 0)
+            due = agreed.checkpoint_due or scheduled_checkpoint
             if checkpointing and not finished and (due or agreed.stop):
                 result.wall_seconds = time.perf_counter() - wall_start
                 checkpoint(run, result)

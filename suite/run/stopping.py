@@ -1,8 +1,8 @@
 """Stopping a rank at a safe point when it is asked to (SIGTERM from a scheduler or the
 launcher, SIGINT from Ctrl-C).
 
-The first signal only raises a flag: the training loop sees it at the end of the iteration,
-all ranks agree on it in their per-iteration all-reduce, and they stop together after the
+The first signal only raises a flag: the training loop sees it at the ranks' next agreement
+(an all-reduce at most about a second of training apart), and they stop together after the
 same iteration, flush their rows (and checkpoint, when checkpointing is on). A second signal
 interrupts at once (unless it repeats the first within a few seconds), except while a flush
 or a checkpoint is being written: then it waits until that write is whole.
