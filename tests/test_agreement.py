@@ -19,11 +19,11 @@ def settle_twelve(rank: int, agree_seconds: float) -> dict:
     agreement = loop.Agreement(torch.device("cpu"))
     batches, stops = [], []
     for it in range(12):
-        row = {"bytes_inter": 10.0 * (rank + 1), "bytes_intra": 1.0}
-        agreement.add(it, row, float(it + rank))
+        row = {"iteration": it, "bytes_inter": 10.0 * (rank + 1), "bytes_intra": 1.0}
+        agreement.add(row, float(it + rank))
         if agreement.due:
             settled = agreement.settle(stop=rank == 1 and it >= 5, checkpoint_due=rank == 0)
-            batches.append([(s.iteration, s.mean_loss, s.inter_bytes, s.intra_bytes)
+            batches.append([(s.row["iteration"], s.mean_loss, s.inter_bytes, s.intra_bytes)
                             for s in settled.iterations])  # fmt: skip
             stops.append((settled.stop, settled.checkpoint_due))
     return {"batches": batches, "stops": stops, "left": len(agreement.pending)}
@@ -53,7 +53,7 @@ def nonfinite_at_two(rank: int) -> str:
     agreement = loop.Agreement(torch.device("cpu"))
     for it in range(4):
         loss = math.nan if (rank, it) == (1, 2) else 1.0
-        agreement.add(it, {"bytes_inter": 0.0, "bytes_intra": 0.0}, loss)
+        agreement.add({"iteration": it, "bytes_inter": 0.0, "bytes_intra": 0.0}, loss)
     agreement.interval = 4
     with pytest.raises(loop.NonFiniteLoss) as raised:
         agreement.settle(stop=False, checkpoint_due=False)

@@ -38,11 +38,9 @@ def descendants(pid: int) -> set[tuple[int, int]]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append((int(entry.name), int(fields[19])))
+        fields = stat_fields(entry)
+        if fields is not None:
+            parents.setdefault(int(fields[1]), []).append((int(entry.name), int(fields[19])))
     found, todo = set(), [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
@@ -52,11 +50,19 @@ def descendants(pid: int) -> set[tuple[int, int]]:
     return found
 
 
-def start_time(pid: int) -> int | None:
+def stat_fields(proc: Path) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...; the
+    start time is index 19), or None when the process is gone."""
     try:
-        return int((Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+    return fields if len(fields) > 19 else None
+
+
+def start_time(pid: int) -> int | None:
+    fields = stat_fields(Path(f"/proc/{pid}"))
+    return int(fields[19]) if fields is not None else None
 
 
 def alive(process: tuple[int, int]) -> bool:

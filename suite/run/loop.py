@@ -123,7 +123,6 @@ MAX_AGREE_INTERVAL = 64
 
 @dataclass
 class SettledIteration:
-    iteration: int
     row: dict  # this rank's row
     mean_loss: float  # over all ranks
     inter_bytes: float  # summed over all ranks
@@ -148,12 +147,12 @@ class Agreement:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.pending: list[tuple[int, dict, float]] = []
+        self.pending: list[tuple[dict, float]] = []  # (row, loss) of each iteration
         self.interval = 1
         self.since = time.perf_counter()
 
-    def add(self, iteration: int, row: dict, loss: float) -> None:
-        self.pending.append((iteration, row, loss))
+    def add(self, row: dict, loss: float) -> None:
+        self.pending.append((row, loss))
 
     @property
     def due(self) -> bool:
@@ -163,7 +162,7 @@ class Agreement:
         pending, self.pending = self.pending, []
         seconds = (time.perf_counter() - self.since) / len(pending)
         head = [seconds if dist.get_rank() == 0 else 0.0, float(stop), float(checkpoint_due)]
-        for _, row, loss in pending:
+        for row, loss in pending:
             finite = math.isfinite(loss)
             head += [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"],
                      row["bytes_intra"]]  # fmt: skip
@@ -174,10 +173,10 @@ class Agreement:
         POSITION.at(phase="iteration end")
         rank0_seconds, stops, dues = values[:3]
         per_iteration = [values[3 + 4 * i : 7 + 4 * i] for i in range(len(pending))]
-        for (iteration, _, _), (_, nonfinite, _, _) in zip(pending, per_iteration, strict=True):
+        for (row, _), (_, nonfinite, _, _) in zip(pending, per_iteration, strict=True):
             if nonfinite:
                 raise NonFiniteLoss(
-                    f"non-finite loss at iteration {iteration} on {int(nonfinite)} rank(s); "
+                    f"non-finite loss at iteration {row['iteration']} on {int(nonfinite)} rank(s); "
                     "lower --lr or check the data"
                 )
         wanted = int(AGREE_SECONDS / rank0_seconds) if rank0_seconds > 0 else MAX_AGREE_INTERVAL
@@ -185,8 +184,8 @@ class Agreement:
         self.since = time.perf_counter()
         world = dist.get_world_size()
         return Settled(
-            [SettledIteration(it, row, loss_sum / world, inter, intra)
-             for (it, row, _), (loss_sum, _, inter, intra) in zip(pending, per_iteration)],
+            [SettledIteration(row, loss_sum / world, inter, intra)
+             for (row, _), (loss_sum, _, inter, intra) in zip(pending, per_iteration)],
             stops > 0,
             dues > 0,
         )  # fmt: skip
@@ -234,7 +233,7 @@ def training_loop(run: Run, result: LoopResult) -> None:
             evaluating = result.done in run.eval_points or result.converged
             every = config.checkpoint_every
             scheduled_checkpoint = every is not None and result.done % every == 0
-            agreement.add(it, row, loss)
+            agreement.add(row, loss)
             if not (agreement.due or finished or evaluating or scheduled_checkpoint):
                 if recorder.flush_due(FLUSH_SECONDS):
                     with run.stop.held():
