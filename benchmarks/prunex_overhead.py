@@ -10,14 +10,17 @@ touches of every buffer). Seconds are means over every rank and iteration.
     python benchmarks/prunex_overhead.py --workload resnet18-fmnist --dataset synthetic \\
         --iterations 6
     python benchmarks/prunex_overhead.py --device cuda    # on a GPU machine
+    python benchmarks/prunex_overhead.py --prunex-args "--after-freeze admm"  # every round
+                                                                              # Algorithm 1's
 
-Any other flag goes to both ``bench run`` commands.
+Any other flag goes to both ``bench run`` commands; ``--prunex-args`` to PruneX's alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import tempfile
 from pathlib import Path
@@ -57,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="cnn-fmnist")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prunex-args", default="", help="flags for the prunex run only")
     parser.add_argument("-o", "--output", default=None, help="also write the table here")
     args, passed_on = parser.parse_known_args()
     common = ["--workload", args.workload, "--gpus", "4", "--gpus-per-node", "2",
@@ -70,22 +74,27 @@ def main() -> None:
             runs = {}
             for method in ("prunex", "localsgd-hier"):
                 out = Path(tmp) / f"{method}-{repeat}"
-                bench("run", "--method", method, *common, "--results-dir", str(out))
+                own = shlex.split(args.prunex_args) if method == "prunex" else []
+                bench("run", "--method", method, *common, *own, "--results-dir", str(out))
                 runs[method] = only_run(out)
             work = seconds_per_local_step(runs["prunex"], PRUNEX_WORK)
             local = (phases.LOCAL_COMPUTE,)
             dense = seconds_per_local_step(runs["localsgd-hier"], local)
+            own_local = seconds_per_local_step(runs["prunex"], local)
             rows.append({
                 "repeat": repeat,
                 "prunex s/step (work)": work,
-                "prunex s/step (local compute)": seconds_per_local_step(runs["prunex"], local),
+                "prunex s/step (local compute)": own_local,
                 "localsgd-hier s/step (local compute)": dense,
                 "ratio": work / dense,
+                "H-SADMM phases / localsgd-hier step": (work - own_local) / dense,
             })  # fmt: skip
             print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     text = "\n".join([
-        f"`{' '.join(common)}`, prunex and localsgd-hier alternated {args.repeats} times",
+        f"`{' '.join(common)}`"
+        + (f" (prunex also `{args.prunex_args}`)" if args.prunex_args else "")
+        + f", prunex and localsgd-hier alternated {args.repeats} times",
         "",
         table.to_markdown(index=False, floatfmt=".5f"),
         "",

@@ -261,3 +261,64 @@ def test_freeze_epoch_freezes_at_the_end_of_the_round_that_reaches_it():
     # 0.5 epoch = 4 steps: round 1 ends at 3, round 2 at 6 >= 4
     assert out["frozen"] == [False, True, True, True]
     assert out["facts"] == {"masks_frozen_at": {"round": 2, "samples_per_rank": 48, "epoch": 0.75}}
+
+
+# ---------------------------------------------------------------------- residuals and stopping
+def residual_round(rank, eps_abs) -> dict:
+    """Two rounds; the second one's residual table (before its world sum) against the same
+    norms written out per tensor, and whether the stopping test passed."""
+    options = {**OPTIONS, "eps_abs": eps_abs, "eps_rel": 1e-3}
+    ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True)
+    method = PruneX(ctx, hierarchical=True)
+    one_round(method, ctx, 0)
+    seen = {}
+    dual_update = method.dual_update
+
+    def written_out(z_node, z):
+        before = {k: [t.clone() for t in getattr(method, k)] for k in ("u", "v", "z_node", "z")}
+        theta = [p.detach().clone() for p in method.params]
+        stats = dual_update(z_node, z)
+        u = [a + (t - b) for a, t, b in zip(before["u"], theta, z_node)]  # eq. (12)
+        v = [a + (b - c) for a, b, c in zip(before["v"], z_node, z)]  # eq. (13)
+        rho1 = torch.tensor(method.rho1, dtype=torch.float64) ** 2
+        rho2 = torch.tensor(method.rho2, dtype=torch.float64) ** 2
+
+        def sq(tensors, keep=True):
+            if not keep:
+                return torch.zeros(len(theta), dtype=torch.float64)
+            return torch.tensor([t.double().pow(2).sum().item() for t in tensors])
+
+        leader, stopping = ctx.topology.is_leader, eps_abs is not None
+        seen["want"] = torch.stack([
+            sq([t - b for t, b in zip(theta, z_node)]),
+            rho1 * sq([a - b for a, b in zip(z_node, before["z_node"])]),
+            sq(theta, stopping),
+            sq(z_node, stopping),
+            rho1 * sq(u, stopping),
+            sq([a - b for a, b in zip(z_node, z)], leader),
+            rho2 * sq([a - b for a, b in zip(z, before["z"])], leader),
+            sq(z, leader and stopping),
+            rho2 * sq(v, leader and stopping),
+        ], dim=1)  # fmt: skip
+        seen["stats"] = stats.clone()
+        seen["duals_equal"] = all(torch.equal(a, b) for a, b in zip(method.u + method.v, u + v))
+        return stats
+
+    method.dual_update = written_out
+    seen["converged"] = method.step(1).converged
+    return seen
+
+
+def residual_worker(rank):
+    return {eps: residual_round(rank, eps) for eps in (None, 1e3, 1e-12)}
+
+
+def test_residual_table_and_boyd_stopping_test():
+    """Each column of the batched residual table is its norm written out per tensor (the
+    tolerances' columns only where a stopping test is asked); loose tolerances stop the run,
+    tight ones and none do not."""
+    for rank in run_ranks(residual_worker, 4):
+        for eps, o in rank.items():
+            torch.testing.assert_close(o["stats"], o["want"], rtol=1e-5, atol=1e-12)
+            assert o["duals_equal"]
+            assert o["converged"] == (eps == 1e3), eps

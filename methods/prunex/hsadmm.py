@@ -49,6 +49,7 @@ def node_candidate(
     lam: float,
     num_nodes: int,
     procs_per_node: int,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """Dense node candidate z~_i: corrected eq. (9), the unconstrained minimizer over z_i of (6).
 
@@ -57,9 +58,13 @@ def node_candidate(
 
     The flat ablation "PruneX (AR)" (every rank against one global z) is the special case
     num_nodes=1, procs_per_node=N, rho2=0, where this reduces to rho1 sum / (lam + N rho1).
+    ``in_place`` writes the result into ``theta_u_sum`` (the same bits, no new tensor).
     """
     gamma = lam / num_nodes + procs_per_node * rho1 + rho2
-    return (rho1 * theta_u_sum + rho2 * (z - v)) / gamma
+    cand = theta_u_sum.mul_(rho1) if in_place else theta_u_sum * rho1
+    if rho2:
+        cand.add_((z - v).mul_(rho2))
+    return cand.div_(gamma)
 
 
 def balance_penalty(

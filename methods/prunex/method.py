@@ -55,7 +55,6 @@ from suite.api import (
     StepResult,
     StructuredMask,
     StructuredRound,
-    flatten,
     phases,
     unflatten,
 )
@@ -204,14 +203,20 @@ class PruneX(Method):
         """SUM over the consensus group of theta + u (of theta alone in an ``sgd`` round),
         and the group mean of BN statistics."""
         phase = phases.INTRA_ALLREDUCE if self.hierarchical else phases.ALLREDUCE
-        with torch.no_grad(), self.ctx.recorder.phase(phase):  # the copy into the buffer
+        with torch.no_grad(), self.ctx.recorder.phase(phase):  # written into one flat buffer
             theta = [p.detach() for p in self.params]
-            send = list(torch._foreach_add(theta, self.u) if self.admm_round else theta)
-            send += [b / self.procs for b in self.buffers]
-            flat = flatten(send)
+            like = theta + self.buffers
+            flat = torch.empty(sum(t.numel() for t in like), dtype=theta[0].dtype,
+                               device=theta[0].device)  # fmt: skip
+            parts = unflatten(flat, like)
+            params, buffers = parts[: len(theta)], parts[len(theta) :]
+            torch._foreach_copy_(params, theta)
+            if self.admm_round:
+                torch._foreach_add_(params, self.u)
+            for part, buffer in zip(buffers, self.buffers):
+                torch.div(buffer, self.procs, out=part)
         self.ctx.comm.all_reduce(flat, self.group, phase=phase)
-        parts = unflatten(flat, send)
-        return parts[: len(self.params)], parts[len(self.params) :]
+        return params, buffers
 
     def node_update(self, theta_u_sum) -> tuple[list[torch.Tensor], dict[str, StructuredMask]]:
         """Corrected eq. (9), then eq. (10) (or masking once frozen, Algorithm 1 line 11)."""
@@ -226,12 +231,15 @@ class PruneX(Method):
                 lam=self.lam,
                 num_nodes=self.num_nodes,
                 procs_per_node=self.procs,
+                in_place=True,  # the sum is this round's own buffer
             )
             if block.constrained:
                 if self.frozen:
                     cand = hsadmm.apply_mask(cand, self.masks[block.name])
                 else:
-                    cand, local_masks[block.name] = hsadmm.project(cand, **self.keeps)
+                    cand, local_masks[block.name] = hsadmm.project(
+                        cand, **self.keeps, in_place=True
+                    )
             z_node.append(cand)
         return z_node, local_masks
 
@@ -395,55 +403,67 @@ class PruneX(Method):
         self.structure.restrict(self.named_params, self.optimizer, self.named(self.u))
 
     def dual_update(self, z_node, z) -> torch.Tensor:
-        """Eqs. (12)-(13) and the local pieces of the residual norms (summed over the world)."""
+        """Eqs. (12)-(13) and the local pieces of the residual norms (summed over the world):
+        a (blocks, 9) float64 table of squared norms, each column one batched reduction over
+        every block (``_foreach_norm``: one multi-tensor kernel on CUDA), with at most one
+        model-sized temporary alive at a time.
+
+        Columns: 0 ||theta - z_i||^2, 1 rho1^2 ||z_i - z_i^old||^2, 5 ||z_i - z||^2 and
+        6 rho2^2 ||z - z^old||^2 (the residuals, for rho balancing and the layer rows), and
+        only where a stopping test is asked (``--eps-abs``) its tolerances' 2 ||theta||^2,
+        3 ||z_i||^2, 4 rho1^2 ||u||^2, 7 ||z||^2, 8 rho2^2 ||v||^2. Columns 5-8 are the
+        leaders' (hierarchical); a piece a rank does not hold is zero."""
         leader = self.ctx.topology.is_leader or not self.hierarchical
+        stopping = self.eps_abs is not None
+        theta = [p.detach() for p in self.params]
         stats = torch.zeros(len(self.blocks), 9, dtype=torch.float64, device=self.ctx.device)
-        for i, p in enumerate(self.params):
-            theta = p.detach()
-            r_intra = theta - z_node[i]
-            stats[i, 0] = r_intra.pow(2).sum()
-            stats[i, 1] = (self.rho1[i] ** 2) * (z_node[i] - self.z_node[i]).pow(2).sum()
-            stats[i, 2] = theta.pow(2).sum()
-            stats[i, 3] = z_node[i].pow(2).sum()
-            self.u[i].add_(r_intra)
-            stats[i, 4] = (self.rho1[i] ** 2) * self.u[i].pow(2).sum()
-            if self.hierarchical:
-                self.v[i].add_(z_node[i] - z[i])
-                if leader:
-                    stats[i, 5] = (z_node[i] - z[i]).pow(2).sum()
-                    stats[i, 6] = (self.rho2[i] ** 2) * (z[i] - self.z[i]).pow(2).sum()
-                    stats[i, 7] = z[i].pow(2).sum()
-                    stats[i, 8] = (self.rho2[i] ** 2) * self.v[i].pow(2).sum()
-        self.z_node = z_node
+
+        def squared_norms(column: int, tensors, scale: list[float] | None = None) -> None:
+            norms = torch.stack(torch._foreach_norm(tensors)).double().square()
+            if scale is not None:
+                norms *= torch.tensor(scale, dtype=torch.float64).square().to(norms.device)
+            stats[:, column] = norms
+
+        r_intra = torch._foreach_sub(theta, z_node)
+        squared_norms(0, r_intra)
+        torch._foreach_add_(self.u, r_intra)  # eq. (12)
+        del r_intra
+        # ||z_i - z_i^old|| as ||z_i^old - z_i||, in the old tensors: no longer needed
+        torch._foreach_sub_(self.z_node, z_node)
+        squared_norms(1, self.z_node, self.rho1)
+        if stopping:
+            squared_norms(2, theta)
+            squared_norms(3, z_node)
+            squared_norms(4, self.u, self.rho1)
+        if self.hierarchical:
+            r_inter = torch._foreach_sub(z_node, z)
+            torch._foreach_add_(self.v, r_inter)  # eq. (13)
+            if leader:
+                squared_norms(5, r_inter)
+                del r_inter
+                torch._foreach_sub_(self.z, z)  # likewise
+                squared_norms(6, self.z, self.rho2)
+                if stopping:
+                    squared_norms(7, z)
+                    squared_norms(8, self.v, self.rho2)
+        self.z_node = z_node  # the old tensors held differences: replaced, not reused
         self.z = [t.clone() for t in z] if not self.hierarchical else z
         return stats
 
     def balance_and_check(self, iteration: int, stats: torch.Tensor) -> bool:
-        """Boyd's stopping test per layer and level, and residual balancing of rho1, rho2."""
-        world = self.ctx.topology.world_size
-        rows, converged = [], True
+        """Boyd's stopping test per layer and level (with ``--eps-abs``), and residual
+        balancing of rho1, rho2."""
+        stopping = self.eps_abs is not None
+        rows, converged = [], stopping
         host = stats.tolist()  # one transfer for every block's residual pieces
         for i, block in enumerate(self.blocks):
             s = host[i]
-            n = math.prod(block.shape)
             r_intra, s_intra = math.sqrt(s[0]), math.sqrt(s[1])
-            tol = {"eps_abs": self.eps_abs or 0.0, "eps_rel": self.eps_rel}
-            ok = r_intra <= hsadmm.primal_tolerance(
-                world * n, math.sqrt(s[2]), math.sqrt(s[3]), **tol
-            ) and s_intra <= hsadmm.dual_tolerance(world * n, math.sqrt(s[4]), **tol)
             r_inter = s_inter = math.nan
             if self.hierarchical:
                 r_inter, s_inter = math.sqrt(s[5]), math.sqrt(s[6])
-                z_node_norm = math.sqrt(s[3] / self.procs)
-                ok = (
-                    ok
-                    and r_inter
-                    <= hsadmm.primal_tolerance(
-                        self.num_nodes * n, z_node_norm, math.sqrt(s[7]), **tol
-                    )
-                    and s_inter <= hsadmm.dual_tolerance(self.num_nodes * n, math.sqrt(s[8]), **tol)
-                )
-            converged = converged and ok
+            if stopping:
+                converged = converged and self.within_tolerance(block, s)
             rows.append(
                 {
                     "iteration": iteration,
@@ -462,7 +482,26 @@ class PruneX(Method):
                 self.rebalance(i, r_intra, s_intra, r_inter, s_inter)
         if self.ctx.topology.rank == 0:
             self.ctx.recorder.add_layer_rows(rows)
-        return converged and self.eps_abs is not None
+        return converged
+
+    def within_tolerance(self, block, s: list[float]) -> bool:
+        """Boyd's eps_pri and eps_dual test of one block at both levels, from its row of
+        ``dual_update``'s world-summed table."""
+        n = math.prod(block.shape)
+        world = self.ctx.topology.world_size
+        tol = {"eps_abs": self.eps_abs, "eps_rel": self.eps_rel}
+        ok = math.sqrt(s[0]) <= hsadmm.primal_tolerance(
+            world * n, math.sqrt(s[2]), math.sqrt(s[3]), **tol
+        ) and math.sqrt(s[1]) <= hsadmm.dual_tolerance(world * n, math.sqrt(s[4]), **tol)
+        if not self.hierarchical:
+            return ok
+        z_node_norm = math.sqrt(s[3] / self.procs)
+        return (
+            ok
+            and math.sqrt(s[5])
+            <= hsadmm.primal_tolerance(self.num_nodes * n, z_node_norm, math.sqrt(s[7]), **tol)
+            and math.sqrt(s[6]) <= hsadmm.dual_tolerance(self.num_nodes * n, math.sqrt(s[8]), **tol)
+        )
 
     def rebalance(self, i: int, r_intra, s_intra, r_inter, s_inter) -> None:
         """Residual balancing; scaled duals are rescaled by rho_old / rho_new (Boyd 3.4.1)."""

@@ -51,16 +51,11 @@ class LiveSlices:
         rows, cols = self.of(name)
         if rows is None and cols is None:
             return None
-        keep = torch.ones(shape, dtype=torch.bool, device=device)
-        if rows is not None:
-            dead = torch.ones(shape[0], dtype=torch.bool, device=device)
-            dead[rows.to(device)] = False
-            keep[dead] = False
+        trailing = (1,) * (len(shape) - 1)
+        keep = _kept_at(rows, shape[0], device).view(-1, *trailing)
         if cols is not None:
-            dead = torch.ones(shape[1], dtype=torch.bool, device=device)
-            dead[cols.to(device)] = False
-            keep[:, dead] = False
-        return keep
+            keep = keep & _kept_at(cols, shape[1], device).view(1, -1, *trailing[1:])
+        return keep.expand(shape).contiguous()
 
     def partial_masks(self, shapes: dict[str, torch.Size], device=None) -> dict[str, torch.Tensor]:
         """Live-element masks of those tensors in ``shapes`` (name -> shape) that have a dead
@@ -169,6 +164,15 @@ def _rows_of_norm(rows: dict, norm: str, entries: torch.Tensor, modules: dict) -
             continue
         key = f"{norm}.{tensor}"
         rows[key] = index if key not in rows else torch.unique(torch.cat([rows[key], index]))
+
+
+def _kept_at(index: torch.Tensor | None, n: int, device) -> torch.Tensor:
+    """Bool (n,) of ``index`` on ``device`` (``None``: every entry)."""
+    if index is None:
+        return torch.ones(n, dtype=torch.bool, device=device)
+    keep = torch.zeros(n, dtype=torch.bool, device=device)
+    keep[index.to(device)] = True
+    return keep
 
 
 def _bool_at(index: torch.Tensor, n: int) -> torch.Tensor:

@@ -185,6 +185,7 @@ def project(
     filter_keep: float | None = None,
     channel_keep: float | None = None,
     shape_keep: float | None = None,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, StructuredMask]:
     """Pi_S of eq. (10) for S = S_f & S_c & S_s (sec. 2.1); ``None`` leaves a set out.
 
@@ -194,18 +195,43 @@ def project(
     every set but is not always the exact projection onto the intersection, and the order
     matters (the paper says it does not; see the module docstring).
 
-    Returns the projected tensor and the group bitmaps chosen at each step, which always hold
-    exactly keep_count groups per constrained set, even when norms are zero.
+    Returns the projected tensor (``weight`` itself with ``in_place``) and the group bitmaps
+    chosen at each step, which always hold exactly keep_count groups per constrained set, even
+    when norms are zero.
     """
     c_out, c_in, kh, kw = _conv_shape(weight.shape)
+    device = weight.device
     sq = weight.square()
-    filters = _top_groups(sq.sum((1, 2, 3)), filter_keep)
-    sq = sq * filters[:, None, None, None]
-    channels = _top_groups(sq.sum((0, 2, 3)), channel_keep)
-    sq = sq * channels[None, :, None, None]
-    shape = _top_groups(sq.sum(0), shape_keep)
+    # a set left out keeps every group: neither its norms nor its zeroing are computed
+    # and the squares are masked only for a set that comes after
+    filters = _all_kept(c_out, device)
+    if filter_keep is not None:
+        filters = _top_groups(sq.sum((1, 2, 3)), filter_keep)
+        if channel_keep is not None or shape_keep is not None:
+            sq = sq * filters[:, None, None, None]
+    channels = _all_kept(c_in, device)
+    if channel_keep is not None:
+        channels = _top_groups(sq.sum((0, 2, 3)), channel_keep)
+        if shape_keep is not None:
+            sq = sq * channels[None, :, None, None]
+    shape = _all_kept((c_in, kh, kw), device)
+    if shape_keep is not None:
+        shape = _top_groups(sq.sum(0), shape_keep)
     mask = StructuredMask(filters, channels, shape)
-    return apply_mask(weight, mask), mask
+    # zero what the asked sets prune (the sets left out prune nothing): apply_mask's result
+    # without forming the dense mask
+    out = weight if in_place else weight.clone()
+    if filter_keep is not None:
+        out.masked_fill_(~filters[:, None, None, None], 0)
+    if channel_keep is not None:
+        out.masked_fill_(~channels[None, :, None, None], 0)
+    if shape_keep is not None:
+        out.masked_fill_(~shape[None], 0)
+    return out, mask
+
+
+def _all_kept(size, device) -> torch.Tensor:
+    return torch.ones(size, dtype=torch.bool, device=device)
 
 
 def apply_mask(weight: torch.Tensor, mask: StructuredMask) -> torch.Tensor:
