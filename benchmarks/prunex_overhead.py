@@ -10,8 +10,7 @@ touches of every buffer). Seconds are means over every rank and iteration.
     python benchmarks/prunex_overhead.py --workload resnet18-fmnist --dataset synthetic \\
         --iterations 6
     python benchmarks/prunex_overhead.py --device cuda    # on a GPU machine
-    python benchmarks/prunex_overhead.py --prunex-args "--after-freeze admm"  # every round
-                                                                              # Algorithm 1's
+    python benchmarks/prunex_overhead.py --prunex-args "--after-freeze admm"  # all ADMM
 
 Any other flag goes to both ``bench run`` commands; ``--prunex-args`` to PruneX's alone.
 """

@@ -264,12 +264,33 @@ def test_freeze_epoch_freezes_at_the_end_of_the_round_that_reaches_it():
 
 
 # ---------------------------------------------------------------------- residuals and stopping
-def residual_round(rank, eps_abs) -> dict:
+EPS_GRID = [10.0**k for k in range(-8, 3)]
+
+
+def boyd_verdict(row, numel, rho1, rho2, eps, hierarchical, rel=1e-3) -> bool:
+    """Boyd's stopping test (sec. 3.3 of his monograph) of one block at both levels, written
+    from the world sums of the unscaled squared norms (2 nodes x 2 ranks)."""
+    world, nodes, procs = 4, 2, 2
+    r_intra, moved_intra, theta, z_node, u, r_inter, moved_inter, z, v = row.sqrt().tolist()
+    pri, dua = math.sqrt(world * numel) * eps, math.sqrt(world * numel) * eps
+    ok = r_intra <= pri + rel * max(theta, z_node) and rho1 * moved_intra <= dua + rel * rho1 * u
+    if hierarchical:
+        node_norm = z_node / math.sqrt(procs)  # each node's z_i is on its P ranks
+        pri = dua = math.sqrt(nodes * numel) * eps
+        inter_ok = r_inter <= pri + rel * max(node_norm, z)
+        ok = ok and inter_ok and rho2 * moved_inter <= dua + rel * rho2 * v
+    return ok
+
+
+def residual_round(rank, hierarchical, eps_abs) -> dict:
     """Two rounds; the second one's residual table (before its world sum) against the same
-    norms written out per tensor, and whether the stopping test passed."""
+    norms written out per tensor, the state the round leaves, and the stopping verdicts."""
+    name = "prunex" if hierarchical else "prunex-flat"
     options = {**OPTIONS, "eps_abs": eps_abs, "eps_rel": 1e-3}
-    ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True)
-    method = PruneX(ctx, hierarchical=True)
+    if not hierarchical:
+        del options["rho2"]  # no inter-node level
+    ctx = make_context(rank, gpus_per_node=2, method=name, options=options, bn=True)
+    method = PruneX(ctx, hierarchical=hierarchical)
     one_round(method, ctx, 0)
     seen = {}
     dual_update = method.dual_update
@@ -277,48 +298,87 @@ def residual_round(rank, eps_abs) -> dict:
     def written_out(z_node, z):
         before = {k: [t.clone() for t in getattr(method, k)] for k in ("u", "v", "z_node", "z")}
         theta = [p.detach().clone() for p in method.params]
+        seen["rho"] = (list(method.rho1), list(method.rho2))
         stats = dual_update(z_node, z)
         u = [a + (t - b) for a, t, b in zip(before["u"], theta, z_node)]  # eq. (12)
-        v = [a + (b - c) for a, b, c in zip(before["v"], z_node, z)]  # eq. (13)
-        rho1 = torch.tensor(method.rho1, dtype=torch.float64) ** 2
-        rho2 = torch.tensor(method.rho2, dtype=torch.float64) ** 2
+        v = [a + (b - c) for a, b, c in zip(before["v"], z_node, z)] if hierarchical else []
 
-        def sq(tensors, keep=True):
-            if not keep:
-                return torch.zeros(len(theta), dtype=torch.float64)
-            return torch.tensor([t.double().pow(2).sum().item() for t in tensors])
+        def sq(tensors):
+            return torch.tensor(
+                [t.double().pow(2).sum().item() for t in tensors], dtype=torch.float64
+            )
 
-        leader, stopping = ctx.topology.is_leader, eps_abs is not None
-        seen["want"] = torch.stack([
+        none = torch.zeros(len(theta), dtype=torch.float64)
+        leader = hierarchical and ctx.topology.is_leader
+        full = torch.stack([
             sq([t - b for t, b in zip(theta, z_node)]),
-            rho1 * sq([a - b for a, b in zip(z_node, before["z_node"])]),
-            sq(theta, stopping),
-            sq(z_node, stopping),
-            rho1 * sq(u, stopping),
-            sq([a - b for a, b in zip(z_node, z)], leader),
-            rho2 * sq([a - b for a, b in zip(z, before["z"])], leader),
-            sq(z, leader and stopping),
-            rho2 * sq(v, leader and stopping),
+            sq([a - b for a, b in zip(z_node, before["z_node"])]),
+            sq(theta), sq(z_node), sq(u),
+            sq([a - b for a, b in zip(z_node, z)]) if leader else none,
+            sq([a - b for a, b in zip(z, before["z"])]) if leader else none,
+            sq(z) if leader else none,
+            sq(v) if leader else none,
         ], dim=1)  # fmt: skip
-        seen["stats"] = stats.clone()
+        want = full.clone()
+        if eps_abs is None:  # no stopping test: its tolerances' norms are not taken
+            want[:, [2, 3, 4, 7, 8]] = 0
+        seen.update(full=full, want=want, stats=stats.clone())
         seen["duals_equal"] = all(torch.equal(a, b) for a, b in zip(method.u + method.v, u + v))
+        seen["state_replaced"] = method.z_node is z_node and all(
+            torch.equal(a, b) for a, b in zip(method.z, z)
+        )
         return stats
 
     method.dual_update = written_out
     seen["converged"] = method.step(1).converged
+    full = seen.pop("full")
+    dist.all_reduce(full)  # world sums, as the method's own table is summed
+    rho1, rho2 = seen.pop("rho")
+    verdicts, expected = [], []
+    for eps in EPS_GRID:
+        method.eps_abs = eps
+        for i, block in enumerate(method.blocks):
+            row = full[i].tolist()
+            for column, rho in ((1, rho1[i]), (4, rho1[i]), (6, rho2[i]), (8, rho2[i])):
+                row[column] *= rho**2
+            verdicts.append(method.within_tolerance(block, row))
+            numel = math.prod(block.shape)
+            expected.append(boyd_verdict(full[i], numel, rho1[i], rho2[i], eps, hierarchical))
+    # and on random rows, where every term of the test can decide it
+    g = torch.Generator().manual_seed(rank)
+    method.eps_rel = 1.0
+    for _ in range(300):
+        row = (torch.rand(9, generator=g, dtype=torch.float64) * 4).pow(10)
+        rho1, rho2 = 10 ** (-3 * torch.rand(2, generator=g)).double()
+        eps = 10 ** (-4 * torch.rand((), generator=g).item())
+        scaled = row.tolist()
+        for column, rho in ((1, rho1), (4, rho1), (6, rho2), (8, rho2)):
+            scaled[column] *= rho.item() ** 2
+        method.eps_abs = eps
+        block = method.blocks[0]
+        verdicts.append(method.within_tolerance(block, scaled))
+        expected.append(boyd_verdict(row, math.prod(block.shape), rho1.item(), rho2.item(),
+                                     eps, hierarchical, rel=1.0))  # fmt: skip
+    seen["verdicts"], seen["expected"] = verdicts, expected
     return seen
 
 
 def residual_worker(rank):
-    return {eps: residual_round(rank, eps) for eps in (None, 1e3, 1e-12)}
+    return {
+        (hierarchical, eps): residual_round(rank, hierarchical, eps)
+        for hierarchical, eps in ((True, None), (True, 1e3), (False, None))
+    }
 
 
 def test_residual_table_and_boyd_stopping_test():
     """Each column of the batched residual table is its norm written out per tensor (the
-    tolerances' columns only where a stopping test is asked); loose tolerances stop the run,
-    tight ones and none do not."""
+    tolerances' columns only where a stopping test is asked), the round leaves the new z_i
+    and z, Boyd's test gives the written-out verdict at every tolerance, and a loose one
+    stops the run; hierarchical and flat."""
     for rank in run_ranks(residual_worker, 4):
-        for eps, o in rank.items():
+        for (_, eps), o in rank.items():
             torch.testing.assert_close(o["stats"], o["want"], rtol=1e-5, atol=1e-12)
-            assert o["duals_equal"]
-            assert o["converged"] == (eps == 1e3), eps
+            assert o["duals_equal"] and o["state_replaced"]
+            assert o["verdicts"] == o["expected"]
+            assert True in o["verdicts"] and False in o["verdicts"]  # the grid crosses it
+            assert o["converged"] == (eps == 1e3)

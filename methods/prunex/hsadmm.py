@@ -59,6 +59,8 @@ def node_candidate(
     The flat ablation "PruneX (AR)" (every rank against one global z) is the special case
     num_nodes=1, procs_per_node=N, rho2=0, where this reduces to rho1 sum / (lam + N rho1).
     ``in_place`` writes the result into ``theta_u_sum`` (the same bits, no new tensor).
+    With rho2 = 0 (flat) the rho2 term is left out, not added as zeros: equal values, but a
+    -0.0 of the first term stays -0.0.
     """
     gamma = lam / num_nodes + procs_per_node * rho1 + rho2
     cand = theta_u_sum.mul_(rho1) if in_place else theta_u_sum * rho1

@@ -201,7 +201,8 @@ class PruneX(Method):
 
     def consensus_sum(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """SUM over the consensus group of theta + u (of theta alone in an ``sgd`` round),
-        and the group mean of BN statistics."""
+        and the group mean of BN statistics: views into one fresh buffer of this round, which
+        the caller may overwrite (eq. 9 and the projection work in place in it)."""
         phase = phases.INTRA_ALLREDUCE if self.hierarchical else phases.ALLREDUCE
         with torch.no_grad(), self.ctx.recorder.phase(phase):  # written into one flat buffer
             theta = [p.detach() for p in self.params]
@@ -404,25 +405,23 @@ class PruneX(Method):
 
     def dual_update(self, z_node, z) -> torch.Tensor:
         """Eqs. (12)-(13) and the local pieces of the residual norms (summed over the world):
-        a (blocks, 9) float64 table of squared norms, each column one batched reduction over
-        every block (``_foreach_norm``: one multi-tensor kernel on CUDA), with at most one
-        model-sized temporary alive at a time.
+        a (blocks, 9) float64 table of squared norms, each column from one batched reduction
+        over every block (``_foreach_norm``, a multi-tensor kernel on CUDA), then one stack.
+        The penalties' rho^2 factors are applied on the host after the world sum (rho is the
+        same on every rank), so the round holds no host-to-device copy.
 
-        Columns: 0 ||theta - z_i||^2, 1 rho1^2 ||z_i - z_i^old||^2, 5 ||z_i - z||^2 and
-        6 rho2^2 ||z - z^old||^2 (the residuals, for rho balancing and the layer rows), and
-        only where a stopping test is asked (``--eps-abs``) its tolerances' 2 ||theta||^2,
-        3 ||z_i||^2, 4 rho1^2 ||u||^2, 7 ||z||^2, 8 rho2^2 ||v||^2. Columns 5-8 are the
-        leaders' (hierarchical); a piece a rank does not hold is zero."""
+        Columns: 0 ||theta - z_i||^2, 1 ||z_i - z_i^old||^2, 5 ||z_i - z||^2 and
+        6 ||z - z^old||^2 (the residuals, for rho balancing and the layer rows), and only
+        where a stopping test is asked (``--eps-abs``) its tolerances' 2 ||theta||^2,
+        3 ||z_i||^2, 4 ||u||^2, 7 ||z||^2, 8 ||v||^2. Columns 5-8 are the leaders'
+        (hierarchical); a piece a rank does not hold is zero."""
         leader = self.ctx.topology.is_leader or not self.hierarchical
         stopping = self.eps_abs is not None
         theta = [p.detach() for p in self.params]
         stats = torch.zeros(len(self.blocks), 9, dtype=torch.float64, device=self.ctx.device)
 
-        def squared_norms(column: int, tensors, scale: list[float] | None = None) -> None:
-            norms = torch.stack(torch._foreach_norm(tensors)).double().square()
-            if scale is not None:
-                norms *= torch.tensor(scale, dtype=torch.float64).square().to(norms.device)
-            stats[:, column] = norms
+        def squared_norms(column: int, tensors) -> None:
+            stats[:, column] = torch.stack(torch._foreach_norm(tensors)).double().square()
 
         r_intra = torch._foreach_sub(theta, z_node)
         squared_norms(0, r_intra)
@@ -430,22 +429,23 @@ class PruneX(Method):
         del r_intra
         # ||z_i - z_i^old|| as ||z_i^old - z_i||, in the old tensors: no longer needed
         torch._foreach_sub_(self.z_node, z_node)
-        squared_norms(1, self.z_node, self.rho1)
+        squared_norms(1, self.z_node)
         if stopping:
             squared_norms(2, theta)
             squared_norms(3, z_node)
-            squared_norms(4, self.u, self.rho1)
+            squared_norms(4, self.u)
         if self.hierarchical:
             r_inter = torch._foreach_sub(z_node, z)
             torch._foreach_add_(self.v, r_inter)  # eq. (13)
             if leader:
                 squared_norms(5, r_inter)
-                del r_inter
+            del r_inter
+            if leader:
                 torch._foreach_sub_(self.z, z)  # likewise
-                squared_norms(6, self.z, self.rho2)
+                squared_norms(6, self.z)
                 if stopping:
                     squared_norms(7, z)
-                    squared_norms(8, self.v, self.rho2)
+                    squared_norms(8, self.v)
         self.z_node = z_node  # the old tensors held differences: replaced, not reused
         self.z = [t.clone() for t in z] if not self.hierarchical else z
         return stats
@@ -458,6 +458,9 @@ class PruneX(Method):
         host = stats.tolist()  # one transfer for every block's residual pieces
         for i, block in enumerate(self.blocks):
             s = host[i]
+            for column, rho in ((1, self.rho1[i]), (4, self.rho1[i]), (6, self.rho2[i]),
+                                (8, self.rho2[i])):  # fmt: skip
+                s[column] *= rho**2  # the dual residuals and y = rho u, rho v
             r_intra, s_intra = math.sqrt(s[0]), math.sqrt(s[1])
             r_inter = s_inter = math.nan
             if self.hierarchical:
