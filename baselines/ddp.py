@@ -19,7 +19,6 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from baselines.common import SGDBaseline
 from suite.api import (
     METHODS,
     POSITIVE,
@@ -28,6 +27,7 @@ from suite.api import (
     Look,
     Recorder,
     RunContext,
+    SGDBaseline,
     StepResult,
     crosses_nodes_every_round,
     option,

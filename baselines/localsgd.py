@@ -38,7 +38,6 @@ from torch.distributed.algorithms.model_averaging.hierarchical_model_averager im
 )
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
-from baselines.common import SGDBaseline
 from suite.api import (
     AT_LEAST_1,
     METHODS,
@@ -46,6 +45,7 @@ from suite.api import (
     Look,
     RoundSettings,
     RunContext,
+    SGDBaseline,
     StepResult,
     broadcast_initial_state,
     crosses_nodes_every_round,

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.common import SGDBaseline
 from suite.api import (
     AT_LEAST_1,
     FRACTION,
@@ -41,6 +40,7 @@ from suite.api import (
     PackingSettings,
     RoundSettings,
     RunContext,
+    SGDBaseline,
     StepResult,
     StructuredKeepSettings,
     StructuredRound,
@@ -48,7 +48,6 @@ from suite.api import (
     crosses_nodes_every_round,
     option,
     phases,
-    project,
     reaches_keep,
 )
 
@@ -106,7 +105,7 @@ class StructuredLocalSGD(SGDBaseline):
         self.targets = settings.keeps
         self.params = dict(self.module.named_parameters())
         self.buffers = dict((n, b) for n, b in self.module.named_buffers() if b.is_floating_point())
-        self.structure = StructuredRound(ctx, self.module, settings)  # PruneX's, shared
+        self.structure = StructuredRound(ctx, self.module, settings, keeps=settings.keeps)
         self.applied = 0.0  # pruned fraction of the masks in use
         self.frozen = False
         if settings.masks_from is not None:
@@ -172,7 +171,7 @@ class StructuredLocalSGD(SGDBaseline):
         PruneX); returns the number of group bits that changed."""
         keeps = keeps_at(self.targets, fraction)
         with self.ctx.recorder.phase(phases.PROJECTION):
-            local = {n: project(self.params[n].data, **keeps)[1] for n in self.shapes}
+            local = self.structure.select({n: p.data for n, p in self.params.items()}, keeps)
         self.applied = fraction
         drift = self.structure.agree(local)
         if drift:

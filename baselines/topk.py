@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.common import SGDBaseline
 from suite.api import (
     FRACTION,
     METHODS,
@@ -32,6 +31,7 @@ from suite.api import (
     Look,
     RunContext,
     RunView,
+    SGDBaseline,
     StepResult,
     broadcast_initial_state,
     flatten,

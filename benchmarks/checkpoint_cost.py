@@ -55,14 +55,14 @@ def resnet152_rank_state() -> dict:
     from suite.cluster.comm import Communicator
     from suite.cluster.recorder import Recorder
     from suite.cluster.topology import build_topology
+    from suite.config import RunConfig
+    from suite.data.datasets import dataset_spec
+    from suite.data.sharding import ShardedLoader
+    from suite.data.workload import TensorData
     from suite.plugins.method import RunContext
     from suite.plugins.registry import METHODS as REGISTRY
     from suite.run.build import method_settings, resolve_workload
     from suite.run.checkpoint import save_checkpoint
-    from suite.run.config import RunConfig
-    from workloads.base import TensorData
-    from workloads.datasets import dataset_spec
-    from workloads.sharding import ShardedLoader
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
     dist.init_process_group("gloo", rank=0, world_size=1)

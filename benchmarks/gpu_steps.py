@@ -2,12 +2,13 @@
 seconds per local step by phase, iteration 0 against the rest, samples per second per rank,
 setup seconds, and PruneX's overhead ratio over localsgd-hier (benchmarks/prunex_overhead.py).
 
-Layouts: one rank per visible GPU on NCCL (the real thing, one rank if there is one GPU), and
-2 nodes x 2 ranks sharing the GPUs round-robin (gloo: collectives through the host, timings
-not representative of a cluster, but every hierarchical path runs). ``nox -s gpu`` runs it
-after the gpu tests and writes the markdown to benchmarks/measured/.
+Layouts (``--layout``): ``nccl``, one rank per visible GPU on NCCL (the real thing, one rank
+if there is one GPU), and ``shared``, 2 nodes x 2 ranks sharing the GPUs round-robin (gloo:
+collectives through the host, timings not representative of a cluster, but every
+hierarchical path runs). ``nox -s gpu -- --part 3`` and ``--part 4`` run one layout each and
+write the markdown to benchmarks/measured/.
 
-    python benchmarks/gpu_steps.py -o benchmarks/measured/gpu_steps_h100.md
+    python benchmarks/gpu_steps.py --layout nccl -o benchmarks/measured/gpu_steps_h100_nccl.md
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def describe(root: Path) -> pd.DataFrame:
         row = {
             "method": summary["method"],
             "backend": manifest["backend"],
+            "warm-up s": summary.get("warmup_seconds"),
             "iteration 0 s": table[table["iteration"] == 0]["t_iteration"].mean(),
             "later iterations s": later["t_iteration"].mean(),
+            "iteration 0 / median": table[table["iteration"] == 0]["t_iteration"].mean()
+            / later["t_iteration"].median(),
             "s per local step": later["t_iteration"].mean() / steps,
             "samples/s per rank": summary.get("samples_per_second_per_rank"),
             "setup s": summary.get("setup_seconds"),
@@ -61,6 +65,7 @@ def main() -> None:
     parser.add_argument("--workload", default="resnet18-cifar10")
     parser.add_argument("--iterations", default="6")
     parser.add_argument("--methods", default=ALL_METHODS)
+    parser.add_argument("--layout", choices=["nccl", "shared", "both"], default="both")
     parser.add_argument("-o", "--output", default=None)
     args = parser.parse_args()
     gpus = torch.cuda.device_count()
@@ -80,9 +85,12 @@ def main() -> None:
         "--eval-every",
         "100000",
     ]
-    layouts = {f"{gpus} rank(s), one per GPU (NCCL)": ["--gpus", str(gpus)],
-               "2 nodes x 2 ranks sharing the GPUs (gloo)": ["--gpus", "4", "--gpus-per-node",
-                                                             "2"]}  # fmt: skip
+    layouts = {}
+    if args.layout in ("nccl", "both"):
+        layouts[f"{gpus} rank(s), one per GPU (NCCL)"] = ["--gpus", str(gpus)]
+    if args.layout in ("shared", "both"):
+        layouts["2 nodes x 2 ranks sharing the GPUs (gloo)"] = ["--gpus", "4", "--gpus-per-node",
+                                                                "2"]  # fmt: skip
     name = torch.cuda.get_device_name(0)
     sections = [f"# Every method on {name} x {gpus}", "",
                 f"`{' '.join(common)}`; seconds are means over ranks and iterations "

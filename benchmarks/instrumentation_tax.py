@@ -35,10 +35,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from suite.cluster.topology import build_topology
+from suite.config import RunConfig
+from suite.data.datasets import load_data
+from suite.data.sharding import ShardedLoader
 from suite.run.build import resolve_workload
-from suite.run.config import RunConfig
-from workloads.datasets import load_data
-from workloads.sharding import ShardedLoader
 
 
 def bare_rank(rank: int, world: int, port: int, args, out: str) -> None:

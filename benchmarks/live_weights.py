@@ -24,9 +24,9 @@ import pandas as pd
 import torch
 from runs import bench, only_run
 
+from suite.data.datasets import dataset_spec
 from suite.plugins.registry import WORKLOADS
 from suite.structured.masks import StructuredMask
-from workloads.datasets import dataset_spec
 
 KEEPS = {
     "channel 0.5": ["--channel-keep", "0.5"],

@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from workloads.datasets import load_data
+from suite.data.datasets import load_data
 from workloads.models import small_cnn
 
 

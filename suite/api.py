@@ -19,6 +19,8 @@ from suite.cluster.comm import Communicator, flatten, nbytes, unflatten, unflatt
 from suite.cluster.phases import declare_phase
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
+from suite.data.datasets import DATASETS
+from suite.data.workload import DatasetSpec, Recipe, TensorData, Workload
 from suite.errors import BenchError
 from suite.plugins.method import (
     Method,
@@ -27,15 +29,17 @@ from suite.plugins.method import (
     StepResult,
     average_buffers_for_eval,
     broadcast_initial_state,
+    recalibrate_batchnorm,
 )
 from suite.plugins.options import AT_LEAST_1, FRACTION, POSITIVE, Check, at_least, option
 from suite.plugins.registry import METHODS, WORKLOADS, Look
+from suite.plugins.sgd import SGDBaseline
 from suite.results.activity import (
-    RunView,
     crosses_nodes_every_round,
     reaches_keep,
     sends_fraction_of_dense,
 )
+from suite.results.view import RunView
 from suite.structured.masks import (
     StructuredKeepSettings,
     StructuredMask,
@@ -46,7 +50,6 @@ from suite.structured.masks import (
 )
 from suite.structured.packing import PackingSettings
 from suite.structured.round import WIRE_DTYPES, StructuredRound
-from workloads.base import DatasetSpec, Recipe, TensorData, Workload
 
 __all__ = [
     # registration and options
@@ -68,6 +71,7 @@ __all__ = [
     # the method contract and what it is given
     "Method",
     "StepResult",
+    "SGDBaseline",
     "RunContext",
     "RoundSettings",
     "Topology",
@@ -78,6 +82,7 @@ __all__ = [
     "declare_phase",
     "average_buffers_for_eval",
     "broadcast_initial_state",
+    "recalibrate_batchnorm",
     "flatten",
     "unflatten",
     "unflatten_into",
@@ -92,8 +97,9 @@ __all__ = [
     "apply_mask",
     "keep_count",
     "structured_weights",
-    # workloads
+    # workloads and datasets
     "Workload",
+    "DATASETS",
     "Recipe",
     "DatasetSpec",
     "TensorData",

@@ -10,6 +10,7 @@ input.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -27,11 +28,16 @@ from suite.errors import BenchError
 
 
 @click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.option("--strict-plugins", is_flag=True,
+              help="a plugin that fails to load is an error, not a warning (for CI; also "
+              "PRUNEX_STRICT_PLUGINS=1)")  # fmt: skip
+def main(strict_plugins: bool) -> None:
     """prunex-bench: PruneX and its baselines on real distributed PyTorch.
 
     Exit codes: 0 ok, 1 a run or a regression check failed, 2 bad usage or input.
     """
+    if strict_plugins:
+        os.environ["PRUNEX_STRICT_PLUGINS"] = "1"  # the ranks read it too
 
 
 @main.command("list")
@@ -150,21 +156,28 @@ def sweep_cmd(**kwargs) -> None:
 @click.option("--max-time-regression", default=None,
               help="allowed worsening of time metrics, relative (default: --max-regression); "
               "times are noisier than bytes")  # fmt: skip
+@click.option("--max-loss-regression", default=None,
+              help="allowed rise of the final training loss, relative (default: "
+              "--max-regression)")  # fmt: skip
 @click.option("--metric", multiple=True,
               help="metrics to compare (repeat or comma list): final_accuracy (accuracy), "
-              "time_ratio (time-ratio: seconds per local step over DDP's in the same set), "
+              "final_train_loss (train-loss: mean training loss of the last half of the "
+              "iterations), time_ratio (time-ratio: seconds per local step over DDP's in the "
+              "same set), "
               "iteration_seconds (time), time_to_target_seconds (time-to-target), "
               "inter_node_bytes_per_iteration (bytes); default: all")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True,
               help="markdown: for a CI job summary; json: for scripts")  # fmt: skip
 def compare_cmd(
-    baseline, new, max_regression, max_accuracy_drop, max_time_regression, metric, fmt
-) -> None:
+    baseline, new, max_regression, max_accuracy_drop, max_time_regression, max_loss_regression,
+    metric, fmt,
+) -> None:  # fmt: skip
     """Compare two sets of runs like with like; exit 1 on a regression, 2 on bad input.
 
-    Runs are matched by machine class (cpu-gloo, cuda-nccl-h100), method, workload, dataset,
-    ranks, options, setting (real, emulated, simulated) and recipe (batch, lr, epochs);
+    Runs are matched by machine class (cpu-gloo-amd25-avx512-t1, cuda-nccl-h100-sm90), method,
+    workload, dataset, ranks, options (resolved: a default spelled out or left out is the same
+    run), setting (real, emulated, simulated) and recipe (batch, lr, epochs);
     repeats are reduced to their mean and 95 % interval, and with repeats on both sides a
     change counts only when the intervals do not overlap. A BASELINE of per-class folders
     (results/reference/<class>/) is read for the NEW runs' class; a class it lacks fails in
@@ -173,7 +186,8 @@ def compare_cmd(
 
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
-                           echo=click.echo, max_time_regression=max_time_regression)  # fmt: skip
+                           echo=click.echo, max_time_regression=max_time_regression,
+                           max_loss_regression=max_loss_regression)  # fmt: skip
     except BenchError as exc:
         fail(exc)
     sys.exit(code)

@@ -1,7 +1,4 @@
-"""Models x datasets: the built-in workloads (:mod:`workloads.builtin`), the datasets and
-their per-rank shards. The framework reads data through here; workloads register through
-``suite.api``."""
-
-from workloads.datasets import dataset_spec
-
-__all__ = ["dataset_spec"]
+"""The built-in workload plugin: models (:mod:`workloads.models`: timm and a small CNN) and
+the workloads registered from them (:mod:`workloads.builtin`, named as a
+``prunex_bench.workloads`` entry point like any third-party package). Datasets, shards and the
+workload contract are the framework's data layer, :mod:`suite.data`."""

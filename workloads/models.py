@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from workloads.base import DatasetSpec
+from suite.api import DatasetSpec
 
 
 def cifar_stem(model: nn.Module, in_chans: int) -> nn.Module:
@@ -77,3 +77,26 @@ class SmallCNN(nn.Module):
 
 def small_cnn(spec: DatasetSpec) -> nn.Module:
     return SmallCNN(spec.in_chans, spec.num_classes)
+
+
+#: the small ViT's shape: 4x4 patches (49 tokens on 28x28, 64 on 32x32), 6 blocks of width
+#: 128 with 4 heads of 32 and MLPs of 512 hidden neurons (~1.2M parameters)
+VIT_SHAPE = {"patch_size": 4, "embed_dim": 128, "depth": 6, "num_heads": 4, "mlp_ratio": 4.0}
+
+
+def vit_small_images(spec: DatasetSpec) -> nn.Module:
+    """timm's VisionTransformer sized for 28x28 and 32x32 images (VIT_SHAPE): the attention
+    heads and MLP neurons PruneX prunes with --head-keep and --mlp-keep."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(img_size=spec.image_size, in_chans=spec.in_chans,
+                             num_classes=spec.num_classes, **VIT_SHAPE)  # fmt: skip
+
+
+def mobilenetv3_small(spec: DatasetSpec) -> nn.Module:
+    """timm's MobileNetV3-Small at width 0.5 (~0.58M parameters): depthwise convs,
+    squeeze-excitation with conv biases, hardswish, 34 BatchNorm layers in series."""
+    import timm
+
+    return timm.create_model("mobilenetv3_small_050", pretrained=False,
+                             num_classes=spec.num_classes, in_chans=spec.in_chans)  # fmt: skip

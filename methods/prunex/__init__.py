@@ -6,7 +6,8 @@ from suite.api import METHODS, Look, crosses_nodes_every_round, reaches_keep
 
 HANDLING = (
     "conv weights projected onto filter/channel/shape keep sets (default channel keep 0.5); "
-    "BN, biases and FC are dense ADMM blocks; BN running stats averaged each round"
+    "BN, biases and FC are dense ADMM blocks; BN running stats averaged each round, the "
+    "evaluated z's estimated on z itself"
 )
 
 

@@ -23,7 +23,7 @@ Corrections to the paper, derived from the augmented Lagrangian, eq. (6):
   Pi_S(z~_i), whatever the (non-convex) S.
 
 * Sec. 3.2 claims that, for S = S_f & S_c, the order of the sequential projections does not
-  affect the support. It does: see ``project`` and tests/test_hsadmm.py for a 2x2 counter-
+  affect the support. It does: see ``project`` and tests/methods/test_hsadmm.py for a 2x2 counter-
   example. Sequential projection is feasible for every set but is not, in general, the exact
   projection onto the intersection.
 """
@@ -34,9 +34,7 @@ import math
 
 import torch
 
-from suite.api import StructuredMask, apply_mask, keep_count, project
-
-__all__ = ["StructuredMask", "apply_mask", "keep_count", "project", "node_candidate"]
+__all__ = ["balance_penalty", "dual_tolerance", "node_candidate", "primal_tolerance"]
 
 
 def node_candidate(

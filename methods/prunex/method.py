@@ -29,7 +29,10 @@ hierarchy and no shrinkage.
 Choices where the paper is silent (see methods/prunex/hsadmm.py for the equation fixes):
   * weight decay is the lambda of eq. (6), applied in the z step; local SGD has none;
   * every parameter tensor is its own block with its own rho1, rho2;
-  * BN running statistics are averaged each round alongside (intra SUM/P, then inter AVG);
+  * BN running statistics are averaged each round alongside (intra SUM/P, then inter AVG):
+    the ranks train with them; the evaluated z gets statistics estimated on z itself
+    (``--consensus-bn estimated``, the default), since the averaged ones describe the ranks'
+    models, not z, and compound across many BN layers when the ranks drift apart;
   * v_i lives on every rank of node i: followers repeat the leader's eq. (13) update from the
     broadcast z, so z_i and v_i stay replicated without extra traffic;
   * the inter-node dual residual is Boyd's rho2 (z^{k+1} - z^k), not the printed
@@ -56,9 +59,12 @@ from suite.api import (
     StructuredMask,
     StructuredRound,
     phases,
+    recalibrate_batchnorm,
     unflatten,
 )
 
+#: batches of each rank's shard on which the consensus's BatchNorm statistics are estimated
+CONSENSUS_BN_BATCHES = 8
 #: drift (fraction of the structured bits) and rounds in a row that count as oscillation
 OSCILLATION_DRIFT = 0.5
 OSCILLATION_ROUNDS = 3
@@ -127,23 +133,25 @@ class PruneX(Method):
             ctx,
             self.model,
             settings if hierarchical else None,
+            keeps=self.keeps,
             hierarchical=hierarchical,
             wire_dtype=WIRE_DTYPES[settings.wire_dtype] if hierarchical else torch.float32,
             sharded=hierarchical and settings.leader_mode == "sharded",
         )
-        self.constrained = [b.name for b in self.blocks if b.constrained]
+        self.constrained = bool(self.masks)  # conv weights, heads or neurons to prune
         self.frozen = False
         self.stable_rounds = 0
-        self.structured_bits = sum(  # the group bits of the sets that have a keep
-            n
-            for name in self.constrained
-            for n, keep in zip(self.masks[name].set_sizes(), self.keeps.values())
-            if keep is not None
-        )
+        self.structured_bits = self.structure.structured_bits()  # of the sets with a keep
         self.oscillating_rounds = 0  # consecutive rounds with drift above OSCILLATION_DRIFT
         self.warnings: list[str] = []  # for summary.json
 
-        self.consensus = copy.deepcopy(self.model)  # the model evaluated: z + averaged BN stats
+        self.consensus = copy.deepcopy(self.model)  # the model evaluated: z and its BN stats
+        # z's own BN statistics (--consensus-bn estimated) are estimated when it is evaluated,
+        # once per new z: the averaged ones describe the ranks' models, not z
+        self.estimate_bn = settings.consensus_bn == "estimated" and any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules()
+        )
+        self.consensus_bn_current = False
         self.optimizer = torch.optim.SGD(
             self.params, lr=ctx.recipe.lr, momentum=ctx.recipe.momentum, weight_decay=0.0
         )
@@ -219,11 +227,11 @@ class PruneX(Method):
         self.ctx.comm.all_reduce(flat, self.group, phase=phase)
         return params, buffers
 
-    def node_update(self, theta_u_sum) -> tuple[list[torch.Tensor], dict[str, StructuredMask]]:
-        """Corrected eq. (9), then eq. (10) (or masking once frozen, Algorithm 1 line 11)."""
-        z_node, local_masks = [], {}
-        for i, block in enumerate(self.blocks):
-            cand = hsadmm.node_candidate(
+    def node_update(self, theta_u_sum) -> tuple[list[torch.Tensor], dict]:
+        """Corrected eq. (9), then eq. (10) over every structured set (conv weights, and
+        heads or neurons), or masking once frozen (Algorithm 1 line 11)."""
+        z_node = [
+            hsadmm.node_candidate(
                 theta_u_sum[i],
                 self.z[i],
                 self.v[i],
@@ -234,14 +242,14 @@ class PruneX(Method):
                 procs_per_node=self.procs,
                 in_place=True,  # the sum is this round's own buffer
             )
-            if block.constrained:
-                if self.frozen:
-                    cand = hsadmm.apply_mask(cand, self.masks[block.name])
-                else:
-                    cand, local_masks[block.name] = hsadmm.project(
-                        cand, **self.keeps, in_place=True
-                    )
-            z_node.append(cand)
+            for i in range(len(self.blocks))
+        ]
+        local_masks = {}
+        if self.constrained:
+            if self.frozen:
+                self.structure.apply(self.named(z_node))
+            else:
+                local_masks = self.structure.project(self.named(z_node))
         return z_node, local_masks
 
     def global_consensus(self, z_node, buffer_mean) -> tuple[list, list]:
@@ -391,6 +399,7 @@ class PruneX(Method):
         consensus_buffers = dict(self.consensus.named_buffers())
         for name, value in zip(self.buffer_names, buffers):
             consensus_buffers[name].copy_(value)
+        self.consensus_bn_current = False  # a new z: its statistics are the ranks' again
 
     def restrict_to_support(self) -> None:
         """Retraining on the fixed support (sec. 4.5, Algorithm 1 line 11 onwards).
@@ -528,7 +537,17 @@ class PruneX(Method):
     def summary_facts(self) -> dict:
         return {"masks_frozen_at": self.frozen_at} if self.frozen_at is not None else {}
 
+    def process_groups(self) -> list:
+        return self.structure.process_groups()
+
     def eval_model(self) -> nn.Module:
+        """The consensus z, with BatchNorm statistics of z itself unless ``--consensus-bn
+        averaged`` (collective: every rank calls it, at the same point)."""
+        if self.estimate_bn and not self.consensus_bn_current:
+            batches = self.ctx.loader.calibration_batches(CONSENSUS_BN_BATCHES)
+            recalibrate_batchnorm(self.consensus, batches, self.ctx.topology.world,
+                                  self.ctx.device)  # fmt: skip
+            self.consensus_bn_current = True
         return self.consensus
 
     def state_dict(self) -> dict:
@@ -569,6 +588,7 @@ class PruneX(Method):
         self.z = [t.to(device) for t in world["z"]]
         self.rho1, self.rho2 = list(state["rho1"]), list(state["rho2"])
         self.structure.load_mask_state(world["masks"])  # the pack layout is rebuilt on use
+        self.consensus_bn_current = False  # estimated again, from z and the same batches
         self.frozen = bool(state["frozen"])
         self.frozen_at = state.get("frozen_at")
         self.stable_rounds = int(state["stable_rounds"])

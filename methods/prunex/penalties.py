@@ -13,7 +13,7 @@ optimizer's (momentum) step on f, then the exact proximal step of the quadratic,
     theta <- argmin_x 1/(2 lr) ||x - theta||^2 + rho1/2 ||x - a||^2
            = (theta + lr rho1 a) / (1 + lr rho1)
 
-(methods/prunex/method.py; tests/test_hsadmm.py checks it against a brute-force minimum).
+(methods/prunex/method.py; tests/methods/test_hsadmm.py checks it against a brute-force minimum).
 Putting rho1 (theta - a) into the gradient instead would run it through the momentum: with
 momentum beta its contraction per step can never beat sqrt(beta), so with beta = 0.9 a round
 of H = 4 steps could close at most 1 - 0.9^2 = 19 % of the distance, whatever rho1. The exact

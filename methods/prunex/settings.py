@@ -64,6 +64,14 @@ class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
         "points above admm at the same bytes, benchmarks/measured/frontier.md); admm: "
         "Algorithm 1 after the freeze (masked z_i, proximal pull, duals, rho balancing)",
     )
+    consensus_bn: Literal["estimated", "averaged"] = option(
+        "estimated",
+        "BatchNorm statistics of the evaluated and exported consensus z: estimated: on z "
+        "itself, over 8 fixed batches of each rank's shard, averaged over the ranks (the "
+        "ranks' statistics describe their own models, not z, and are far off where models "
+        "drift apart across many BN layers, e.g. MobileNetV3); averaged: the ranks' running "
+        "statistics averaged each round",
+    )
     eps_abs: float | None = option(
         None, "stop once Boyd's residual tests pass with this absolute tolerance", check=POSITIVE
     )

@@ -21,32 +21,76 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from suite.cluster.phases import known_phase
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
 from suite.cluster.watchdog import POSITION
 
 
 def nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of ``tensor``'s elements.
+
+    Args:
+        tensor: any tensor.
+
+    Returns:
+        ``numel * element_size``.
+    """
     return tensor.numel() * tensor.element_size()
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous copy of ``tensors``, so a single collective carries them all."""
+    """One contiguous copy of ``tensors``, so a single collective carries them all.
+
+    Args:
+        tensors: tensors of one dtype and device.
+
+    Returns:
+        A 1-D tensor holding them in order.
+
+    Example::
+
+        flat = ctx.comm.all_reduce(flatten(grads), ctx.topology.world, phase=phases.ALLREDUCE)
+        unflatten_into(grads, flat.div_(ctx.topology.world_size))
+    """
     return _flatten_dense_tensors(list(tensors))
 
 
 def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Views of ``flat`` shaped like ``like`` (the inverse of :func:`flatten`)."""
+    """Views of ``flat`` shaped like ``like`` (the inverse of ``flatten``).
+
+    Args:
+        flat: a buffer made by ``flatten``.
+        like: the tensors it was made from (their shapes).
+
+    Returns:
+        One view per tensor of ``like``.
+    """
     return list(_unflatten_dense_tensors(flat, list(like)))
 
 
 def unflatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy ``flat`` back into ``tensors``."""
+    """Copy ``flat`` back into ``tensors`` (in place).
+
+    Args:
+        tensors: the tensors ``flat`` was made from.
+        flat: a buffer made by ``flatten`` (e.g. after a collective).
+    """
     for target, value in zip(tensors, unflatten(flat, tensors)):
         target.copy_(value)
 
 
 class Communicator:
+    """The one door to collectives for every method (``ctx.comm``): each call is timed
+    under ``phase`` and its algorithmic bytes are attributed to the link they cross (the ring
+    model of the run-folders page). ``phase`` must be a known phase.
+
+    Example::
+
+        ctx.comm.all_reduce(flat, ctx.topology.intra, phase=phases.INTRA_ALLREDUCE)
+        gathered = ctx.comm.all_gather(values, ctx.topology.world, phase=phases.ALLGATHER)
+    """
+
     def __init__(self, topology: Topology, recorder: Recorder, device: torch.device):
         self.topology = topology
         self.recorder = recorder
@@ -71,10 +115,16 @@ class Communicator:
         link, _ = self.link_to_successor(group)
         self.recorder.add_bytes(link, sent_bytes)
 
-    def account(self, kind: str, group: CommGroup, size: int, *, src: int | None = None) -> None:
+    def account(
+        self, kind: str, group: CommGroup, size: int, *, src: int | None = None,
+        phase: str | None = None,
+    ) -> None:  # fmt: skip
         """Attribute a collective issued outside this class (e.g. by a torch DDP comm hook
         such as PowerSGD) by the same ring model. ``size``: bytes of the all-reduced or broadcast
-        buffer, or one rank's all-gather piece. The watchdog learns the collective here."""
+        buffer, or one rank's all-gather piece; ``phase``, when given, must be a known phase
+        (a typo fails here, at its first use). The watchdog learns the collective here."""
+        if phase is not None:
+            known_phase(phase)
         n = group.size
         if n > 1:
             POSITION.issued(kind, group.name, group.ranks)
@@ -102,7 +152,7 @@ class Communicator:
     def all_reduce(
         self, tensor: torch.Tensor, group: CommGroup, *, phase: str, op=dist.ReduceOp.SUM
     ) -> torch.Tensor:
-        self.account("all_reduce", group, nbytes(tensor))
+        self.account("all_reduce", group, nbytes(tensor), phase=phase)
         if group.size > 1:
             self._timed(phase, lambda: dist.all_reduce(tensor, op=op, group=group.pg))
         return tensor
@@ -139,7 +189,7 @@ class Communicator:
         when the work is done; with NCCL torch runs it at once, on a stream that waits for
         the collective, so the end mark (a CUDA event there) falls after its completion.
         """
-        self.account("all_reduce", group, nbytes(tensor))
+        self.account("all_reduce", group, nbytes(tensor), phase=phase)
         recorder = self.recorder
         begin = recorder.mark()
         work = dist.all_reduce(tensor, group=group.pg, async_op=True)
@@ -155,7 +205,7 @@ class Communicator:
         n = group.size
         flat = tensor.contiguous().view(-1)
         out = torch.empty(n * flat.numel(), dtype=tensor.dtype, device=tensor.device)
-        self.account("all_gather", group, nbytes(tensor))
+        self.account("all_gather", group, nbytes(tensor), phase=phase)
         if n > 1 and flat.is_cuda and dist.get_backend(group.pg) == "gloo":
             # shared GPUs (see suite.cluster.ranks.backend_for): gloo gathers host tensors only
             host = torch.empty(n * flat.numel(), dtype=tensor.dtype)
@@ -169,7 +219,7 @@ class Communicator:
 
     def broadcast(self, tensor: torch.Tensor, group: CommGroup, *, src: int, phase: str):
         """Broadcast from global rank ``src`` (a member of ``group``)."""
-        self.account("broadcast", group, nbytes(tensor), src=src)
+        self.account("broadcast", group, nbytes(tensor), src=src, phase=phase)
         if group.size > 1:
             self._timed(phase, lambda: dist.broadcast(tensor, src=src, group=group.pg))
         return tensor

@@ -25,8 +25,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from suite.cluster.processes import alive, descendants, kill_all, pid_alive
 from suite.errors import BenchError
+from suite.processes import alive, descendants, kill_all, pid_alive
 
 PREFIX = "pxb-"
 INTERFACE = "vnic"

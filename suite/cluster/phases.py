@@ -2,13 +2,16 @@
 
 A phase's seconds land in the ``t_<name>`` column of ``iterations.parquet``; the report draws
 each phase in its colour and counts the communication phases as communication. Writers use
-these constants, never a bare string, so a typo fails at import instead of making a new grey
-column. A plugin that times a phase of its own declares it with :func:`declare_phase`.
+these constants, never a bare string, so a typo fails at import; a name given as a string that
+is not listed fails at its first use (:func:`known_phase`) instead of making a new grey column.
+A plugin that times a phase of its own declares it with :func:`declare_phase`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from suite.errors import BenchError
 
 #: local mini-batch steps: forward, backward, optimizer (and PruneX's proximal step)
 LOCAL_COMPUTE = "local_compute"
@@ -78,13 +81,41 @@ UNKNOWN_COLOR = "#DDDDDD"
 
 
 def declare_phase(name: str, color: str, *, communication: bool) -> str:
-    """A plugin's own phase: its colour and whether it is communication; returns the name
-    to time it under. Declaring a built-in phase again with other facts is an error."""
+    """A plugin's own phase: its colour and whether it is communication. Declaring a
+    built-in phase again with other facts is an error.
+
+    Args:
+        name: the phase's name (its seconds land in the ``t_<name>`` column).
+        color: its colour in every figure.
+        communication: counted as communication (fig. 7), drawn saturated.
+
+    Returns:
+        ``name``, to time the phase under.
+
+    Example::
+
+        SCALE = declare_phase("grad_scale", "#EECC66", communication=False)
+        with ctx.recorder.phase(SCALE):
+            ...
+    """
     phase = Phase(name, color, communication)
     known = PHASES.setdefault(name, phase)
     if known != phase:
         raise ValueError(f"phase {name!r} is already declared as {known}")
     return name
+
+
+def known_phase(name: str) -> str:
+    """``name`` if it is a built-in or declared phase, else a one-line error naming the
+    closest known one (a typo would otherwise make a new, uncounted column)."""
+    if name in PHASES:
+        return name
+    import difflib
+
+    close = difflib.get_close_matches(name, PHASES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise BenchError(f"unknown phase {name!r}{hint} (a plugin declares its own with "
+                     "suite.api.declare_phase(name, colour, communication=...))")  # fmt: skip
 
 
 def phase_color(name: str) -> str:

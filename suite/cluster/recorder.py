@@ -1,12 +1,16 @@
 """Per-iteration and per-evaluation records of one rank.
 
 Phases are named by the constants of :mod:`suite.cluster.phases`, shared by every method and
-by the reports. On CPU a phase is seconds of wall clock. On CUDA it is the time between two
-CUDA events recorded on the stream the work runs on (a comm hook's end is recorded in its
-future's callback, which torch runs on a stream that waits for the collective), so timing
-neither synchronizes the device inside an iteration nor stops at a kernel's launch: the events
-are read once, after the one synchronize at the iteration's end. ``t_iteration`` is wall clock
-on both.
+by the reports; a name that is neither built in nor declared fails at its first use. A phase's
+time in an iteration is the measure of the union of its spans, each an interval from the
+iteration's start mark: on CPU wall clock, on CUDA two CUDA events recorded on the stream the
+work runs on (a comm hook's end is recorded in its future's callback, which torch runs on a
+stream that waits for the collective), so timing neither synchronizes the device inside an
+iteration nor stops at a kernel's launch, and the events are read once, after the one
+synchronize at the iteration's end. The union matters where spans overlap: NCCL runs a group's
+collectives one after another on one stream, so DDP's bucket k is launched during backward and
+its span also holds its wait behind buckets 0..k-1; their sum would grow with the square of
+the bucket count while the link is busy for their union. ``t_iteration`` is wall clock on both.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from contextlib import contextmanager
 
 import torch
 
+from suite.cluster.phases import known_phase
 from suite.cluster.watchdog import POSITION
-
-LINKS = ("intra", "inter")
+from suite.results import schema
 
 
 def synchronize(device: torch.device) -> None:
@@ -49,6 +53,16 @@ class Mark:
 
 
 class Recorder:
+    """One rank's records (``ctx.recorder``): the current iteration's phase seconds, bytes per
+    link and method scalars, and the evaluation and layer rows.
+
+    Example::
+
+        with ctx.recorder.phase(phases.LOCAL_COMPUTE):
+            loss = train_one_batch()
+        ctx.recorder.set(density=0.5)  # a column of this iteration's row
+    """
+
     def __init__(self, rank: int, device: torch.device):
         self.rank = rank
         self.device = device
@@ -56,8 +70,9 @@ class Recorder:
         self.evals: list[dict] = []
         self.layers: list[dict] = []
         self._row: dict | None = None
-        self._seconds: dict[str, float] = defaultdict(float)
-        self._pending: list[tuple[str, Mark, Mark]] = []  # CUDA spans, read at the iteration's end
+        self._seconds: dict[str, float] = defaultdict(float)  # priced seconds (the simulator)
+        self._spans: list[tuple[str, Mark, Mark]] = []  # read at the iteration's end
+        self._origin: Mark | None = None  # the iteration's start, spans are offsets from it
         self._bytes: dict[str, float] = defaultdict(float)
         self._started = 0.0
         self._flushed = {"iterations": 0, "evals": 0, "layers": 0}  # rows already on disk
@@ -68,26 +83,27 @@ class Recorder:
     def begin_iteration(self, iteration: int) -> None:
         """The previous iteration ended with a synchronize (and the loop's agreement reads a
         value back), so nothing of it is still running on the device."""
-        self._row = {"iteration": iteration, "rank": self.rank}
+        self._row = {schema.ITERATION: iteration, schema.RANK: self.rank}
         POSITION.at(iteration=iteration, phase="iteration start")
         self._seconds.clear()
         self._bytes.clear()
-        self._pending.clear()
+        self._spans.clear()
         self._started = time.perf_counter()
+        self._origin = self.mark()
 
     def end_iteration(self, **values) -> dict:
         synchronize(self.device)  # the iteration's one synchronize: every event is complete
         POSITION.at()  # and so is every collective it issued
         row = self._row
         assert row is not None, "end_iteration without begin_iteration"
-        for phase, begin, end in self._pending:
-            self._seconds[phase] += begin.until(end)
-        self._pending.clear()
-        row["t_iteration"] = self.iteration_seconds()
+        for phase, seconds in phase_unions(self._origin, self._spans).items():
+            self._seconds[phase] += seconds
+        self._spans.clear()
+        row[schema.T_ITERATION] = self.iteration_seconds()
         for phase, seconds in self._seconds.items():
-            row[f"t_{phase}"] = seconds
-        for link in LINKS:
-            row[f"bytes_{link}"] = self._bytes.get(link, 0.0)
+            row[schema.phase_column(phase)] = seconds
+        for link in schema.LINKS:
+            row[schema.bytes_column(link)] = self._bytes.get(link, 0.0)
         row.update(values)
         self.iterations.append(row)
         self._row = None
@@ -98,22 +114,20 @@ class Recorder:
         return time.perf_counter() - self._started
 
     def add_time(self, phase: str, seconds: float) -> None:
+        """Seconds that count toward ``phase`` without a span (what the simulator prices)."""
         if self._row is not None:
-            self._seconds[phase] += seconds
+            self._seconds[known_phase(phase)] += seconds
 
     def mark(self) -> Mark:
         """Now, on the clock phases are timed with (see the module docstring)."""
         return Mark(self.device)
 
     def add_span(self, phase: str, begin: Mark, end: Mark) -> None:
-        """The time from ``begin`` to ``end`` counts toward ``phase``; CUDA spans are read at
-        the iteration's end. Thread-safe: comm hooks' callbacks may run on other threads."""
-        if self._row is None:
-            return
-        if end.event is not None:
-            self._pending.append((phase, begin, end))
-        else:
-            self.add_time(phase, begin.until(end))
+        """The interval from ``begin`` to ``end`` belongs to ``phase`` (read at the iteration's
+        end; a phase's spans count as their union). Thread-safe: comm hooks' callbacks may run
+        on other threads (``list.append`` is atomic)."""
+        if self._row is not None:
+            self._spans.append((phase, begin, end))
 
     def add_bytes(self, link: str, nbytes: float) -> None:
         if self._row is not None:
@@ -126,7 +140,7 @@ class Recorder:
 
     @contextmanager
     def phase(self, name: str):
-        POSITION.phase = name  # a collective issued before stays waited on (NCCL: queued)
+        POSITION.phase = known_phase(name)  # a collective issued before stays waited on
         begin = self.mark()
         try:
             yield
@@ -156,3 +170,24 @@ class Recorder:
         self._chunks += 1
         self._last_flush = time.monotonic()
         return self._chunks - 1, chunk
+
+
+def phase_unions(origin: Mark, spans: list[tuple[str, Mark, Mark]]) -> dict[str, float]:
+    """Phase -> the measure of the union of its spans, each read as an interval of seconds
+    from ``origin`` (on CUDA every event must have completed)."""
+    intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for phase, begin, end in spans:
+        intervals[phase].append((origin.until(begin), origin.until(end)))
+    return {phase: union_seconds(found) for phase, found in intervals.items()}
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """The total length covered by ``intervals`` (start, end): overlapping and nested ones
+    count once, disjoint ones add up."""
+    total, reach = 0.0, -float("inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue  # inside what is already counted
+        total += end - max(start, reach)
+        reach = end
+    return total

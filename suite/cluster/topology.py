@@ -20,7 +20,14 @@ from suite.errors import BenchError
 
 @dataclass(frozen=True)
 class CommGroup:
-    """A process group plus the global ranks in it, in group-rank (ring) order."""
+    """A process group plus the global ranks in it, in group-rank (ring) order: what every
+    ``Communicator`` call takes.
+
+    Attributes:
+        name: ``world``, ``intra``, ``inter``, ``peers`` or a method's own.
+        ranks: its global ranks, in ring order.
+        pg: the torch process group.
+    """
 
     name: str
     ranks: tuple[int, ...]
@@ -50,6 +57,18 @@ def check_layout(gpus: int, gpus_per_node: int) -> int:
 
 @dataclass
 class Topology:
+    """Which ranks share a node, and the groups built from that once per run: ``world``,
+    ``intra`` (this rank's node), ``inter`` (the node leaders; None on followers), ``peers``
+    (this local rank on every node, made on first use).
+
+    Example::
+
+        topo = ctx.topology
+        if topo.is_leader and topo.inter is not None:
+            ctx.comm.all_reduce(buffer, topo.inter, phase=phases.INTER_ALLREDUCE)
+        ctx.comm.broadcast(buffer, topo.intra, src=topo.intra.ranks[0], phase=phases.BROADCAST)
+    """
+
     rank: int
     world_size: int
     gpus_per_node: int
@@ -59,8 +78,23 @@ class Topology:
     world: CommGroup
     intra: CommGroup  # this rank's node
     inter: CommGroup | None  # node leaders; None on followers
-    peers: CommGroup  # ranks with this rank's local rank on every node (sharded leaders)
     hostnames: list[str]
+    #: how a process group is made (collective over the world for a real one)
+    new_group: Callable[[list[int]], object] | None = field(default=None, repr=False)
+    _peers: CommGroup | None = field(default=None, repr=False)
+
+    @property
+    def peers(self) -> CommGroup:
+        """The ranks with this rank's local rank on every node (``--leader-mode sharded``).
+        Made on first use, by every rank at the same point (a real group is collective over
+        the world): a run that does not shard never builds these world-spanning groups."""
+        if self._peers is None:
+            peer_ranks = [[ranks[i] for ranks in self.node_ranks]
+                          for i in range(self.gpus_per_node)]  # fmt: skip
+            pgs = [self.new_group(ranks) for ranks in peer_ranks]
+            local = self.local_rank
+            self._peers = CommGroup("peers", tuple(peer_ranks[local]), pgs[local])
+        return self._peers
 
     @property
     def node(self) -> int:
@@ -90,24 +124,42 @@ class Topology:
             "node_ranks": self.node_ranks,
             "leaders": self.leaders,
             "hostnames": sorted(set(self.hostnames)),
+            # the hosts the ranks ran on, in rank order, and whether the node size matched them
+            "hosts": [host for host, _ in host_blocks(self.hostnames)],
+            "ranks_per_host": ranks_per_host(self.hostnames),
+            "gpus_per_node_matches_hosts": ranks_per_host(self.hostnames) == self.gpus_per_node,
         }
 
 
-def discover_gpus_per_node(hostnames: list[str]) -> int:
-    """Ranks per host, from the gathered hostnames; hosts must hold equal contiguous blocks."""
+def host_blocks(hostnames: list[str]) -> list[tuple[str, int]]:
+    """(host, ranks) for each run of equal hostnames, in rank order."""
     blocks: list[tuple[str, int]] = []
     for host in hostnames:
         if blocks and blocks[-1][0] == host:
             blocks[-1] = (host, blocks[-1][1] + 1)
         else:
             blocks.append((host, 1))
+    return blocks
+
+
+def ranks_per_host(hostnames: list[str]) -> int | None:
+    """Ranks per host when the hosts hold equal contiguous blocks, else None."""
+    blocks = host_blocks(hostnames)
     sizes = {n for _, n in blocks}
     if len(sizes) != 1 or len({h for h, _ in blocks}) != len(blocks):
+        return None
+    return sizes.pop()
+
+
+def discover_gpus_per_node(hostnames: list[str]) -> int:
+    """Ranks per host, from the gathered hostnames; hosts must hold equal contiguous blocks."""
+    found = ranks_per_host(hostnames)
+    if found is None:
         raise BenchError(
             "ranks are not placed as equal contiguous blocks per host "
-            f"({blocks}); launch the same number of ranks on every node"
+            f"({host_blocks(hostnames)}); launch the same number of ranks on every node"
         )
-    return sizes.pop()
+    return found
 
 
 def build_topology(gpus_per_node: int | None) -> Topology:
@@ -115,8 +167,10 @@ def build_topology(gpus_per_node: int | None) -> Topology:
     rank, world = dist.get_rank(), dist.get_world_size()
     hostnames: list[str | None] = [None] * world
     dist.all_gather_object(hostnames, socket.gethostname())
-    emulated = gpus_per_node is not None
-    gpn = gpus_per_node if emulated else discover_gpus_per_node(hostnames)
+    per_host = ranks_per_host([str(h) for h in hostnames])
+    gpn = gpus_per_node if gpus_per_node is not None else discover_gpus_per_node(hostnames)
+    # --gpus-per-node emulates nodes where it does not match the real hosts (one machine)
+    emulated = gpn != per_host
     return lay_out(
         rank, world, gpn,
         world_pg=dist.group.WORLD,
@@ -139,15 +193,13 @@ def lay_out(
     """``rank``'s topology of ``world`` ranks in contiguous nodes of ``gpus_per_node``: the
     one layout of real runs and the simulator. ``new_group`` gives each group's process
     group; a real one is collective over the world, so every rank creates every group, in
-    this order: each node's, the leaders', each local rank's peers."""
+    this order: each node's, the leaders' (each local rank's peers on first use)."""
     num_nodes = check_layout(world, gpus_per_node)
     node_ranks = [list(range(n * gpus_per_node, (n + 1) * gpus_per_node)) for n in range(num_nodes)]
     node, local = divmod(rank, gpus_per_node)
     intra = [new_group(ranks) for ranks in node_ranks][node]
     leaders = [ranks[0] for ranks in node_ranks]
     leaders_pg = new_group(leaders)
-    peer_ranks = [[ranks[i] for ranks in node_ranks] for i in range(gpus_per_node)]
-    peers = [new_group(ranks) for ranks in peer_ranks][local]
     return Topology(
         rank=rank,
         world_size=world,
@@ -158,6 +210,6 @@ def lay_out(
         world=CommGroup("world", tuple(range(world)), world_pg),
         intra=CommGroup("intra", tuple(node_ranks[node]), intra),
         inter=CommGroup("inter", tuple(leaders), leaders_pg) if local == 0 else None,
-        peers=CommGroup("peers", tuple(peer_ranks[local]), peers),
         hostnames=hostnames,
+        new_group=new_group,
     )

@@ -4,12 +4,15 @@ A rank blocked in a collective whose peer stalled or died cannot say so itself: 
 its main thread waits in a CUDA synchronize until NCCL's own watchdog aborts the process
 (SIGABRT), with no error file and unflushed rows lost. So each rank runs a small thread that
 knows where the rank is (:class:`Position`: iteration, phase, the last collective issued and
-its group) and publishes it once a second to the job's store. When the rank has waited past
-``--collective-timeout`` since it issued a collective, the thread reads every rank's last
-position, names the ranks it was waiting for (those no longer heard from first, then those
-behind), hands that line to the rank's ``on_stall`` (which flushes the rows and writes the
-``errors/`` file) and ends the process. The backends' own timeouts are set a margin later
-(:func:`backend_timeout`), so this record comes first.
+its group) and publishes it once a second to the job's store. Every collective a rank issues
+goes through it: the methods' through the Communicator, the runner's own (setup broadcasts,
+evaluation counts, BN averages, checkpoints, the final wait for rank 0) through
+:func:`watched`. When the rank has waited past ``--collective-timeout`` since it issued a
+collective, the thread reads every rank's last position and follows the chain of waits to its
+root: the rank that went silent (stopped or dead), or one busy outside any collective. It
+hands a line naming that rank first to the rank's ``on_stall`` (which flushes the rows and
+writes the ``errors/`` file) and ends the process. The backends' own timeouts are set a margin
+later (:func:`backend_timeout`), so this record comes first.
 """
 
 from __future__ import annotations
@@ -17,12 +20,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+HOST = socket.gethostname()
 #: seconds between two heartbeats; a rank not heard from for STALE_BEATS of them is stalled
 BEAT_SECONDS = 1.0
 STALE_BEATS = 4
@@ -44,6 +51,8 @@ class Wait:
     group: str
     group_ranks: tuple[int, ...]
     since: float
+    #: seconds this wait may last before it is a stall (None: ``--collective-timeout``)
+    timeout: float | None = None
 
 
 @dataclass
@@ -67,8 +76,11 @@ class Position:
             self.phase = phase
         self.wait = None
 
-    def issued(self, collective: str, group: str, group_ranks: tuple[int, ...]) -> None:
-        self.wait = Wait(collective, group, tuple(group_ranks), time.monotonic())
+    def issued(
+        self, collective: str, group: str, group_ranks: tuple[int, ...],
+        timeout: float | None = None,
+    ) -> None:  # fmt: skip
+        self.wait = Wait(collective, group, tuple(group_ranks), time.monotonic(), timeout)
 
     def waited(self) -> float:
         """Seconds since the collective waited on was issued (0: none)."""
@@ -84,13 +96,26 @@ class Position:
 POSITION = Position()
 
 
+@contextmanager
+def watched(
+    collective: str, group: str, group_ranks: tuple[int, ...] = (), *,
+    phase: str | None = None, timeout: float | None = None,
+) -> Iterator[None]:  # fmt: skip
+    """The block issues ``collective`` on ``group`` and waits for its result (a value read
+    back, a synchronize, or a blocking call): the watchdog knows it meanwhile. ``group_ranks``
+    () means the world; ``timeout`` overrides ``--collective-timeout`` for a wait that
+    legitimately takes longer (rank 0 merging every rank's rows)."""
+    POSITION.issued(collective, group, group_ranks, timeout)
+    yield
+    POSITION.at(phase=phase)
+
+
 def barrier(what: str) -> None:
     """``dist.barrier()`` on the world, known to the watchdog as ``what``."""
     import torch.distributed as dist
 
-    POSITION.issued("barrier", f"world ({what})", ())
-    dist.barrier()
-    POSITION.at()
+    with watched("barrier", f"world ({what})"):
+        dist.barrier()
 
 
 class Watchdog:
@@ -109,6 +134,7 @@ class Watchdog:
         self.on_stall = on_stall
         self._stop = threading.Event()
         self._store = store_client()
+        self.frozen_here: int | None = None  # the pid of a silent root rank on this host
         self._thread = threading.Thread(target=self._watch, name="prunex-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
@@ -121,7 +147,9 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             self._beat()
-            if self.position.waited() > self.timeout and not self._stop.is_set():
+            wait = self.position.wait
+            limit = self.timeout if wait is None or wait.timeout is None else wait.timeout
+            if self.position.waited() > limit and not self._stop.is_set():
                 self._fire()
                 return
 
@@ -130,7 +158,9 @@ class Watchdog:
             return
         pos, wait = self.position, self.position.wait
         record = {"iteration": pos.iteration, "phase": pos.phase, "heard": time.time(),
-                  "collective": wait and [wait.collective, wait.group], "fired": fired}  # fmt: skip
+                  "collective": wait and [wait.collective, wait.group],
+                  "group_ranks": wait and list(wait.group_ranks), "fired": fired,
+                  "host": HOST, "pid": os.getpid()}  # fmt: skip
         try:
             self._store.set(KEY.format(rank=self.rank), json.dumps(record))
         except Exception:  # the store's host is gone: the stall check still runs
@@ -141,59 +171,105 @@ class Watchdog:
         if wait is None:
             return
         members = f" {list(wait.group_ranks)}" if wait.group_ranks else ""
-        line = (
-            f"a collective waited {time.monotonic() - wait.since:.0f} s (--collective-timeout "
-            f"{self.timeout:g}) on rank {self.rank}: {wait.collective} on group {wait.group}"
-            f"{members} at {self.position.where()}; {self.blame(wait)}"
+        waited = (
+            f"rank {self.rank} waited {time.monotonic() - wait.since:.0f} s (--collective-"
+            f"timeout {self.timeout:g}) in {wait.collective} on group {wait.group}{members} at "
+            f"{self.position.where()}"
         )
         self._beat(fired=True)  # peers that fire later count this rank as waiting, not silent
         try:
-            self.on_stall(line)
+            self.on_stall(self.stall_line(wait, waited))
         finally:
             os._exit(1)
 
-    def blame(self, wait: Wait) -> str:
-        """Which of the group's ranks this one waited for, from their last heartbeats: those
-        silent longest (stopped or dead), else those elsewhere (another collective or an
-        earlier iteration). Keys never written are skipped without waiting on them."""
-        peers = [r for r in (wait.group_ranks or range(self.world_size)) if r != self.rank]
-        if self._store is None:
-            return f"waiting for one of ranks {peers} (no store to ask which)"
-        now, silent, behind = time.time(), [], []
-        mine = [wait.collective, wait.group]
-        for peer in peers:
+    def stall_line(self, wait: Wait, waited: str) -> str:
+        """The failure line: the root of the chain of waits first (the rank an operator must
+        look at), then this rank's own wait and the ranks between. A root that went silent on
+        this host is frozen (stopped, or hung past its own watchdog): it is killed, so it does
+        not outlive the run (torch's agent would wait 30 s on its way out before SIGKILL)."""
+        root, path = self.blame(wait)
+        if root is None:
+            return f"a collective stalled: {waited}; {path}"
+        if self.frozen_here is not None:
+            try:
+                os.kill(self.frozen_here, signal.SIGKILL)
+            except OSError:
+                pass
+        via = f", through rank(s) {', '.join(map(str, path))}" if path else ""
+        return f"stalled {root}; {waited}{via}"
+
+    def records(self) -> dict[int, dict | None]:
+        """Every rank's last heartbeat (None: never heard from), read from the store."""
+        found: dict[int, dict | None] = {}
+        for peer in range(self.world_size):
             key = KEY.format(rank=peer)
             try:
-                record = json.loads(self._store.get(key)) if self._store.check([key]) else None
+                found[peer] = json.loads(self._store.get(key)) if self._store.check([key]) else None
             except Exception:
-                record = None
-            if record is None:
-                silent.append((math.inf, f"rank {peer} (never heard from)"))
-                continue
-            quiet = now - record["heard"]
-            where = f"iteration {record['iteration']}, phase {record['phase']}"
-            if quiet > STALE_BEATS * BEAT_SECONDS and not record.get("fired"):
-                silent.append((quiet, f"rank {peer} (silent for {quiet:.0f} s, last at {where})"))
-            elif record["collective"] != mine or record["iteration"] != self.position.iteration:
-                behind.append(f"rank {peer} (at {where})")
-        named = [text for _, text in sorted(silent, reverse=True)] or behind
-        if not named:
-            return f"every peer of the group waits too (ranks {peers})"
-        return "waiting for " + ", ".join(named) + " (stalled)"
+                found[peer] = None
+        return found
+
+    def blame(self, wait: Wait) -> tuple[str | None, list[int] | str]:
+        """(the root of the chain of waits, the ranks between), from every rank's heartbeat:
+        starting at this rank's wait, a peer of the group that was silent longest (stopped or
+        dead) is the root; else one elsewhere (another collective or iteration) is followed
+        to its own wait, until a silent rank, or one busy outside any collective, is found.
+        Without a root: (None, why)."""
+        if self._store is None:
+            peers = [r for r in (wait.group_ranks or range(self.world_size)) if r != self.rank]
+            return None, f"waiting for one of ranks {peers} (no store to ask which)"
+        records, now = self.records(), time.time()
+        here = {"collective": [wait.collective, wait.group], "iteration": self.position.iteration,
+                "group_ranks": list(wait.group_ranks)}  # fmt: skip
+        current, path, seen = self.rank, [], {self.rank}
+        while True:
+            peers = [r for r in (here.get("group_ranks") or range(self.world_size))
+                     if r != current]  # fmt: skip
+            silent = sorted(
+                ((now - records[p]["heard"] if records[p] else math.inf, p) for p in peers
+                 if records[p] is None or (now - records[p]["heard"] > STALE_BEATS * BEAT_SECONDS
+                                           and not records[p].get("fired"))),
+                reverse=True,
+            )  # fmt: skip
+            if silent:
+                quiet, peer = silent[0]
+                record = records[peer]
+                if record is not None and record.get("host") == HOST and record.get("pid"):
+                    self.frozen_here = int(record["pid"])
+                return describe_silent(peer, quiet, record), path
+            behind = [p for p in peers if p not in seen and (
+                records[p]["collective"] != here["collective"]
+                or records[p]["iteration"] != here["iteration"])]  # fmt: skip
+            if not behind:
+                return None, f"every peer of the group waits too (ranks {peers})"
+            current = behind[0]
+            here = records[current]
+            if here["collective"] is None:  # not in a collective: busy, or stuck in its own code
+                where = f"iteration {here['iteration']}, phase {here['phase']}"
+                return f"rank {current} (busy outside any collective at {where})", path
+            path.append(current)
+            seen.add(current)
 
 
-def store_client():
-    """A connection of this thread's own to the job's store (torchrun's or srun's
-    MASTER_ADDR:MASTER_PORT), with a short timeout so a frozen host cannot hang the watchdog;
-    None where there is none."""
+def describe_silent(rank: int, quiet: float, record: dict | None) -> str:
+    if record is None:
+        return f"rank {rank} (never heard from)"
+    where = f"iteration {record['iteration']}, phase {record['phase']}"
+    return f"rank {rank} (silent for {quiet:.0f} s, last at {where})"
+
+
+def store_client(timeout_seconds: float = 5.0):
+    """A connection of the caller's own to the job's store (torchrun's or srun's
+    MASTER_ADDR:MASTER_PORT), under this attempt's prefix; the watchdog's has a short timeout
+    so a frozen host cannot hang it. None where there is none."""
     import torch.distributed as dist
 
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
         return None
     try:
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5),
-                              use_libuv=True)  # fmt: skip
+        timeout = timedelta(seconds=timeout_seconds)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, use_libuv=True)
     except Exception:
         return None
     return dist.PrefixStore(f"watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",

@@ -13,27 +13,12 @@ from suite.commands.preflight import (
     split_options,
     validate,
 )
+from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.results.folder import MANIFEST
-from suite.run.config import RunConfig
 
 SIM_FLAGS = LAUNCHER_FLAGS["sim"]
 SLURM_FLAGS = LAUNCHER_FLAGS["slurm"]
-
-
-def run_config(kwargs: dict, options: dict, gpus: int) -> RunConfig:
-    """A RunConfig from parsed flags (or an experiment file's values)."""
-    fields = dict(kwargs)
-    fields["download"] = bool(fields.get("download"))
-    fields["tensorboard"] = bool(fields.get("tensorboard"))
-    if fields.get("synthetic_size") is None:
-        fields.pop("synthetic_size", None)
-    else:
-        size = tuple(fields["synthetic_size"])
-        if len(size) != 2:
-            raise BenchError(f"--synthetic-size takes TRAIN,TEST, got {','.join(map(str, size))}")
-        fields["synthetic_size"] = size
-    return RunConfig(options=options, gpus=gpus, **fields)
 
 
 def config_from_flags(kwargs: dict, given: dict, *, warn: Callable | None = None) -> RunConfig:
@@ -46,7 +31,7 @@ def config_from_flags(kwargs: dict, given: dict, *, warn: Callable | None = None
     options, ignored = split_options(kwargs["method"], given)
     if ignored and warn is not None:
         warn(f"warning: {', '.join(ignored)} not read by {kwargs['method']}; ignored", err=True)
-    return run_config(kwargs, options, gpus[0])
+    return RunConfig.from_flags(kwargs, options, gpus[0])
 
 
 def resume_arguments(kwargs: dict) -> dict:
@@ -101,16 +86,19 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     if launcher == "sim":
         from suite.commands.simulate import run_simulations
 
-        base = run_config(kwargs, {}, gpus[0])
+        base = RunConfig.from_flags(kwargs, {}, gpus[0])
         run_simulations([base.method], gpus, base, given, **sim, dry_run=dry_run, echo=echo)
         return
     if len(gpus) > 1:
         raise BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`")
     config = config_from_flags({**kwargs, "gpus": gpus}, given, warn=echo)
     if launcher == "slurm":
-        from suite.launchers.slurm import submit_or_print
+        from suite.launchers.slurm import prepare, slurm_request, submit_or_print
 
-        submit_or_print(config, dry_run=dry_run, echo=echo, **slurm)
+        prepare(config)
+        request = slurm_request(**slurm)
+        validate(config, check_data=False)
+        submit_or_print(config, request, dry_run=dry_run, echo=echo)
         return
     if launcher == "auto":
         launcher = "torchrun" if adopt_slurm_environment() else "local"
@@ -150,7 +138,8 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     kwargs["launcher"] = "local"
     catalogue = METHODS.option_catalogue()
     grid = {name: option_values(catalogue[name][0], value) for name, value in given.items()}
-    base = run_config({**kwargs, "method": methods[0], "workload": workloads[0]}, {}, gpus[0])
+    first = {**kwargs, "method": methods[0], "workload": workloads[0]}
+    base = RunConfig.from_flags(first, {}, gpus[0])
     cells = expand(base, workloads, methods, gpus, seeds, grid)
     for cell in cells:
         config = cell.config

@@ -94,10 +94,12 @@ def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = ()) -> None
                 del values[off_key]
     unknown = sorted(k for k in values if k not in params)
     if unknown:
-        raise BenchError(
-            f"--config: unknown key {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(sorted(params))}"
-        )
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], params, n=1)
+        hint = (f"did you mean {close[0]!r}?" if close else
+                "keys are bench run's flags with '_' for '-' (bench run --help)")  # fmt: skip
+        raise BenchError(f"--config: unknown key {', '.join(map(repr, unknown))}; {hint}")
     defaults = {}
     for key, value in values.items():
         if isinstance(value, list):

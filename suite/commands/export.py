@@ -1,12 +1,32 @@
-"""``bench export``: the physically smaller model of a pruning run, and a table of what it
-saves against the dense model."""
+"""``bench export``: the physically smaller model of a pruning run (its evaluated model under
+its masks, :mod:`suite.structured.export`), measured against the dense one, written beside the
+run (``exported.pt``, ``export.json``) and printed as a table."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
-from suite.structured.export import export_run
+import torch
+from torch import nn
+
+from suite.data.workload import example_input
+from suite.errors import BenchError
+from suite.results.folder import RunFolder, write_json, write_torch
+from suite.structured.export import (
+    CHECK_SAMPLES,
+    LATENCY_BATCHES,
+    TOLERANCE,
+    accuracy,
+    count_parameters,
+    export_model,
+    flops_per_image,
+    latency_ms,
+    max_abs_diff,
+)
+from suite.structured.masks import conv_shapes, load_masks
+from suite.structured.units import UnitGroup, load_unit_masks, trace_unit_groups
 
 
 def export_and_print(run_dir: str, output: str | None, *, data_dir: str | None, repeats: int,
@@ -20,4 +40,111 @@ def export_and_print(run_dir: str, output: str | None, *, data_dir: str | None, 
     echo(f"test accuracy of the exported model: {100 * small['test_accuracy']:.2f} %  "
          f"(max |diff| to the masked dense model {record['max_abs_diff']:.2g})")  # fmt: skip
     echo(f"model: {record['model_file']}  record: {Path(run_dir) / 'export.json'}")
+    return record
+
+
+def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup]]:
+    """The run's manifest, its evaluated model, its masks and the head and neuron groups
+    they prune; a one-line error for a folder that has none of them."""
+    from suite.data.datasets import dataset_spec
+    from suite.plugins.registry import WORKLOADS
+
+    folder = RunFolder(run_dir)
+    if not folder.has_manifest:
+        raise BenchError(f"{run_dir} is not a run folder (no manifest.json)")
+    manifest = folder.manifest()
+    config = manifest["config"]
+    if not (run_dir / "masks.pt").is_file():
+        raise BenchError(
+            f"{run_dir}: no masks.pt: {config['method']} trains a dense model; runs of prunex, "
+            "prunex-flat, gmp-hier and prune-retrain have masks to export"
+        )
+    if not (run_dir / "model.pt").is_file():
+        raise BenchError(f"{run_dir}: no model.pt (the run did not finish): nothing to export")
+    workload = WORKLOADS.get(config["workload"]).factory()  # loads plugins and their datasets
+    spec = dataset_spec(config["dataset"])
+    model = workload.build_model(spec)
+    try:
+        state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except Exception as exc:  # unpickling and shape mismatches raise many kinds
+        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise BenchError(f"{run_dir}/model.pt does not fit {config['workload']} ({why})") from None
+    saved = torch.load(run_dir / "masks.pt", map_location="cpu", weights_only=True)
+    groups = []
+    if any("#" in key for key in saved):  # heads or neurons were pruned
+        groups = [g for g in trace_unit_groups(model, example_input(spec)) if g.key in saved]
+    masks = {**load_masks(str(run_dir), conv_shapes(model), "cpu"),
+             **load_unit_masks(str(run_dir), groups, "cpu")}  # fmt: skip
+    return manifest, model.eval(), masks, groups
+
+
+def export_run(
+    run_dir: str | Path,
+    output: str | Path | None = None,
+    *,
+    data_dir: str | None = None,
+    repeats: int = 20,
+    max_seconds: float = 10.0,
+    echo=print,
+) -> dict:
+    """Export a run's model (see the module docstring); returns what ``export.json`` holds."""
+    from suite.data.datasets import load_data
+
+    run_dir = Path(run_dir)
+    manifest, model, masks, groups = load_run_model(run_dir)
+    config = manifest["config"]
+    _, test, spec = load_data(
+        config["dataset"],
+        data_dir=data_dir or config.get("data_dir"),
+        seed=config.get("seed", 0),
+        synthetic_size=tuple(config.get("synthetic_size") or (4096, 1024)),
+    )
+    check = test.images[:CHECK_SAMPLES]
+    try:
+        masked, exported, live_params = export_model(model, masks, check, groups)
+    except BenchError as exc:
+        raise BenchError(f"{run_dir}: {exc}") from None
+    diff = max_abs_diff(exported, masked, check)
+    sample = test.images[:1]
+
+    def measure(net: nn.Module) -> dict:
+        return {
+            "parameters": count_parameters(net),
+            "flops": flops_per_image(net, sample),
+            **{
+                f"latency_ms_b{b}": latency_ms(net, sample, b, repeats, max_seconds)
+                for b in LATENCY_BATCHES
+            },
+        }
+
+    threads = torch.get_num_threads()
+    echo(f"measuring {config['workload']}: dense, then exported ({threads} threads)")
+    dense_stats, exported_stats = measure(model), measure(exported)
+    exported_stats["test_accuracy"] = accuracy(exported, test.images, test.labels)
+    path = Path(output) if output is not None else run_dir / "exported.pt"
+    write_torch(path, exported)
+    summary = RunFolder(run_dir).summary() or {}
+    record = {
+        "run_id": manifest.get("run_id", run_dir.name),
+        "method": config["method"],
+        "workload": config["workload"],
+        "dataset": config["dataset"],
+        "model_file": str(path),
+        "max_abs_diff": diff,
+        "tolerance": TOLERANCE,
+        "checked_samples": len(check),
+        "test_samples": len(test.labels),
+        "live_parameters": live_params,
+        "run_final_accuracy": summary.get("final_accuracy"),
+        "threads": torch.get_num_threads(),
+        "dense": dense_stats,
+        "exported": exported_stats,
+        "ratios": {
+            key: exported_stats[key] / dense_stats[key]
+            for key in dense_stats
+            if dense_stats[key] and not math.isnan(dense_stats[key])
+        },
+    }
+    write_json(run_dir / "export.json", record)
     return record

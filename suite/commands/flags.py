@@ -5,6 +5,7 @@ with no change to the CLI); and the one-line error exit."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -52,6 +53,8 @@ class BenchGroup(click.Group):
     the help, to the commands that take them, when such a command is invoked."""
 
     def get_command(self, ctx, name):
+        if ctx.params.get("strict_plugins"):  # parsed already; the registry loads next
+            os.environ["PRUNEX_STRICT_PLUGINS"] = "1"
         command = super().get_command(ctx, name)
         mode = getattr(command, "method_options", None)
         if mode and not getattr(command, "attached", False):

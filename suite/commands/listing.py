@@ -37,13 +37,13 @@ def options_text(names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def options_markdown() -> str:
+def options_markdown(*, builtin_only: bool = False) -> str:
     """One row per option: flag, the methods that read it, default, meaning."""
     rows = [
         "| option | methods | default | meaning |",
         "|---|---|---|---|",
     ]
-    for opt, readers in METHODS.option_catalogue().values():
+    for opt, readers in METHODS.option_catalogue(builtin_only=builtin_only).values():
         flag = f"`{opt.flag}`/`--{opt.off_flag}`" if opt.off_flag else f"`{opt.flag}`"
         limits = f" ({opt.check.text})" if opt.check else ""
         choices = f" ({', '.join(opt.choices)})" if opt.choices else ""

@@ -12,12 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from suite.cluster.ranks import ranks_on_cuda
+from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
 from suite.plugins.options import POSITIVE, Check, check_value, settings_dict
 from suite.results.folder import MANIFEST, SUMMARY
 from suite.run.build import count_iterations, method_settings, resolve_workload
-from suite.run.config import RunConfig
+from suite.structured.masks import StructuredKeepSettings
+from suite.structured.structures import check_structure
 
 #: a run id names one folder inside --results-dir: no separators, no "..", no hidden names
 SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -88,7 +91,7 @@ def validate(
 ) -> None:
     """Catch bad input here, in one line, before any rank is spawned."""
     from suite.cluster.topology import check_layout
-    from workloads.datasets import load_data
+    from suite.data.datasets import load_data
 
     _, _, dataset = resolve_workload(config)
     settings = method_settings(config)  # converts and range-checks every method option
@@ -121,8 +124,10 @@ def validate(
     model = model_on_meta_device(config, dataset)
     if hasattr(settings, "check_model") and model is not None:
         settings.check_model(model)  # the method's own checks, e.g. PruneX's --masks-from
+    if isinstance(settings, StructuredKeepSettings):
+        check_structure_once(config, dataset, settings)
     if config.launcher == "local":
-        if ranks_on_cuda(config):
+        if ranks_on_cuda(config.device, config.gpus):
             check_gpu_memory(config, dataset, model)
         else:
             check_memory(config, dataset, model)
@@ -159,12 +164,36 @@ def check_run_folder(config: RunConfig, *, existing_ok: bool = False) -> None:
         raise BenchError(f"run folder {folder} is a file")
 
 
+#: (workload, dataset, what is traced) already checked in this process (a sweep's cells)
+_STRUCTURES_CHECKED: set[tuple] = set()
+
+
+def check_structure_once(config: RunConfig, dataset: str, settings) -> None:
+    """The model's structured groups traced here, once per workload, dataset and keeps in
+    this process: an untraceable model or a keep that prunes nothing is one line now, not
+    a failed run after the ranks started (suite.structured.structures)."""
+    import torch
+
+    from suite.data.datasets import dataset_spec
+    from suite.data.workload import example_input
+
+    key = (config.workload, dataset, tuple(settings.keeps.items()), getattr(settings, "pack", None))
+    if key in _STRUCTURES_CHECKED:
+        return
+    workload, _, _ = resolve_workload(config)
+    spec = dataset_spec(dataset)
+    torch.manual_seed(config.seed)
+    model = workload.build_model(spec)
+    check_structure(settings, model, example_input(spec), config.workload)
+    _STRUCTURES_CHECKED.add(key)
+
+
 def model_on_meta_device(config: RunConfig, dataset: str):
     """The run's model with shapes but no storage (for checks), or None if it cannot be
     built that way."""
     import torch
 
-    from workloads.datasets import dataset_spec
+    from suite.data.datasets import dataset_spec
 
     workload, _, _ = resolve_workload(config)
     try:
@@ -172,15 +201,6 @@ def model_on_meta_device(config: RunConfig, dataset: str):
             return workload.build_model(dataset_spec(dataset))
     except Exception:  # a model that insists on real storage is checked by the ranks
         return None
-
-
-def ranks_on_cuda(config: RunConfig) -> bool:
-    """Whether the local launcher will place the ranks on CUDA devices (as it decides)."""
-    if config.device != "auto":
-        return config.device == "cuda"
-    import torch
-
-    return torch.cuda.device_count() >= config.gpus
 
 
 def available_memory() -> int | None:
@@ -196,7 +216,7 @@ def available_memory() -> int | None:
 
 def sample_bytes(dataset: str) -> int:
     """Bytes of one float32 image of ``dataset``."""
-    from workloads.datasets import dataset_spec
+    from suite.data.datasets import dataset_spec
 
     spec = dataset_spec(dataset)
     return spec.in_chans * spec.image_size**2 * 4
@@ -214,7 +234,7 @@ def parameter_bytes(model) -> int:
 def rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
     """Bytes one CPU rank needs: base, the whole dataset as float32 (every rank loads it and
     keeps its shard), and the parameter copies."""
-    from workloads.datasets import split_sizes
+    from suite.data.datasets import split_sizes
 
     samples = sum(split_sizes(dataset, config.synthetic_size))
     return RANK_BASE_BYTES + samples * sample_bytes(dataset) + parameter_bytes(model)
@@ -243,7 +263,7 @@ def activation_bytes(model, dataset: str, batch_size: int) -> int:
     device (no storage): what backward keeps of the activations, about."""
     import torch
 
-    from workloads.datasets import dataset_spec
+    from suite.data.datasets import dataset_spec
 
     spec = dataset_spec(dataset)
     total = 0
@@ -270,7 +290,7 @@ def gpu_rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
     """Bytes one CUDA rank needs on its GPU: the CUDA context, the parameter copies (weights,
     gradients, momentum and what the method keeps), the activations of a batch and their
     gradients, and the rank's resident data shard."""
-    from workloads.datasets import split_sizes
+    from suite.data.datasets import split_sizes
 
     _, recipe, _ = resolve_workload(config)
     train, _ = split_sizes(dataset, config.synthetic_size)
@@ -288,7 +308,11 @@ def free_gpu_memory(count: int) -> list[int]:
         "print(*(torch.cuda.mem_get_info(i)[0] for i in range(int(sys.argv[1]))))"
     )
     probe = subprocess.run([sys.executable, "-c", code, str(count)], capture_output=True,
-                           text=True, check=True)  # fmt: skip
+                           text=True)  # fmt: skip
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
+        raise BenchError(f"cannot read the GPUs' free memory ({why[:200]}); check the CUDA "
+                         "driver with nvidia-smi")  # fmt: skip
     return [int(free) for free in probe.stdout.split()]
 
 
@@ -318,7 +342,7 @@ def check_gpu_memory(config: RunConfig, dataset: str, model) -> None:
 
 def describe(config: RunConfig, run_dir: Path | str) -> str:
     """The ``--dry-run`` plan: ranks and nodes, data, recipe, method settings, run folder."""
-    from workloads.datasets import split_sizes
+    from suite.data.datasets import split_sizes
 
     _, recipe, dataset = resolve_workload(config)
     settings = method_settings(config)

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.results.folder import RunFolder
-from suite.run.config import RunConfig
 from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable, simulate_run
 
 
@@ -69,7 +69,6 @@ def run_simulations(
 
 def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
     """``bench sim``: list the shipped profiles, or simulate every (method, GPU count)."""
-    from suite.commands.execute import run_config
     from suite.sim.profile import load_profile, shipped_profiles
 
     if kwargs.pop("list_profiles"):
@@ -80,5 +79,5 @@ def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
     gpus = kwargs.pop("gpus")
     sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from", "dry_run")}
     kwargs["launcher"] = "sim"
-    base = run_config({**kwargs, "method": methods[0]}, {}, gpus[0])
+    base = RunConfig.from_flags({**kwargs, "method": methods[0]}, {}, gpus[0])
     run_simulations(methods, gpus, base, options, **sim, echo=echo)

@@ -18,11 +18,11 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
 from suite.plugins.registry import METHODS
 from suite.results.folder import RunFolder, write_json
 from suite.run.checkpoint import latest_checkpoint
-from suite.run.config import RunConfig
 
 #: RunConfig fields that decide how a run survives, not what it computes: not part of a
 #: cell's id, so sweeps recorded before they existed keep their ids
@@ -44,7 +44,12 @@ class Cell:
 
 
 def cell_id(config: RunConfig) -> str:
+    """``<method>-<workload>-<gpus>g-<hash of what the run computes>``: the same configuration
+    (a method option at its declared default spelled out or left out) is the same cell."""
     described = json.loads(config.to_json())
+    declared = METHODS.defaults(config.method) or {}
+    described["options"] = {k: v for k, v in described["options"].items()
+                            if k not in declared or v != declared[k]}  # fmt: skip
     # what only changes where a run is written or how it is watched leaves the cell as it is
     for volatile in ("run_id", "results_dir", "launcher", "tag", "tensorboard",
                      *RELIABILITY_FIELDS):  # fmt: skip

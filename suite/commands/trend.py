@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from suite.plugins.registry import METHODS
 from suite.results.compare import parse_threshold
 from suite.results.trend import MIN_RUNS, add_to_history, find_changes, read_history
 
@@ -18,7 +19,8 @@ def run_trend(
         threshold if max_time_regression is None else parse_threshold(max_time_regression)
     )
     if add:
-        echo(f"added {add_to_history(add, history)} series point(s) from {add} to {history}")
+        added = add_to_history(add, history, METHODS.defaults)
+        echo(f"added {added} series point(s) from {add} to {history}")
     frame = read_history(history)
     changes, short, longest = find_changes(frame, threshold, max_accuracy_drop, time_threshold)
     for change in changes:

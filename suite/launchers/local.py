@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -18,11 +19,10 @@ from pathlib import Path
 
 import torch
 
-from suite.cluster.ranks import elastic_launch_config
-from suite.commands.preflight import ranks_on_cuda
+from suite.cluster.ranks import elastic_launch_config, ranks_on_cuda
+from suite.config import RunConfig
 from suite.errors import BenchError, RunFailed, RunInterrupted
 from suite.results.folder import RunFolder, identity_summary, make_run_id
-from suite.run.config import RunConfig
 from suite.run.entry import rank_main
 
 LOCAL_GPUS_PER_NODE = 4  # the paper's nodes
@@ -52,6 +52,7 @@ def adopt_slurm_environment() -> bool:
     os.environ["RANK"] = os.environ["SLURM_PROCID"]
     os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    os.environ["LOCAL_WORLD_SIZE"] = str(slurm_tasks_on_this_node())
     if "MASTER_ADDR" not in os.environ:
         raise BenchError(
             "inside a SLURM allocation without MASTER_ADDR; export MASTER_ADDR=<first node> "
@@ -59,6 +60,25 @@ def adopt_slurm_environment() -> bool:
         )
     os.environ.setdefault("MASTER_PORT", "29500")
     return True
+
+
+def slurm_tasks_on_this_node() -> int:
+    """srun's tasks on this node: ``SLURM_NTASKS_PER_NODE``, else this node's entry of
+    ``SLURM_STEP_TASKS_PER_NODE``/``SLURM_TASKS_PER_NODE`` (``"4(x2),3"``: 4 on each of the
+    first two nodes, 3 on the third), else 1."""
+    if os.environ.get("SLURM_NTASKS_PER_NODE"):
+        return int(os.environ["SLURM_NTASKS_PER_NODE"])
+    spec = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if not spec:
+        return 1
+    counts = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match is None:
+            return 1
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    node = int(os.environ.get("SLURM_NODEID", "0"))
+    return counts[node] if node < len(counts) else counts[-1]
 
 
 def default_local_gpus_per_node(gpus: int) -> int:
@@ -85,7 +105,7 @@ def open_run_folder(config: RunConfig) -> RunFolder:
 
 def launch_local(config: RunConfig) -> Path:
     """Spawn ``config.gpus`` ranks here and wait for them; returns the run folder."""
-    use_cuda = ranks_on_cuda(config)
+    use_cuda = ranks_on_cuda(config.device, config.gpus)
     if config.device == "cuda" and torch.cuda.device_count() == 0:
         raise BenchError("--device cuda was asked for but no CUDA device is visible")
     config.device = "cuda" if use_cuda else "cpu"

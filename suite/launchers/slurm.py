@@ -3,10 +3,9 @@
 One SLURM task per node. Each task runs :class:`NodeAgent` (submitit pickles it): torch's
 elastic agent for the node's ranks, the same launch as ``--launcher local``, with c10d
 rendezvous on the allocation's first node at a port derived from the job id (two jobs on one
-node never collide). The agent gets the run as ``bench run`` arguments derived from the
-resolved configuration field by field (:func:`rank_arguments`) and parses them with ``bench
-run``'s own flags, so what ``--dry-run`` prints is what the ranks run, and a configuration
-field added later reaches them without a table to update.
+node never collide). The agent carries the resolved configuration whole, as the JSON the
+local launcher hands its ranks (``RunConfig.to_json``), so a field added later reaches the
+ranks with nothing to update, and ``--dry-run`` prints that JSON as the ranks receive it.
 
 Preemption and time limits: SLURM sends SIGTERM ``--slurm-signal-lead`` seconds before the
 limit (or on preemption) to every process of the job; the ranks stop after their iteration and
@@ -24,13 +23,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
+from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
-from suite.run.config import RunConfig
 
 DEFAULT_TIME_LIMIT = "02:00:00"
 #: seconds before the time limit at which SLURM sends SIGTERM (``--slurm-signal-lead``)
@@ -41,72 +39,6 @@ SHUTDOWN_MARGIN_SECONDS = 20
 CPUS_PER_GPU_RANK = 8
 #: where submitit keeps the job's pickles and logs, inside the run folder (kept by --overwrite)
 JOB_FOLDER = "slurm-job"
-#: RunConfig fields that do not travel as a flag, and why
-NOT_FLAGS = {
-    "launcher": "inside the job the ranks are always --launcher torchrun",
-    "resume": "the first start takes it from NodeAgent.resume, a requeued one from the folder",
-    "overwrite": "applied once, by the first start of the job",
-    "options": "method options travel as their own flags",
-}
-
-
-def rank_arguments(config: RunConfig) -> list[str]:
-    """``bench run`` arguments that recreate ``config`` on every node of the job: every
-    RunConfig field through the ``bench run`` flag of the same name, then the method options.
-    A field with no flag (and no reason in NOT_FLAGS) is an error here, not a silent loss."""
-    from suite.plugins.registry import METHODS
-
-    params = {p.name: p for p in run_command().params}
-    args = ["--launcher", "torchrun"]
-    for field in dataclasses.fields(RunConfig):
-        if field.name in NOT_FLAGS:
-            continue
-        param = params.get(field.name)
-        if param is None:
-            raise BenchError(f"RunConfig.{field.name} has no bench run flag to reach the ranks")
-        value = getattr(config, field.name)
-        if field.name == "results_dir":
-            value = str(Path(value).resolve())
-        args += flag_arguments(param, value)
-    declared = {o.name: o for o in METHODS.get(config.method).options}
-    for key, value in sorted(config.options.items()):
-        opt = declared[key]
-        if opt.kind is bool:
-            if value or opt.off_flag:  # a False with no --off flag is the flag left out
-                args.append(opt.flag if value else f"--{opt.off_flag}")
-        else:
-            args += [opt.flag, str(value)]
-    return args
-
-
-def flag_arguments(param, value) -> list[str]:
-    """One click option and its value as command-line words ([] for an unset value)."""
-    if value is None or (param.is_flag and not value):
-        return []
-    if param.is_flag:
-        return [param.opts[0]]
-    if isinstance(value, (list, tuple)):
-        value = ",".join(map(str, value))
-    return [param.opts[0], str(value)]
-
-
-def run_command():
-    """``bench run``'s click command, with the registry's method options attached."""
-    import click
-
-    from suite.cli import main
-
-    return main.get_command(click.Context(main), "run")
-
-
-def config_from_arguments(arguments: list[str]) -> RunConfig:
-    """The RunConfig ``bench run ARGUMENTS`` would build (how each node reads its run)."""
-    from suite.commands.execute import config_from_flags
-    from suite.commands.flags import given_options
-
-    command = run_command()
-    kwargs = command.make_context("run", list(arguments)).params
-    return config_from_flags(kwargs, given_options(kwargs))
 
 
 def rendezvous_port(job_id: str) -> int:
@@ -172,7 +104,7 @@ def executor_parameters(config: RunConfig, request: SlurmRequest) -> dict:
 class NodeAgent:
     """One SLURM task: this node's torch elastic agent for its ranks (pickled by submitit)."""
 
-    arguments: list[str]
+    config_json: str  # the resolved RunConfig, as every rank receives it
     threads_per_rank: int
     shutdown_seconds: int
     resume: bool = False  # the first start continues the folder (bench run --resume)
@@ -183,7 +115,7 @@ class NodeAgent:
         from suite.launchers.local import run_agent
 
         job = submitit.JobEnvironment()
-        config = config_from_arguments(self.arguments)
+        config = RunConfig.from_json(self.config_json)
         config.launcher = "torchrun"
         run_dir = Path(config.results_dir) / config.run_id
         config.resume, config.overwrite = start_mode(run_dir, config.overwrite, self.resume)
@@ -234,15 +166,33 @@ def requeue(job_id: str) -> bool:
     return subprocess.run(["scontrol", "requeue", job_id], capture_output=True).returncode == 0
 
 
-def submission(config: RunConfig, request: SlurmRequest):
-    """(submitit executor, the NodeAgent it will run) for the run."""
+def slurm_executor(folder: Path, *, preview: bool):
+    """submitit's SlurmExecutor for ``folder``; ``preview``: one that skips submitit's check
+    for ``srun``, so ``--dry-run`` prints the job on a machine without SLURM."""
     import submitit
 
+    if preview:
+
+        class Preview(submitit.SlurmExecutor):
+            @classmethod
+            def affinity(cls) -> int:
+                return 2  # what submitit reports where srun exists
+
+        return Preview(folder=folder, max_num_timeout=0)
+    try:
+        return submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+    except RuntimeError as exc:  # submitit: 'Could not detect "srun"...'
+        raise BenchError(f"cannot submit to SLURM here ({exc}); use --dry-run to print the "
+                         "job") from None  # fmt: skip
+
+
+def submission(config: RunConfig, request: SlurmRequest, *, preview: bool = False):
+    """(submitit executor, the NodeAgent it will run) for the run."""
     job_folder = Path(config.results_dir).resolve() / str(config.run_id) / JOB_FOLDER
-    executor = submitit.SlurmExecutor(folder=job_folder, max_num_timeout=0)
+    executor = slurm_executor(job_folder, preview=preview)
     executor.update_parameters(**executor_parameters(config, request))
     agent = NodeAgent(
-        arguments=rank_arguments(config),
+        config_json=config.to_json(),
         threads_per_rank=max(1, request.cpus(config) // config.gpus_per_node),
         shutdown_seconds=request.shutdown_seconds(),
         resume=config.resume,
@@ -251,11 +201,11 @@ def submission(config: RunConfig, request: SlurmRequest):
 
 
 def describe_submission(config: RunConfig, request: SlurmRequest) -> str:
-    """``--dry-run``: the sbatch file submitit will submit and the ``bench run`` arguments
-    every node's agent runs its ranks with."""
+    """``--dry-run``: the sbatch file submitit will submit and the configuration every
+    node's agent starts its ranks with (``suite.run.entry.rank_main`` of that JSON)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    executor, agent = submission(config, request)
+    executor, agent = submission(config, request, preview=True)
     command = " ".join(executor._submitit_command_str.split())
     sbatch = _make_sbatch_string(command=command, folder=executor.folder, **executor.parameters)
     return "\n".join([
@@ -263,27 +213,17 @@ def describe_submission(config: RunConfig, request: SlurmRequest) -> str:
         "",
         f"# each of the {config.gpus // config.gpus_per_node} tasks: a torch elastic agent for "
         f"{config.gpus_per_node} ranks ({agent.threads_per_rank} threads each), c10d "
-        "rendezvous on the first node, port from the job id; the ranks run:",
-        "#   bench run " + shlex.join(agent.arguments),
+        "rendezvous on the first node, port from the job id; every rank runs "
+        "suite.run.entry.rank_main(CONFIG) with CONFIG:",
+        "#   " + agent.config_json,
         f"# SIGTERM {request.signal_lead} s before the time limit or on preemption: the ranks "
         f"get {agent.shutdown_seconds} s to checkpoint, then the job requeues and resumes.",
         "",
     ])  # fmt: skip
 
 
-def submit_or_print(
-    config: RunConfig,
-    *,
-    dry_run: bool,
-    echo,
-    slurm_partition: str | None = None,
-    slurm_account: str | None = None,
-    slurm_time: str | None = None,
-    slurm_cpus_per_task: int | None = None,
-    slurm_signal_lead: int | None = None,
-) -> None:
-    """``bench run --launcher slurm``: check the run, then print (--dry-run) or submit it."""
-    from suite.commands.preflight import validate
+def prepare(config: RunConfig) -> None:
+    """What a SLURM run fixes before it is checked: its node size, run id and device."""
     from suite.results.folder import make_run_id
 
     if config.gpus_per_node is None:
@@ -291,7 +231,16 @@ def submit_or_print(
     config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
     if config.device == "auto":
         config.device = "cuda"
-    validate(config, check_data=False)
+
+
+def slurm_request(
+    slurm_partition: str | None = None,
+    slurm_account: str | None = None,
+    slurm_time: str | None = None,
+    slurm_cpus_per_task: int | None = None,
+    slurm_signal_lead: int | None = None,
+) -> SlurmRequest:
+    """The ``--slurm-*`` flags as a request, checked."""
     request = SlurmRequest(
         partition=slurm_partition,
         account=slurm_account,
@@ -301,11 +250,18 @@ def submit_or_print(
     )
     if request.shutdown_seconds() >= request.signal_lead:
         raise BenchError("--slurm-signal-lead must leave the ranks time to checkpoint")
+    return request
+
+
+def submit_or_print(config: RunConfig, request: SlurmRequest, *, dry_run: bool, echo) -> None:
+    """``bench run --launcher slurm`` of a checked configuration: print the job
+    (``--dry-run``) or submit it."""
     if dry_run:
         echo(describe_submission(config, request), nl=False)
         return
     if shutil.which("sbatch") is None:
-        raise BenchError("sbatch not found on PATH; use --dry-run to print the job")
+        raise BenchError("sbatch not found on PATH (SLURM is not installed here); use --dry-run "
+                         "to print the job")  # fmt: skip
     executor, agent = submission(config, request)
     try:
         job = executor.submit(agent)

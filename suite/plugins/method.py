@@ -7,28 +7,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from suite.cluster.comm import Communicator
-from suite.cluster.recorder import Recorder
-from suite.cluster.topology import Topology
+from suite.cluster.comm import Communicator, flatten, unflatten_into
+from suite.cluster.recorder import Recorder, synchronize
+from suite.cluster.topology import CommGroup, Topology
+from suite.cluster.watchdog import watched
+from suite.config import RunConfig
+from suite.data.schedule import LRSchedule
+from suite.data.sharding import ShardedLoader
+from suite.data.workload import DatasetSpec, Recipe, Workload, example_input
 from suite.errors import BenchError
 from suite.plugins.options import AT_LEAST_1, POSITIVE, option
-from suite.run.config import RunConfig
-from suite.run.schedule import LRSchedule
-from suite.structured.groups import example_input
-from workloads.base import DatasetSpec, Recipe, Workload
-from workloads.sharding import ShardedLoader
 
 __all__ = [
     "DEFAULT_MAX_LOCAL_STEPS",
-    "LegacyMethod",
     "Method",
     "RoundSettings",
     "RunContext",
     "StepResult",
     "average_buffers_for_eval",
     "broadcast_initial_state",
+    "recalibrate_batchnorm",
 ]
 
 DEFAULT_MAX_LOCAL_STEPS = 32
@@ -37,7 +38,14 @@ DEFAULT_MAX_LOCAL_STEPS = 32
 @dataclass
 class RoundSettings:
     """Options of every method that trains in rounds of local steps (PruneX, local SGD), so
-    that their rounds, and so their iterations, line up."""
+    that their rounds, and so their iterations, line up: a settings class inherits them.
+
+    Example::
+
+        @dataclass
+        class MySettings(RoundSettings):
+            period: int = option(4, "average every N steps", check=AT_LEAST_1)
+    """
 
     local_steps: int | None = option(
         None,
@@ -66,6 +74,25 @@ class RoundSettings:
 
 @dataclass
 class RunContext:
+    """What a method's factory is given: the run's configuration and every piece it trains
+    with, built the same way for real ranks and for the simulator.
+
+    Attributes:
+        config: the resolved run configuration.
+        topology: which ranks share a node, and the process groups (world, intra, inter).
+        comm: the only door to collectives (recorded bytes and time).
+        recorder: per-iteration rows: ``ctx.recorder.phase(...)``, ``ctx.recorder.set(...)``.
+        workload: the workload (model builder, dataset, recipe).
+        recipe: the per-rank recipe with the run's overrides.
+        model: freshly built, identical on every rank (same seed), on ``device``.
+        loader: this rank's shard: ``next(iter(ctx.loader))`` is a batch.
+        device: where the model and batches live.
+        settings: the method's settings dataclass, resolved from the user's options.
+        schedule: the lr schedule (``ctx.apply_lr(optimizer)`` after each batch).
+        budget_steps: the local steps every rank takes in the whole run.
+        spec: the dataset's shape, for tracing the model's graph.
+    """
+
     config: RunConfig
     topology: Topology
     comm: Communicator
@@ -81,7 +108,11 @@ class RunContext:
     spec: DatasetSpec | None = None  # the dataset's input shape, for tracing the model's graph
 
     def example_input(self) -> torch.Tensor:
-        """One zero input of the dataset's shape (channel dependencies are traced with it)."""
+        """One zero input of the dataset's shape (channel dependencies are traced with it).
+
+        Returns:
+            A (1, C, H, W) tensor on ``device``.
+        """
         if self.spec is None:
             raise BenchError("this run context has no dataset spec to trace the model with")
         return example_input(self.spec, self.device)
@@ -93,14 +124,25 @@ class RunContext:
     def round_steps(self) -> int:
         """Local steps of the round about to run: H, or what is left of the budget, so a
         round-based method consumes the same samples as a step-based one (the last round
-        of a run may be short)."""
+        of a run may be short).
+
+        Returns:
+            The number of batches to take this round.
+        """
         h = self.local_steps_per_round()
         if self.budget_steps is None:
             return h
         return max(1, min(h, self.budget_steps - self.loader.step))
 
     def apply_lr(self, optimizer: torch.optim.Optimizer) -> float:
-        """Set the scheduled lr for the step whose batch was just taken, and record it."""
+        """Set the scheduled lr for the step whose batch was just taken, and record it.
+
+        Args:
+            optimizer: every param group gets the lr.
+
+        Returns:
+            The lr set.
+        """
         if self.schedule is None:
             return optimizer.param_groups[0]["lr"]
         batch = self.loader.batch_size
@@ -113,8 +155,18 @@ class RunContext:
 
 @dataclass
 class StepResult:
-    """What one iteration did: its mean training loss on this rank, the samples it consumed,
-    and whether the method's own stopping test passed (PruneX's residual tolerances)."""
+    """What one iteration did: what ``Method.step`` returns.
+
+    Attributes:
+        loss: the iteration's mean training loss on this rank (a float or a 0-d tensor).
+        samples: the samples it consumed on this rank.
+        converged: the method's own stopping test passed (PruneX's residual tolerances); the
+            same on every rank.
+
+    Example::
+
+        return StepResult(loss.item(), len(y))
+    """
 
     loss: float
     samples: int
@@ -123,10 +175,32 @@ class StepResult:
 
 class Method:
     """The contract between a method and the framework: every member the runner, the
-    simulator, checkpoints and the manifest read, with its default.
+    simulator, checkpoints and the manifest read, with its default. A factory registered with
+    ``METHODS.register`` returns one.
 
     A method records method-specific scalars of an iteration (density, mask drift, ...) with
-    ``ctx.recorder.set``, and times its phases under the names of :mod:`suite.cluster.phases`.
+    ``ctx.recorder.set``, and times its phases under the names of ``suite.api.phases`` (or
+    one of its own, ``declare_phase``).
+
+    Example::
+
+        class Averaging(Method):
+            def __init__(self, ctx):
+                self.ctx, self.model = ctx, ctx.model
+                broadcast_initial_state(self.model)
+
+            def step(self, iteration):
+                ...
+                return StepResult(loss, samples)
+
+            def eval_model(self):
+                return average_buffers_for_eval(self.model)
+
+            def state_dict(self):
+                return {"model": self.model.state_dict()}
+
+            def load_state_dict(self, state):
+                self.model.load_state_dict(state["model"])
     """
 
     #: local mini-batch steps one iteration consumes (DDP: 1; PruneX: H per round)
@@ -139,7 +213,14 @@ class Method:
     warnings: Sequence[str] = ()
 
     def step(self, iteration: int) -> StepResult:
-        """Run one iteration."""
+        """Run one iteration (DDP: one step; PruneX: one round of H local steps).
+
+        Args:
+            iteration: its index, from 0 (a resumed run continues the count).
+
+        Returns:
+            What it did; anything else is a one-line error naming the method.
+        """
         raise NotImplementedError
 
     def eval_model(self) -> nn.Module:
@@ -180,67 +261,89 @@ class Method:
         return []
 
 
-class LegacyMethod(Method):
-    """A plugin method written before the ``Method`` base (a duck-typed object whose ``step``
-    returns a dict), wrapped so the framework reads the contract as stated above: the dict
-    becomes a ``StepResult`` and its extra keys the row's columns, as they were. Deprecated:
-    subclass ``suite.api.Method``; this goes in the next release."""
-
-    def __init__(self, method: Any, recorder):
-        self.inner = method
-        self.recorder = recorder
-        self.steps_per_iteration = getattr(method, "steps_per_iteration", 1)
-        self.overlapped_phases = tuple(getattr(method, "overlapped_phases", ()))
-
-    @property
-    def warnings(self) -> Sequence[str]:
-        return tuple(getattr(self.inner, "warnings", ()) or ())
-
-    def step(self, iteration: int) -> StepResult:
-        done = self.inner.step(iteration)
-        if isinstance(done, StepResult):
-            return done
-        extra = {k: v for k, v in done.items() if k not in ("loss", "samples", "converged")}
-        self.recorder.set(**extra)
-        return StepResult(float(done["loss"]), int(done["samples"]), bool(done.get("converged")))
-
-    def eval_model(self) -> nn.Module:
-        return self.inner.eval_model()
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state)
-
-    def artifacts(self) -> dict[str, object]:
-        return self.inner.artifacts() if hasattr(self.inner, "artifacts") else {}
-
-
 def broadcast_initial_state(module: nn.Module) -> None:
-    """Rank 0's parameters and buffers everywhere, as DDP's constructor does.
+    """Rank 0's parameters and buffers everywhere, as DDP's constructor does: one broadcast
+    of each dtype's tensors as a flat buffer, watched by the rank's watchdog. Setup, outside
+    any iteration, so it is not method traffic. Collective: every rank calls it.
 
-    Setup, outside any iteration, so it is not method traffic.
+    Args:
+        module: the model; updated in place.
     """
-    import torch.distributed as dist
-
-    with torch.no_grad():
-        for t in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(t, src=0)
+    with torch.no_grad(), watched("broadcast", "world (initial state from rank 0)"):
+        for tensors in by_dtype([*module.parameters(), *module.buffers()]).values():
+            flat = flatten(tensors)
+            dist.broadcast(flat, src=0)
+            unflatten_into(tensors, flat)
+        synchronize(next(module.parameters()).device)
 
 
 def average_buffers_for_eval(model: nn.Module) -> nn.Module:
-    """Average float buffers (BN running statistics) over the world before evaluating.
+    """Average float buffers (BN running statistics) over the world before evaluating: one
+    flat all-reduce per dtype, watched. Collective.
 
     Gradient-averaging methods keep identical parameters but rank-local BN statistics
     (DDP with ``broadcast_buffers=False``); evaluation needs one model. This is evaluation
     bookkeeping, issued outside any iteration, so it is not counted as method traffic.
-    """
-    import torch.distributed as dist
 
+    Args:
+        model: the model whose buffers are averaged in place.
+
+    Returns:
+        ``model`` (so ``eval_model`` can return the call).
+    """
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if not buffers:
+        return model
     world = dist.get_world_size()
-    for buffer in model.buffers():
-        if buffer.is_floating_point():
-            dist.all_reduce(buffer)
-            buffer.div_(world)
+    with torch.no_grad(), watched("all_reduce", "world (BN statistics for evaluation)"):
+        for tensors in by_dtype(buffers).values():
+            flat = flatten(tensors)
+            dist.all_reduce(flat)
+            unflatten_into(tensors, flat.div_(world))
+        synchronize(buffers[0].device)
     return model
+
+
+def by_dtype(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[torch.Tensor]]:
+    """``tensors`` grouped by dtype, in order (a flat buffer holds one dtype)."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.dtype, []).append(tensor)
+    return groups
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(
+    model: nn.Module, batches: list[torch.Tensor], world: CommGroup, device: torch.device
+) -> None:
+    """Recompute the BatchNorm running statistics of ``model`` on ``batches`` (torch's
+    ``swa_utils.update_bn``: cumulative averages over them), then average them over ``world``
+    (a CommGroup): one flat all-reduce, watched. Collective: every rank of ``world`` calls it.
+
+    Why: BN statistics describe the model whose forward passes produced them. An averaged
+    model (PruneX's consensus z, a local-SGD average, SWA) is not the model any rank ran, so
+    the ranks' statistics, averaged, describe other activations than its own; the deeper the
+    stack of BN layers, the further they are off.
+
+    Args:
+        model: the model whose statistics are re-estimated in place (its mode is restored).
+        batches: input batches on ``device`` (e.g. ``ctx.loader.calibration_batches(8)``).
+        world: the group the statistics are averaged over.
+        device: where the forward passes run.
+
+    Example::
+
+        batches = self.ctx.loader.calibration_batches(8)
+        recalibrate_batchnorm(self.average, batches, self.ctx.topology.world, self.ctx.device)
+    """
+    from torch.optim.swa_utils import update_bn
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms or not batches:
+        return
+    update_bn(list(batches), model, device=device)
+    stats = [t for norm in norms for t in (norm.running_mean, norm.running_var)]
+    flat = flatten(stats)
+    with watched("all_reduce", "world (BN recalibration)", world.ranks):
+        dist.all_reduce(flat, group=world.pg)
+        unflatten_into(stats, flat.div_(world.size))

@@ -43,18 +43,39 @@ _META = "prunex_bench_option"
 
 @dataclass(frozen=True)
 class Check:
-    """A range test with the words that describe it in an error ("in (0, 1]")."""
+    """A range test with the words that describe it in an error ("in (0, 1]").
+
+    Args:
+        test: ``value -> bool``, True for a valid value.
+        text: what a valid value is, as an error says it.
+
+    Example::
+
+        UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
+        prune_at: float = option(0.5, "fraction trained dense first", check=UNIT)
+    """
 
     test: Callable[[Any], bool]
     text: str
 
 
 FRACTION = Check(lambda v: 0 < v <= 1, "in (0, 1]")
+"""A keep or a fraction: in (0, 1]."""
 POSITIVE = Check(lambda v: v > 0, "positive")
+"""A rate, a size, a penalty: greater than 0."""
 AT_LEAST_1 = Check(lambda v: v >= 1, "at least 1")
+"""A count: at least 1."""
 
 
 def at_least(n: int) -> Check:
+    """A count of at least ``n``.
+
+    Args:
+        n: the smallest valid value.
+
+    Returns:
+        The check (``--start-powersgd-iter`` uses ``at_least(2)``).
+    """
     return Check(lambda v: v >= n, f"at least {n}")
 
 
@@ -83,13 +104,31 @@ def option(
     off_flag: str | None = None,
     shown_default: str | None = None,
     existing_path: bool = False,
-):
-    """A settings field that is a user-facing option.
+) -> Any:
+    """A settings field that is a user-facing option: a flag, an experiment-file key and a
+    sweep axis. Its type is the field's annotation (``bool``, ``int``, ``float``, ``str``,
+    ``X | None``, or ``Literal["a", "b"]`` for a choice).
 
-    ``off_flag``: for booleans, the flag that sets False (``fixed-rho`` beside
-    ``--adaptive-rho``); ``shown_default``: how to describe a default that is computed at run
-    time (``None`` in the field); ``existing_path``: the value names a file or folder that must
-    exist.
+    Args:
+        default: the value when the option is not given (checked at registration).
+        help: one line for ``--help``, ``bench list`` and the options table.
+        check: its range (``POSITIVE``, ``FRACTION``, ...).
+        off_flag: for booleans, the flag that sets False (``fixed-rho`` beside
+            ``--adaptive-rho``).
+        shown_default: how to describe a default computed at run time (``None`` in the
+            field).
+        existing_path: the value names a file or folder that must exist.
+
+    Returns:
+        A dataclass field carrying the declaration.
+
+    Example::
+
+        @dataclass
+        class EFSignSettings:
+            gain: float = option(1.0, "scale of the sign update", check=POSITIVE)
+            scaled: bool = option(True, "scale by the mean magnitude", off_flag="unscaled")
+            mode: Literal["layer", "model"] = option("layer", "where the scale is taken")
     """
     meta = _Declared(help, check, off_flag, shown_default, existing_path)
     return dataclasses.field(default=default, metadata={_META: meta})
@@ -112,6 +151,15 @@ class Option:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def signature(self) -> tuple:
+        """What must agree where two methods declare the same flag."""
+        return (self.kind, self.choices, self.default, self.help, self.off_flag,
+                self.shown_default, self.check.text if self.check else None)  # fmt: skip
+
+    def describe(self) -> str:
+        return f"{self.type_text}, default {self.default_text}: {self.help!r}"
 
     @property
     def declaration(self) -> str:
@@ -177,15 +225,22 @@ def _as_bool(value: Any) -> bool:
 
 
 def options_of(settings: type | None) -> list[Option]:
-    """The options a settings dataclass declares, in field order (inherited ones first)."""
+    """The options a settings dataclass declares, in field order (inherited ones first); a
+    field without :func:`option` is an error (it would be dropped without a word)."""
     if settings is None:
         return []
+    if not dataclasses.is_dataclass(settings):
+        raise BenchError(f"settings {settings!r} is not a dataclass of option(...) fields")
     hints = typing.get_type_hints(settings)
     found = []
     for field in dataclasses.fields(settings):
         meta = field.metadata.get(_META)
         if meta is None:
-            continue
+            raise BenchError(
+                f"{settings.__name__}.{field.name} is a settings field without option(...): "
+                "every field of a method's settings is a user-facing option; declare it with "
+                "suite.api.option(default, help)"
+            )
         kind, choices = _kind(hints[field.name], f"{settings.__name__}.{field.name}")
         if kind is bool and meta.off_flag is None:
             raise BenchError(f"{settings.__name__}.{field.name}: a bool option needs an off_flag")

@@ -10,6 +10,7 @@ interval, never as separate points; colours, markers, sizes and fonts come from
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +22,10 @@ import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from suite.cluster.phases import is_communication, phase_color  # noqa: E402
-from suite.report.load import Run, final_density_of, first_line  # noqa: E402
+from suite.report.load import Run, final_density_of  # noqa: E402
 from suite.report.style import (  # noqa: E402
     legend_outside,
+    log_scale,
     method_style,
     options_text,
     paper_figure,
@@ -31,6 +33,7 @@ from suite.report.style import (  # noqa: E402
     series_styles,
 )
 from suite.results.stats import mean_ci  # noqa: E402
+from suite.results.view import first_line  # noqa: E402
 
 
 @dataclass
@@ -104,10 +107,11 @@ def scaling(runs: list[Run], out: Path, width: str | None = None) -> Figure | Sk
         if seconds:
             line = ", ".join(
                 p
-                for p in (method_style(run.method).name, options_text(run.summary.get("options")))
+                for p in (method_style(run.method).name, options_text(run.options))
                 if p
             )
-            line += run.setting + (f", {run.summary['workload']}" if len(workloads) > 1 else "")
+            workload = f", {run.summary['workload']}" if len(workloads) > 1 else ""
+            line += run.setting_suffix + workload
             rows.append({"series": line, "method": run.method, "workload": run.summary["workload"],
                          "gpus": run.summary["gpus"], "epoch_seconds": seconds,
                          "run_id": run.run_id, "word": run.ranks_word})  # fmt: skip
@@ -208,7 +212,7 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
                 ax.set_ylabel("test accuracy (%)")
                 ax.set_title(workload)
             if (part.inter_gb > 0).all() and part.inter_gb.max() > 10 * part.inter_gb.min():
-                row[0].set_xscale("log")
+                log_scale(row[0])
         legend_outside(fig, axes, ncol=2)
         files = save(fig, out, name)
     return Figure(name, title, files, frame, sorted(per_run.run_id),
@@ -275,7 +279,7 @@ def time_to_accuracy(runs: list[Run], out: Path, width: str | None = None) -> Fi
         axes[0, 0].set_xlabel("training time (s)")
         axes[0, 1].set_xlabel("cumulative inter-node traffic (GB, all ranks)")
         if frame.inter_gb.max() > 0 and frame.inter_gb[frame.inter_gb > 0].min() > 0:
-            axes[0, 1].set_xscale("log")
+            log_scale(axes[0, 1])
         for ax in axes[0]:
             ax.set_ylabel("test accuracy (%)")
         legend_outside(fig, axes, ncol=2)
@@ -322,7 +326,7 @@ def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure
         ax.set_xlabel("communication per local step (ms)")
         positive = frame.comm_ms[frame.comm_ms > 0]
         if len(positive) and positive.max() > 100 * positive.min():
-            ax.set_xscale("log")
+            log_scale(ax)
         files = save(fig, out, name)
     table = frame.groupby(["run", "run_id"], as_index=False).comm_ms.agg(
         ["mean", "median", "std", "max"]
@@ -424,15 +428,16 @@ def message_volume(runs: list[Run], out: Path, width: str | None = None) -> Figu
         bars.set_yticks(total.index, total.run)
         bars.set_xlabel("inter-node GB/epoch")
         if total.inter_gb_per_epoch.max() > 100 * max(total.inter_gb_per_epoch.min(), 1e-12):
-            bars.set_xscale("log")
+            log_scale(bars)
         for label, curve in frame.groupby("run", sort=False):
             mean = curve.groupby("epoch").mb_per_step.mean()
             steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
-                          **styles[label])  # fmt: skip
+                          label=label, **styles[label])  # fmt: skip
         steps_ax.set_xlabel("epoch")
         steps_ax.set_ylabel("inter-node MB per local step")
         if (frame.mb_per_step > 0).any():
-            steps_ax.set_yscale("log")
+            log_scale(steps_ax, "y")
+        legend_outside(fig, axes, ncol=2)
         files = save(fig, out, name)
     return Figure(name, title, files, total, sorted(per_run.run_id),
                   "bytes are the ring's algorithmic volume summed over ranks")  # fmt: skip
@@ -484,7 +489,7 @@ def residuals(
                     label=layer.removesuffix(".weight") if kind == "r_intra" else None)  # fmt: skip
         ax.plot([], [], color="k", ls="-", label="intra-node")
         ax.plot([], [], color="k", ls="--", label="inter-node")
-        ax.set_yscale("log")
+        log_scale(ax, "y")
         round_axis(ax, part.iteration)
         ax.set_ylabel("primal residual (L2)")
         ax.set_title(run.display)
@@ -516,7 +521,7 @@ def penalties(runs: list[Run], out: Path, width: str | None = None) -> Figure | 
                 ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
                         label=label, **styles[label])  # fmt: skip
             if part.value.max() > 10 * part.value.min():
-                ax.set_yscale("log")
+                log_scale(ax, "y")
             round_axis(ax, part.iteration)
             ax.set_ylabel(f"{penalty} (mean over layers)")
         legend_outside(fig, axes, ncol=2)
@@ -525,11 +530,14 @@ def penalties(runs: list[Run], out: Path, width: str | None = None) -> Figure | 
 
 
 def read_masks(run: Run) -> dict | None:
-    """A run's masks.pt as {layer: {"dense": tensor, ...}}, or None (noted on the run)."""
+    """A run's masks.pt as {layer: {"dense": tensor, ...}, group: {"units": tensor}}, or None
+    (noted on the run)."""
     path = run.folder / "masks.pt"
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(saved, dict) and all(torch.is_tensor(m["dense"]) for m in saved.values()):
+        if isinstance(saved, dict) and all(
+            torch.is_tensor(m.get("dense", m.get("units"))) for m in saved.values()
+        ):
             return saved
         run.unreadable.append(f"{path}: not a mapping of layers to masks")
     except Exception as exc:  # unpickling fails in many ways; each means a damaged file
@@ -537,10 +545,41 @@ def read_masks(run: Run) -> dict | None:
     return None
 
 
+def mask_panels(saved: dict, shown: int) -> list[tuple[str, torch.Tensor, str, str]]:
+    """(title, 2-D keep grid, x label, y label) of each panel: the largest conv layers'
+    filter x channel masks (the stem, which reads the image's 1-3 channels, left out when
+    there are others; convs that prune nothing left out when heads or neurons are pruned),
+    then one grid of blocks x heads and one of blocks x neurons."""
+    convs = {k: m["dense"].float() for k, m in saved.items() if "dense" in m}
+    units: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for key, m in saved.items():
+        if "units" in m:
+            block, _, kind = key.partition("#")
+            units.setdefault(kind, []).append((block, m["units"].float()))
+    if units:
+        convs = {k: d for k, d in convs.items() if float(d.mean()) < 1.0}
+    ordered = sorted(convs.items(), key=lambda kv: kv[1].numel(), reverse=True)
+    inner = [(k, d) for k, d in ordered if d.dim() < 2 or d.shape[1] > 3]
+    panels = [(k, d.flatten(2).amax(-1) if d.dim() == 4 else d, "input channel", "output filter")
+              for k, d in (inner or ordered)[: max(0, shown - len(units))]]  # fmt: skip
+    for kind, rows in units.items():
+        width = max(r.numel() for _, r in rows)
+        grid = torch.zeros(len(rows), width)
+        for i, (_, r) in enumerate(rows):
+            grid[i, : r.numel()] = r
+        panels.append((f"{kind} of {len(rows)} blocks", grid, kind[:-1], "block"))
+    return panels
+
+
+def short_name(layer: str, width: int = 22) -> str:
+    """A layer name that fits a panel's title: wrapped at its dots."""
+    return "\n".join(textwrap.wrap(layer.replace(".", ". "), width)).replace(". ", ".")
+
+
 def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) -> Figure | Skipped:
-    """Fig. 13: the learned filter x channel masks of the largest conv layers (the stem,
-    which reads the image's 1-3 channels, is left out when there are others)."""
-    name, title = "fig13_masks", "Learned structured masks (output filters x input channels)"
+    """Fig. 13: the learned structured masks: the largest conv layers' filter x channel masks,
+    and a ViT's kept heads and MLP neurons per block."""
+    name, title = "fig13_masks", "Learned structured masks (filters x channels, heads, neurons)"
     candidates = [r for r in runs if (r.folder / "masks.pt").exists()]
     if not candidates:
         return Skipped(name, title, "no run folder has masks.pt (PruneX runs save it)")
@@ -554,28 +593,25 @@ def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) 
             break
     if saved is None:
         return Skipped(name, title, "every masks.pt is unreadable (listed above)")
-    convs = sorted(saved.items(), key=lambda kv: kv[1]["dense"].numel(), reverse=True)
-    inner = [(k, m) for k, m in convs if m["dense"].dim() < 2 or m["dense"].shape[1] > 3]
-    convs = (inner or convs)[:shown]
-    one_column = (width or "two") == "one" and len(convs) > 2
-    grid = (2, math.ceil(len(convs) / 2)) if one_column else (1, len(convs))
+    panels = mask_panels(saved, shown)
+    if not panels:
+        return Skipped(name, title, f"{run.run_id} pruned no conv, head or neuron")
+    one_column = (width or "two") == "one" and len(panels) > 2
+    grid = (2, math.ceil(len(panels) / 2)) if one_column else (1, len(panels))
     with paper_figure(width or "two", nrows=grid[0], ncols=grid[1], ratio=1.0,
                       stack=False) as (fig, axes):  # fmt: skip
         rows = []
-        for ax in axes.flat[len(convs) :]:
+        for ax in axes.flat[len(panels) :]:
             ax.set_visible(False)
-        for ax, (layer, mask) in zip(axes.flat, convs):
-            dense = mask["dense"].float()
-            grid = dense.flatten(2).amax(-1) if dense.dim() == 4 else dense
-            ax.imshow(grid.numpy(), cmap="gray_r", aspect="auto", interpolation="nearest",
+        for ax, (layer, keep, xlabel, ylabel) in zip(axes.flat, panels):
+            ax.imshow(keep.numpy(), cmap="gray_r", aspect="auto", interpolation="nearest",
                       vmin=0, vmax=1)  # fmt: skip
-            density = float(dense.mean())
-            ax.set_title(f"{layer}\ndensity {density:.2f}")
-            ax.set_xlabel("input channel")
+            density = float(keep.mean())
+            ax.set_title(f"{short_name(layer)}\ndensity {density:.2f}", fontsize=6)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
             ax.grid(False)
-            rows.append({"layer": layer, "shape": tuple(dense.shape), "density": density})
-        for ax in axes[:, 0]:
-            ax.set_ylabel("output filter")
+            rows.append({"layer": layer, "shape": tuple(keep.shape), "density": density})
         fig.suptitle(run.display, fontsize=8)
         files = save(fig, out, name)
     return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept")

@@ -1,54 +1,47 @@
-"""Run folders under a results directory, read once, with their tables on demand."""
+"""The finished runs under a results directory, as the report's figures and tables draw them."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-import pandas as pd
-
 from suite.cluster import phases
 from suite.errors import BenchError
-from suite.results.folder import MANIFEST, SUMMARY, RunFolder, setting_of
+from suite.results import schema
+from suite.results.schema import Status
+from suite.results.view import RunView, run_folders
 
 
-@dataclass
-class Run:
-    folder: Path
-    summary: dict
-    manifest: dict = field(default_factory=dict)
-    unreadable: list[str] = field(default_factory=list)  # files left out, with the reason
+class Run(RunView):
+    """A finished run as a figure draws it: a :class:`RunView` with its labels."""
 
     @property
-    def run_id(self) -> str:
-        return self.summary.get("run_id") or self.folder.name
-
-    @property
-    def simulated(self) -> bool:
-        return bool(self.summary.get("simulated"))
-
-    @property
-    def setting(self) -> str:
+    def setting_suffix(self) -> str:
         """Where the run's times come from, unless a plain run: `` (sim PROFILE)`` or
         `` (emulated RATE)``. Runs of different settings never share a line or a label."""
-        setting = setting_of(self.summary, self.manifest)
-        return "" if setting == "real" else f" ({setting})"
+        return "" if self.setting == "real" else f" ({self.setting})"
+
+    @cached_property
+    def declared(self) -> dict | None:
+        """The method's option defaults as installed here (None: not installed)."""
+        from suite.plugins.registry import METHODS
+
+        return METHODS.defaults(self.method)
+
+    @property
+    def options(self) -> dict:
+        """The options that set this run apart, as labels show them: its configuration less
+        defaults and what the method derived (a default spelled out is no difference)."""
+        return self.shown_options(self.declared)
 
     @property
     def label(self) -> str:
         """method, GPUs, the options that were set, and the setting."""
         s = self.summary
-        options = ",".join(
-            f"{k.replace('_', '-')}={v}" for k, v in sorted((s.get("options") or {}).items())
-        )
-        text = f"{s['method']} {s['gpus']}g" + (f" [{options}]" if options else "")
-        return text + self.setting
-
-    @property
-    def method(self) -> str:
-        return self.summary["method"]
+        options = ",".join(f"{k.replace('_', '-')}={v}" for k, v in self.options.items())
+        text = f"{s[schema.METHOD]} {s[schema.GPUS]}g" + (f" [{options}]" if options else "")
+        return text + self.setting_suffix
 
     @property
     def ranks_word(self) -> str:
@@ -62,9 +55,9 @@ class Run:
 
         return {
             "method": method_style(self.method).name,
-            "options": options_text(self.summary.get("options")),
-            "ranks": f"{self.summary['gpus']} {self.ranks_word}",
-            "setting": self.setting,
+            "options": options_text(self.options),
+            "ranks": f"{self.summary[schema.GPUS]} {self.ranks_word}",
+            "setting": self.setting_suffix,
         }
 
     @property
@@ -86,41 +79,10 @@ class Run:
     @property
     def series(self) -> str:
         """The line a run belongs to in scaling plots: everything but the GPU count."""
-        options = json.dumps(self.summary.get("options") or {}, sort_keys=True)
-        return f"{self.summary['method']} {options if options != '{}' else ''}".strip() + (
-            self.setting
+        options = json.dumps(self.configuration(self.declared), sort_keys=True)
+        return f"{self.method} {options if options != '{}' else ''}".strip() + (
+            self.setting_suffix
         )
-
-    def table(self, name: str) -> pd.DataFrame | None:
-        return self._tables.get(name)
-
-    @cached_property
-    def _tables(self) -> dict[str, pd.DataFrame]:
-        tables = {}
-        for name in ("iterations", "evals", "layers"):
-            path = self.folder / f"{name}.parquet"
-            if path.exists():
-                try:
-                    tables[name] = pd.read_parquet(path)
-                except Exception as exc:  # pyarrow raises several kinds for a damaged file
-                    self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
-        return tables
-
-    @property
-    def epochs(self) -> float | None:
-        return self.summary.get("epochs")
-
-    @cached_property
-    def export(self) -> dict | None:
-        """``export.json`` of ``bench export`` (the physically smaller model), if any."""
-        path = self.folder / "export.json"
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
-            return None
 
 
 def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
@@ -129,22 +91,15 @@ def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
     if not root.is_dir():
         raise BenchError(f"{root} is not a directory of run folders")
     runs, skipped = [], []
-    for path in sorted(root.rglob(SUMMARY)):
-        folder = path.parent
+    for folder in run_folders(root):
         try:
-            summary = RunFolder(folder).summary()
-        except (OSError, json.JSONDecodeError) as exc:
-            skipped.append(f"{folder}: unreadable summary.json ({exc.__class__.__name__})")
+            run = Run.read(folder)
+        except BenchError as exc:
+            skipped.append(str(exc))
             continue
-        if summary.get("status") != "ok":
-            skipped.append(f"{folder}: status {summary.get('status')!r}")
+        if run.status != Status.OK:
+            skipped.append(f"{folder}: status {run.status!r}")
             continue
-        manifest, unreadable = {}, []
-        try:
-            manifest = RunFolder(folder).manifest() or {}
-        except (OSError, json.JSONDecodeError) as exc:
-            unreadable.append(f"{folder / MANIFEST}: {type(exc).__name__}")
-        run = Run(folder, summary, manifest, unreadable)
         run.table("iterations")  # read the tables now, so damaged ones are listed up front
         runs.append(run)
     if not runs:
@@ -152,14 +107,9 @@ def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
     return runs, skipped
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:160] if text else ""
-
-
 def final_density_of(run: Run) -> float:
     """Density of the pruned layers at the end (PruneX); 1.0 for dense methods."""
     frame = run.table("iterations")
-    if frame is not None and "density" in frame and frame["density"].notna().any():
-        return float(frame["density"].dropna().iloc[-1])
+    if frame is not None and schema.DENSITY in frame and frame[schema.DENSITY].notna().any():
+        return float(frame[schema.DENSITY].dropna().iloc[-1])
     return 1.0

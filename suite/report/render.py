@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -38,8 +39,10 @@ def run_table(runs: list[Run]) -> pd.DataFrame:
             "dataset": s.get("dataset"),
             "gpus": s["gpus"],
             "nodes": s.get("nodes"),
-            "options": ",".join(f"{k}={v}" for k, v in sorted((s.get("options") or {}).items())),
-            "setting": run.setting.strip(" ()") or "real",
+            "options": ",".join(f"{k}={v}" for k, v in run.options.items()),
+            # what repeats are grouped by: the resolved settings (run.options shows them)
+            "configuration": json.dumps(run.configuration(run.declared), sort_keys=True),
+            "setting": run.setting,
             "batch_size": recipe.get("batch_size"),
             "lr": recipe.get("lr"),
             "lr_schedule": schedule_of(recipe) if recipe else None,
@@ -80,9 +83,10 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
     with the 95 % t half-width (``*_ci95``) of accuracy, time and bytes; ``run_id`` lists
     every repeat, so none is ever dropped."""
     per_run = run_table(runs)
-    keys = per_run[CONFIG].astype(object).where(per_run[CONFIG].notna(), "-").astype(str)
+    grouping = [c if c != "options" else "configuration" for c in CONFIG]
+    keys = per_run[grouping].astype(object).where(per_run[grouping].notna(), "-").astype(str)
     rows = []
-    for _, group in per_run.groupby([keys[c] for c in CONFIG], sort=False):
+    for _, group in per_run.groupby([keys[c] for c in grouping], sort=False):
         first = group.iloc[0]
         row = {c: first[c] for c in CONFIG}
         row.update(run_id=",".join(group.run_id), repeats=len(group),

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 from tueplots import axes as tue_axes
 from tueplots import bundles
 
@@ -104,6 +105,20 @@ def legend_outside(fig, axes, **kwargs) -> None:
             ncol = 1 if max(map(len, labels)) > 24 else min(ncol, 2)
         fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
                    ncol=ncol, **kwargs)  # fmt: skip
+
+
+def log_scale(ax, axis: str = "x") -> None:
+    """A log axis (call after plotting) whose labels never run together: matplotlib labels
+    the minor ticks of a range under about a decade (2x10^-1, 3x10^-1, ... side by side);
+    here minor ticks are never labelled, and a range of under two decades gets major ticks at
+    1, 2 and 5 of each decade, written plainly (0.2, 0.5, 1)."""
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    scale = ax.xaxis if axis == "x" else ax.yaxis
+    low, high = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    scale.set_minor_formatter(ticker.NullFormatter())
+    if low > 0 and high / low < 100:
+        scale.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=8))
+        scale.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
 
 
 LINESTYLES = ("-", "--", ":", "-.")

@@ -8,56 +8,17 @@ do, one line each, and ``bench compare`` fails a NEW run that has any.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
 
-import pandas as pd
+from suite.results import schema
+from suite.results.view import RunView
 
-
-@dataclass
-class RunView:
-    """A finished run as an activity check reads it."""
-
-    folder: Path
-    summary: dict
-    manifest: dict
-    #: DDP's inter-node bytes per iteration in the same result set, same workload, ranks and
-    #: machine class: the dense exchange (None when the set has no such DDP run)
-    dense_bytes: float | None = None
-
-    @property
-    def method(self) -> str:
-        return self.summary["method"]
-
-    @property
-    def settings(self) -> dict:
-        """The method's resolved settings (the manifest's ``method_settings``)."""
-        return self.manifest.get("method_settings") or {}
-
-    @cached_property
-    def iterations(self) -> pd.DataFrame:
-        """Per iteration, the mean over ranks of every numeric column."""
-        frame = pd.read_parquet(self.folder / "iterations.parquet")
-        return frame.groupby("iteration").mean(numeric_only=True).reset_index()
-
-    @property
-    def bytes_per_iteration(self) -> float:
-        return float(self.summary.get("inter_node_bytes_per_iteration") or 0.0)
+#: what a method declares: ``fn(run) -> [what the run did not do]``
+ActivityCheck = Callable[[RunView], list[str]]
 
 
-def load_view(folder: Path, summary: dict) -> RunView:
-    try:
-        manifest = json.loads((folder / "manifest.json").read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    return RunView(folder, summary, manifest)
-
-
-def check_run(view: RunView, check: Callable[[RunView], list[str]] | None) -> list[str]:
+def check_run(view: RunView, check: ActivityCheck | None) -> list[str]:
     """The check's findings; a check that cannot read the run says so instead of passing."""
     if check is None:
         return []
@@ -72,11 +33,22 @@ def check_run(view: RunView, check: Callable[[RunView], list[str]] | None) -> li
 
 def crosses_nodes_every_round(view: RunView) -> list[str]:
     """Round-based methods: inter-node traffic in every round, and at most one dense exchange
-    per round (not one per local step)."""
+    per round (not one per local step).
+
+    Args:
+        view: the finished run.
+
+    Returns:
+        What the run did not do, one line each ([] when it did its job).
+
+    Example::
+
+        @METHODS.register("my-localsgd", "...", activity=crosses_nodes_every_round)
+    """
     found = []
-    inter = view.iterations["bytes_inter"]
-    if view.summary.get("nodes", 2) > 1 and (inter <= 0).any():
-        silent = view.iterations.loc[inter <= 0, "iteration"].tolist()
+    inter = view.iterations[schema.BYTES_INTER]
+    if view.summary.get(schema.NODES, 2) > 1 and (inter <= 0).any():
+        silent = view.iterations.loc[inter <= 0, schema.ITERATION].tolist()
         found.append(f"no inter-node traffic in round(s) {silent[:5]}")
     if view.dense_bytes and view.bytes_per_iteration > 1.05 * view.dense_bytes:
         found.append(
@@ -88,16 +60,29 @@ def crosses_nodes_every_round(view: RunView) -> list[str]:
 
 def reaches_keep(view: RunView, tolerance: float = 0.05) -> list[str]:
     """Structured pruning: the last round's density of the pruned layers is at most the
-    asked keep (the product of the filter, channel and shape keeps) plus ``tolerance``."""
+    asked keep plus ``tolerance``. The asked keep of the conv sets is the product of the
+    filter, channel and shape keeps; heads and neurons each keep their own fraction; where
+    several families are pruned, the largest of them bounds the whole.
+
+    Args:
+        view: the finished run (its manifest's method settings hold the keeps).
+        tolerance: how far above the asked keep the density may end.
+
+    Returns:
+        What the run did not do, one line each.
+    """
     settings = view.settings
-    keeps = [settings.get(k) for k in ("filter_keep", "channel_keep", "shape_keep")]
-    asked = math.prod(k for k in keeps if k is not None) if any(keeps) else 0.5
-    density = float(view.iterations["density"].iloc[-1])
+    conv = [settings.get(k) for k in ("filter_keep", "channel_keep", "shape_keep")]
+    families = [math.prod(k for k in conv if k is not None)] if any(conv) else []
+    families += [settings[k] for k in ("head_keep", "mlp_keep") if settings.get(k) is not None]
+    asked = max(families) if families else 0.5
+    density = float(view.iterations[schema.DENSITY].iloc[-1])
     if not math.isfinite(density):
         return ["recorded no density of the pruned layers in its last round"]
     if density > asked + tolerance:
+        how = "it did not prune" if density >= 0.999 else "it pruned less than asked"
         return [f"density of the pruned layers ended at {density:.3f}, asked {asked:.3f} "
-                "(it did not prune)"]  # fmt: skip
+                f"(+{tolerance:g} allowed; {how})"]  # fmt: skip
     return []
 
 
@@ -105,18 +90,32 @@ def sends_fraction_of_dense(
     view: RunView, low: float, high: float, what: str, after_iteration: int = 0
 ) -> list[str]:
     """Inter-node bytes per iteration (from ``after_iteration`` on) between ``low`` and
-    ``high`` times DDP's in the same set (skipped when the set has no DDP run)."""
+    ``high`` times DDP's in the same set (skipped when the set has no DDP run).
+
+    Args:
+        view: the finished run.
+        low: the least fraction of DDP's bytes it must send.
+        high: the most.
+        what: how the finding names the method's exchange.
+        after_iteration: the first iteration judged (a warm-up of full exchanges before it).
+
+    Returns:
+        What the run did not do, one line each.
+
+    Example::
+
+        activity=lambda run: sends_fraction_of_dense(run, 0.45, 0.55, "a 16-bit hook")
+    """
     if not view.dense_bytes:
         return []
-    rows = view.iterations[view.iterations["iteration"] >= after_iteration]
+    rows = view.iterations[view.iterations[schema.ITERATION] >= after_iteration]
     if rows.empty:
         return [f"no iterations from {after_iteration} on, so {what} was never exercised"]
-    overall = float(view.iterations["bytes_inter"].mean())  # per rank; the summary's: world
+    overall = float(view.iterations[schema.BYTES_INTER].mean())  # per rank; the summary's: world
     if overall <= 0:
         return [f"no inter-node traffic at all; {what} sends {low:g}-{high:g} x DDP's"]
-    ratio = (
-        float(rows["bytes_inter"].mean()) / overall * view.bytes_per_iteration / view.dense_bytes
-    )
+    share = float(rows[schema.BYTES_INTER].mean()) / overall
+    ratio = share * view.bytes_per_iteration / view.dense_bytes
     if not low <= ratio <= high:
         return [f"sent {ratio:.3f} x DDP's inter-node bytes per iteration; {what} sends "
                 f"{low:g}-{high:g} x"]  # fmt: skip

@@ -14,33 +14,41 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from suite.errors import BenchError
-from suite.results.folder import SUMMARY, RunFolder
+from suite.results import schema
+from suite.results.activity import ActivityCheck, check_run
+from suite.results.schema import Status, Verdict
 from suite.results.stats import half_width
+from suite.results.view import RunView, run_folders
 
 # metric -> +1 when higher is better, -1 when lower is better
+#: a run's seconds per local step over its DDP twin's (computed here, not recorded)
+TIME_RATIO = "time_ratio"
 METRICS = {
-    "final_accuracy": +1,
-    "time_ratio": -1,
-    "iteration_seconds": -1,
-    "time_to_target_seconds": -1,
-    "inter_node_bytes_per_iteration": -1,
+    schema.FINAL_ACCURACY: +1,
+    schema.FINAL_TRAIN_LOSS: -1,
+    TIME_RATIO: -1,
+    schema.ITERATION_SECONDS: -1,
+    schema.TIME_TO_TARGET_SECONDS: -1,
+    schema.INTER_NODE_BYTES_PER_ITERATION: -1,
 }
 ALIASES = {
-    "accuracy": "final_accuracy",
-    "time": "iteration_seconds",
-    "time-ratio": "time_ratio",
-    "time-to-target": "time_to_target_seconds",
-    "bytes": "inter_node_bytes_per_iteration",
+    "accuracy": schema.FINAL_ACCURACY,
+    "train-loss": schema.FINAL_TRAIN_LOSS,
+    "time": schema.ITERATION_SECONDS,
+    "time-ratio": TIME_RATIO,
+    "time-to-target": schema.TIME_TO_TARGET_SECONDS,
+    "bytes": schema.INTER_NODE_BYTES_PER_ITERATION,
 }
 KEY = ["machine_class", "method", "workload", "dataset", "gpus", "options", "setting",
        "batch_size", "lr", "lr_schedule", "epochs"]  # fmt: skip
 #: the timing metrics, which may get a threshold of their own (--max-time-regression)
-TIME_METRICS = ("time_ratio", "iteration_seconds", "time_to_target_seconds")
+TIME_METRICS = (TIME_RATIO, schema.ITERATION_SECONDS, schema.TIME_TO_TARGET_SECONDS)
 #: what a run and its DDP twin (the dense reference of time ratios and activity checks) share
 TWIN = ["machine_class", "workload", "dataset", "gpus", "setting", "batch_size", "epochs"]
 
@@ -68,88 +76,89 @@ def parse_metrics(names: tuple[str, ...]) -> list[str]:
     return chosen or list(METRICS)
 
 
-def load_summaries(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
-    """Every run summary under ``path`` (a run folder or a tree of them), and warnings."""
+#: method -> its options' declared defaults (None: the method is not installed here)
+Declared = Callable[[str], "dict | None"]
+
+
+def nothing_declared(method: str) -> None:
+    return None
+
+
+def load_summaries(
+    path: str | Path, declared: Declared = nothing_declared
+) -> tuple[pd.DataFrame, list[str]]:
+    """Every run under ``path`` (a run folder or a tree of them) as one row of its summary
+    and comparison key (its ``view`` column holds the :class:`RunView`), and warnings.
+    ``declared`` gives each method's option defaults, so runs are matched by their resolved
+    settings (:meth:`RunView.configuration`)."""
     root = Path(path)
     if not root.exists():
         raise BenchError(f"{root} does not exist")
-    files = [root / SUMMARY] if (root / SUMMARY).exists() else []
-    files = files or sorted(root.rglob(SUMMARY))
     rows, warnings = [], []
-    for file in files:
+    for folder in run_folders(root):
         try:
-            summary = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            warnings.append(f"skipped {file}: unreadable summary ({exc})")
+            view = RunView.read(folder)
+        except BenchError as exc:
+            warnings.append(f"skipped {exc}")
             continue
-        if summary.get("method") is None:  # killed before its identity was recorded
-            from suite.results.folder import RunFolder
-            from suite.results.recover import identity_from_manifest
-
-            known = identity_from_manifest(RunFolder(file.parent))
-            summary.update({k: v for k, v in known.items() if summary.get(k) is None})
-        if summary.get("status") == "running":
-            warnings.append(f"{file.parent}: still says running; counted as failed "
+        if view.status == Status.RUNNING:
+            warnings.append(f"{folder}: still says running; counted as failed "
                             "(`bench recover` finalizes a killed run)")  # fmt: skip
-        summary["options"] = json.dumps(summary.get("options") or {}, sort_keys=True)
-        summary["folder"] = str(file.parent)
-        summary.update(recipe_and_setting(file.parent, summary))
-        rows.append(summary)
+        rows.append(key_row(view, declared(view.method)))
     if not rows:
         raise BenchError(f"no run folders (summary.json) under {root}")
     frame = pd.DataFrame(rows)
-    for column in [*KEY, "status", *METRICS]:
+    for column in [*KEY, schema.STATUS, *METRICS]:
         if column not in frame:
             frame[column] = None
     frame[KEY] = frame[KEY].astype(object).where(frame[KEY].notna(), "-").astype(str)
-    frame["time_ratio"] = time_ratios(frame)
+    frame[TIME_RATIO] = time_ratios(frame)
     return frame, warnings
+
+
+def key_row(view: RunView, declared: dict | None) -> dict:
+    """A run's summary with its comparison key: where its times come from and its recipe
+    (from the manifest), its options as its configuration (resolved settings less declared
+    defaults). Epochs are those run (rounded), not those asked for."""
+    recipe = view.recipe
+    epochs = view.epochs
+    return {
+        **view.summary,
+        schema.FINAL_TRAIN_LOSS: view.final_train_loss,
+        schema.OPTIONS: json.dumps(view.configuration(declared), sort_keys=True),
+        "shown_options": json.dumps(view.shown_options(declared), sort_keys=True),
+        "folder": str(view.folder),
+        "view": view,
+        "machine_class": view.machine_class,
+        "commit": view.manifest.get("git_revision") or "-",
+        "started": view.manifest.get("started") or "-",
+        "setting": view.setting,
+        "batch_size": recipe.get("batch_size"),
+        "lr": recipe.get("lr"),
+        # runs recorded before schedules existed trained at a constant lr
+        "lr_schedule": schedule_of(recipe) if recipe else None,
+        schema.EPOCHS: None if epochs is None else round(float(epochs), 3),
+    }
 
 
 def time_ratios(frame: pd.DataFrame) -> pd.Series:
     """Each run's seconds per local step over DDP's in the same set (same machine class,
     workload, ranks, setting, batch, epochs; DDP's mean over its repeats): the runner's speed
     cancels out. NaN where the set has no such DDP run."""
-    seconds = pd.to_numeric(frame["iteration_seconds"], errors="coerce")
-    steps = pd.to_numeric(frame.get("steps_per_iteration", 1.0), errors="coerce")
+    seconds = pd.to_numeric(frame[schema.ITERATION_SECONDS], errors="coerce")
+    steps = pd.to_numeric(frame.get(schema.STEPS_PER_ITERATION, 1.0), errors="coerce")
     steps = pd.Series(steps, index=frame.index).fillna(1.0)
     per_step = seconds / steps
-    ok = (frame["method"] == "ddp") & (frame["status"] == "ok")
+    ok = (frame[schema.METHOD] == "ddp") & (frame[schema.STATUS] == Status.OK)
     dense = per_step[ok].groupby([frame.loc[ok, k] for k in TWIN]).mean()
     keys = list(zip(*(frame[k] for k in TWIN)))
     return pd.Series([per_step.iloc[i] / dense[k] if k in dense.index else math.nan
                       for i, k in enumerate(keys)], index=frame.index)  # fmt: skip
 
 
-def recipe_and_setting(folder: Path, summary: dict) -> dict:
-    """The key fields a summary lacks, from the run's manifest: where its times come from,
-    and its recipe. Epochs are those run (rounded), not those asked for."""
-    try:
-        manifest = RunFolder(folder).manifest() or {}
-    except (OSError, ValueError):
-        manifest = {}
-    from suite.results.folder import setting_of
-
-    recipe = manifest.get("recipe") or {}
-    epochs = summary.get("epochs")
-    from suite.results.machine import machine_class
-
-    return {
-        "machine_class": machine_class(manifest) if manifest else "-",
-        "commit": manifest.get("git_revision") or "-",
-        "started": manifest.get("started") or "-",
-        "setting": setting_of(summary, manifest),
-        "batch_size": recipe.get("batch_size"),
-        "lr": recipe.get("lr"),
-        # runs recorded before schedules existed trained at a constant lr
-        "lr_schedule": schedule_of(recipe) if recipe else None,
-        "epochs": None if epochs is None else round(float(epochs), 3),
-    }
-
-
 def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
     """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count."""
-    ok = frame[frame.status == "ok"].copy()
+    ok = frame[frame[schema.STATUS] == Status.OK].copy()
     for metric in METRICS:
         ok[metric] = pd.to_numeric(ok[metric], errors="coerce")
     grouped = ok.groupby(KEY)[list(METRICS)]
@@ -167,34 +176,40 @@ def compare(
     max_regression: float,
     max_accuracy_drop: float = 1.0,
     max_time_regression: float | None = None,
+    max_loss_regression: float | None = None,
 ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """The comparison table and the lists of unmatched keys. ``max_regression`` is relative
-    (bytes, and times unless ``max_time_regression`` is given); ``max_accuracy_drop`` is in
-    accuracy points."""
+    (bytes, and times and training loss unless ``max_time_regression`` and
+    ``max_loss_regression`` are given); ``max_accuracy_drop`` is in accuracy points."""
     limits = {m: max_regression for m in METRICS}
     if max_time_regression is not None:
         limits.update({m: max_time_regression for m in TIME_METRICS})
+    if max_loss_regression is not None:
+        limits[schema.FINAL_TRAIN_LOSS] = max_loss_regression
     base_keys, new_keys = keys_of(baseline), keys_of(new)
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
+    labels = {**shown_options_of(baseline), **shown_options_of(new)}
     rows = []
-    for key in sorted(base_keys & new_keys, key=str):
-        if key not in new_values.index:  # every NEW run of this key failed
-            rows.append(failed_row(new, key))
+    for run_key in sorted(base_keys & new_keys, key=str):
+        if run_key not in new_values.index:  # every NEW run of this key failed
+            rows.append(failed_row(new, run_key))
             continue
         for metric in metrics:
-            before = stats_of(base_values, key, metric)
-            after = stats_of(new_values, key, metric)
+            before = stats_of(base_values, run_key, metric)
+            after = stats_of(new_values, run_key, metric)
             change, unit, verdict = judge(metric, before, after, limits[metric],
                                           max_accuracy_drop)  # fmt: skip
-            rows.append(dict(zip(KEY, key), metric=metric, baseline=before["mean"],
-                             new=after["mean"], baseline_ci=before["half"], new_ci=after["half"],
-                             repeats=f"{before['n']}/{after['n']}", change=change, unit=unit,
-                             verdict=verdict))  # fmt: skip
+            rows.append(table_row(run_key, metric, verdict, baseline=before["mean"],
+                                  new=after["mean"], baseline_ci=before["half"],
+                                  new_ci=after["half"], repeats=f"{before['n']}/{after['n']}",
+                                  change=change, unit=unit))  # fmt: skip
     new_only = sorted(new_keys - base_keys, key=str)
     new_values_keys = set(new_values.index)
-    for key in new_only:  # a run that failed is a regression even without a baseline twin
-        if key not in new_values_keys:
-            rows.append(failed_row(new, key))
+    for run_key in new_only:  # a run that failed is a regression even without a baseline twin
+        if run_key not in new_values_keys:
+            rows.append(failed_row(new, run_key))
+    for row in rows:
+        row["shown_options"] = labels.get(tuple(row[k] for k in KEY), row["options"])
     unmatched = {
         "only in baseline": [_describe(k) for k in sorted(base_keys - new_keys, key=str)],
         "only in new": [_describe(k) for k in new_only],
@@ -202,85 +217,119 @@ def compare(
     return pd.DataFrame(rows), unmatched
 
 
+def table_row(run_key: tuple, metric: str, verdict: Verdict, finding: str | None = None,
+              **values) -> dict:  # fmt: skip
+    """One row of the comparison: the key's fields, the metric, its numbers, and the verdict
+    (``verdict``: the text tables print; ``regression``: whether it fails the gate)."""
+    return {**dict(zip(KEY, run_key)), "metric": metric, **values,
+            "verdict": verdict.text(finding), "regression": verdict == Verdict.REGRESSION,
+            "finding": finding}  # fmt: skip
+
+
+def shown_options_of(runs: pd.DataFrame) -> dict[tuple, str]:
+    """key -> the options its runs show in a table (without what methods derived)."""
+    column = runs["shown_options"] if "shown_options" in runs else runs["options"]
+    return dict(zip(map(tuple, runs[KEY].values.tolist()), column))
+
+
 def keys_of(runs: pd.DataFrame) -> set[tuple]:
     """The comparison keys of a set's runs."""
     return set(map(tuple, runs[KEY].values.tolist()))
 
 
-def activity_rows(new: pd.DataFrame) -> tuple[list[dict], list[str]]:
-    """Each finished NEW run's activity check (declared with its method): what it did not do
-    is a regression whatever the baseline says. Runs without a manifest (summaries written
-    by hand or by old tools) are not checked, with a warning."""
-    from suite.plugins.registry import METHODS
-    from suite.results.activity import check_run, load_view
+def activity_rows(
+    new: pd.DataFrame, check_of: Callable[[str], ActivityCheck | None]
+) -> tuple[list[dict], list[str]]:
+    """Each finished NEW run's activity check (``check_of(method)``: the one its method
+    declared, or None): what it did not do is a regression whatever the baseline says, and a
+    check that passed is listed as such. Runs without a manifest (summaries written by hand or
+    by old tools) are not checked, with a warning."""
 
-    ok = new[new.status == "ok"]
-    ddp = ok[ok.method == "ddp"]
-    dense = pd.to_numeric(ddp["inter_node_bytes_per_iteration"], errors="coerce")
+    ok = new[new[schema.STATUS] == Status.OK]
+    ddp = ok[ok[schema.METHOD] == "ddp"]
+    dense = pd.to_numeric(ddp[schema.INTER_NODE_BYTES_PER_ITERATION], errors="coerce")
     dense = dense.groupby([ddp[k] for k in TWIN]).mean()
-    rows, unchecked = [], 0
+    rows, unchecked, without_check = [], 0, set()
     for _, run in ok.iterrows():
-        folder = Path(run["folder"])
-        entry = METHODS.find(run["method"])
-        if entry is None or entry.activity is None:
+        view: RunView = run["view"]
+        check = check_of(view.method)
+        if check is None:
+            without_check.add(view.method)
             continue
-        if not (folder / "manifest.json").is_file():
+        if not view.manifest:
             unchecked += 1
             continue
-        view = load_view(folder, run.to_dict())
         twin = tuple(run[k] for k in TWIN)
         view.dense_bytes = float(dense[twin]) if twin in dense.index else None
-        for finding in check_run(view, entry.activity):
-            rows.append(dict(zip(KEY, (run[k] for k in KEY)), metric="activity",
-                             baseline="-", new=folder.name, change=None,
-                             verdict=f"REGRESSION: {run['method']} {finding}"))  # fmt: skip
+        run_key = tuple(run[k] for k in KEY)
+        findings = check_run(view, check)
+        for finding in findings:
+            rows.append(table_row(run_key, "activity", Verdict.REGRESSION,
+                                  f"{view.method} {finding}", baseline="-",
+                                  new=view.folder.name, change=None))  # fmt: skip
+        if not findings:
+            rows.append(table_row(run_key, "activity", Verdict.OK,
+                                  f"{view.method} did its job ({check_name(check)})",
+                                  baseline="-", new=view.folder.name, change=None))  # fmt: skip
     warnings = [f"{unchecked} run(s) have no manifest: activity not checked"] if unchecked else []
+    if without_check:
+        warnings.append(f"{', '.join(sorted(without_check))} declare(s) no activity check "
+                        "(METHODS.register(..., activity=...)): only compared to the baseline")
     return rows, warnings
 
 
-def stats_of(values: pd.DataFrame, key: tuple, metric: str) -> dict:
-    if key not in values.index:
+def check_name(check) -> str:
+    """What an activity check is called in a table: its function name, in words."""
+    name = getattr(check, "__name__", "") or type(check).__name__
+    return "activity check" if name == "<lambda>" else name.replace("_", " ")
+
+
+def stats_of(values: pd.DataFrame, run_key: tuple, metric: str) -> dict:
+    if run_key not in values.index:
         return {"mean": math.nan, "half": math.nan, "n": 0}
-    row = values.loc[key]
+    row = values.loc[run_key]
     return {"mean": float(row[("mean", metric)]), "half": float(row[("half", metric)]),
             "n": int(row[("n", metric)])}  # fmt: skip
 
 
 def judge(
     metric: str, before: dict, after: dict, max_regression: float, max_accuracy_drop: float
-) -> tuple[float | None, str, str]:
-    """(signed change, its unit, verdict): accuracy in points, the rest relative. With two
-    or more repeats on both sides a change beyond the threshold counts only if the two 95 %
-    intervals do not overlap."""
+) -> tuple[float | None, str, Verdict]:
+    """(change, its unit, verdict). The change is NEW against the baseline as it happened:
+    accuracy in points, the rest relative (+45.7 % for a run that got that much slower);
+    whether that is better or worse is the verdict's to say. With two or more repeats on both
+    sides a change beyond the threshold counts only if the two 95 % intervals do not
+    overlap."""
     b, a = before["mean"], after["mean"]
     if not (math.isfinite(b) and math.isfinite(a)):
-        return None, "", "n/a"
-    if metric == "final_accuracy":
+        return None, "", Verdict.NOT_APPLICABLE
+    if metric == schema.FINAL_ACCURACY:
         change, unit, limit = 100 * (a - b), "points", max_accuracy_drop
     elif b == 0:
-        return None, "", "n/a"
+        return None, "", Verdict.NOT_APPLICABLE
     else:
-        change, unit, limit = METRICS[metric] * (a - b) / abs(b), "relative", max_regression
+        change, unit, limit = (a - b) / abs(b), "relative", max_regression
+    better = METRICS[metric] * change  # positive when NEW is better
     if abs(change) <= limit:
-        return change, unit, "ok"
+        return change, unit, Verdict.OK
     intervals = math.isfinite(before["half"]) and math.isfinite(after["half"])
     if intervals and abs(a - b) <= before["half"] + after["half"]:
-        return change, unit, "ok (within the repeats' intervals)"
-    return change, unit, "REGRESSION" if change < 0 else "improved"
+        return change, unit, Verdict.WITHIN_INTERVALS
+    return change, unit, Verdict.REGRESSION if better < 0 else Verdict.IMPROVED
 
 
-def failed_row(new: pd.DataFrame, key: tuple) -> dict:
-    """Every NEW run of ``key`` failed, was interrupted or never finished."""
-    runs = new.set_index(KEY).loc[[key]]
-    errors = runs["error"].dropna().tolist() if "error" in runs else []
-    status = runs["status"].iloc[0]
+def failed_row(new: pd.DataFrame, run_key: tuple) -> dict:
+    """Every NEW run of ``run_key`` failed, was interrupted or never finished."""
+    runs = new.set_index(KEY).loc[[run_key]]
+    errors = runs[schema.ERROR].dropna().tolist() if schema.ERROR in runs else []
+    status = runs[schema.STATUS].iloc[0]
     reason = errors[0] if errors else f"status {status}"
-    return dict(zip(KEY, key), metric="status", baseline="ok", new=str(status), change=None,
-                verdict=f"REGRESSION: {reason}")  # fmt: skip
+    return table_row(run_key, "status", Verdict.REGRESSION, reason, baseline=Status.OK.value,
+                     new=str(status), change=None)  # fmt: skip
 
 
-def _describe(key: tuple) -> str:
-    fields = dict(zip(KEY, key))
+def _describe(run_key: tuple) -> str:
+    fields = dict(zip(KEY, run_key))
     machine = fields["machine_class"]
     text = f"[{machine}] " if machine != "-" else ""
     text += f"{fields['method']} {fields['workload']} on {fields['dataset']} {fields['gpus']} ranks"
@@ -306,6 +355,8 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
         )
 
     out["change"] = [change(row) for _, row in table.iterrows()]
+    if "shown_options" in table:
+        out["options"] = table["shown_options"].fillna(table["options"])
     for side in ("baseline", "new"):
         halves = table[f"{side}_ci"] if f"{side}_ci" in table else [None] * len(table)
         out[side] = [value(m, h) for m, h in zip(table[side], halves)]

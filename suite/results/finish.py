@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from suite.config import RunConfig
 from suite.results.folder import RunFolder, write_torch
 from suite.results.summary import summarize
-from suite.run.config import RunConfig
 
 
 def finish_folder(

@@ -35,43 +35,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-SUMMARY_KEYS = (
-    "run_id",
-    "status",
-    "error",
-    "method",
-    "workload",
-    "dataset",
-    "gpus",
-    "nodes",
-    "gpus_per_node",
-    "iterations",
-    "epochs",
-    "final_accuracy",
-    "best_accuracy",
-    "inter_node_bytes_total",
-    "intra_node_bytes_total",
-    "inter_node_bytes_per_iteration",
-    "wall_seconds",
-    "train_seconds",
-    "iteration_seconds",
-    "time_to_target_seconds",
-    "target_accuracy",
-    "phase_seconds",
-    "options",
-    "simulated",
-)
-
+from suite.results import schema
+from suite.results.schema import ENDED, Status
 
 TABLES = ("iterations", "evals", "layers")
-#: statuses of a run that ended; ``running`` is the only other one
-ENDED = ("ok", "failed", "interrupted")
 
 
 def setting_of(summary: dict, manifest: dict) -> str:
     """Where a run's times come from: ``real``, ``emulated RATE`` or ``sim PROFILE``. Runs of
     different settings are never compared or drawn as one line."""
-    if summary.get("simulated"):
+    if summary.get(schema.SIMULATED):
         profile = (manifest.get("simulation") or {}).get("profile") or {}
         return f"sim {profile.get('name', '?')}"
     network = manifest.get("network") or {}
@@ -89,17 +62,17 @@ def identity_summary(config) -> dict:
     """The keys that say which run a folder holds, written before any rank starts, so a run
     killed at any point is still listed and compared (as failed) under its own name."""
     return {
-        "run_id": config.run_id,
-        "status": "running",
-        "error": None,
-        "method": config.method,
-        "workload": config.workload,
-        "gpus": config.gpus,
-        "gpus_per_node": config.gpus_per_node,
-        "options": config.options,
-        "seed": config.seed,
-        "launcher": {"host": socket.gethostname(), "pid": os.getpid()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        schema.RUN_ID: config.run_id,
+        schema.STATUS: Status.RUNNING,
+        schema.ERROR: None,
+        schema.METHOD: config.method,
+        schema.WORKLOAD: config.workload,
+        schema.GPUS: config.gpus,
+        schema.GPUS_PER_NODE: config.gpus_per_node,
+        schema.OPTIONS: config.options,
+        schema.SEED: config.seed,
+        schema.LAUNCHER: {"host": socket.gethostname(), "pid": os.getpid()},
+        schema.STARTED: time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
@@ -147,10 +120,17 @@ def git_revision() -> str | None:
 
 
 def hardware() -> dict:
+    """The machine a rank ran on, with what makes its numbers bit-identical to another's: the
+    CPU (vendor, family, model name), the CPU kernels torch dispatches to
+    (``torch.backends.cpu.get_cpu_capability()``, which ``ATEN_CPU_CAPABILITY`` lowers), and
+    the threads of this rank (suite.results.machine names the class from them)."""
     info = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        **cpu_identity(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads_per_rank": torch.get_num_threads(),
         "cuda_devices": [],
     }
     if torch.cuda.is_available():
@@ -158,6 +138,26 @@ def hardware() -> dict:
             torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
         ]
     return info
+
+
+def cpu_identity() -> dict:
+    """``cpu_vendor``, ``cpu_family`` and ``cpu_model_name`` of the first processor in
+    /proc/cpuinfo (x86: vendor_id, cpu family, model name; Arm: CPU implementer, CPU part);
+    the machine's architecture where there is no /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if not key and fields:
+                break  # the end of the first processor
+            fields.setdefault(key, value.strip())
+    except OSError:
+        pass
+    vendor = fields.get("vendor_id") or fields.get("CPU implementer") or platform.machine()
+    family = fields.get("cpu family") or fields.get("CPU part") or ""
+    name = fields.get("model name") or fields.get("Model name") or platform.processor()
+    return {"cpu_vendor": vendor, "cpu_family": family, "cpu_model_name": name}
 
 
 def versions() -> dict:
@@ -303,7 +303,7 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / SUMMARY, summary)
 
-    def mark_failed(self, error: str, status: str = "failed", **known) -> None:
+    def mark_failed(self, error: str, status: str = Status.FAILED, **known) -> None:
         """Record a failure (or an interruption) without losing rows the ranks flushed.
 
         ``known`` adds identifying keys (method, workload, gpus, ...) so a failed run still
@@ -311,12 +311,13 @@ class RunFolder:
         """
         self.merge_parts()
         summary = {**known, **(self.summary() or {})}
-        if summary.get("status") in ENDED and summary.get("error"):
+        if summary.get(schema.STATUS) in ENDED and summary.get(schema.ERROR):
             return  # the ranks already said why
-        summary.update(status=status, error=error, ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        summary.update({schema.STATUS: status, schema.ERROR: error,
+                        schema.ENDED_AT: time.strftime("%Y-%m-%dT%H:%M:%S%z")})  # fmt: skip
         rows = self.table("iterations")
         if rows is not None and len(rows):
-            summary["iterations_recorded"] = int(rows["iteration"].nunique())
+            summary[schema.ITERATIONS_RECORDED] = int(rows[schema.ITERATION].nunique())
         self.write_summary(summary)
 
     def table(self, name: str) -> pd.DataFrame | None:
@@ -325,7 +326,7 @@ class RunFolder:
 
 
 def sort_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    keys = [k for k in ("iteration", "rank") if k in frame.columns]
+    keys = [k for k in (schema.ITERATION, schema.RANK) if k in frame.columns]
     if keys:
         frame = frame.sort_values(keys, kind="stable")
     return frame.reset_index(drop=True)

@@ -12,9 +12,11 @@ import os
 import socket
 from pathlib import Path
 
-from suite.cluster.processes import python_alive
 from suite.errors import BenchError
-from suite.results.folder import ENDED, RunFolder
+from suite.processes import python_alive
+from suite.results.folder import RunFolder
+from suite.results.schema import ENDED, ITERATIONS_RECORDED, PROCESSES, STATUS
+from suite.results.view import identity_from_manifest
 
 KILLED = "killed: its processes ended without recording why (finalized by bench recover)"
 
@@ -25,7 +27,7 @@ def live_processes(summary: dict) -> tuple[list[int], list[str]]:
     here = socket.gethostname()
     launcher = summary.get("launcher") or {}
     pairs = [(launcher.get("host"), launcher.get("pid"))] if launcher else []
-    pairs += [tuple(p) for p in summary.get("processes") or []]
+    pairs += [tuple(p) for p in summary.get(PROCESSES) or []]
     alive, elsewhere = [], set()
     for host, pid in pairs:
         if host != here:
@@ -44,7 +46,7 @@ def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]
         summary = folder.summary() or {}
     except (OSError, ValueError):
         summary = {}
-    status = summary.get("status")
+    status = summary.get(STATUS)
     if status in ENDED and not folder.parts.exists():
         return f"{folder.path}: already {status}; nothing to recover", []
     alive, elsewhere = live_processes(summary)
@@ -58,30 +60,13 @@ def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]
             f"{folder.path} has processes on {', '.join(elsewhere)}, which cannot be checked "
             "from here; --force once they are gone"
         )
-    known = identity_from_manifest(folder)
+    try:
+        known = identity_from_manifest(folder.manifest() or {})
+    except (OSError, ValueError):
+        known = {}
     unreadable = folder.merge_parts()
     if status in ENDED:
         return f"{folder.path}: merged the rows left in parts/ (status stays {status})", unreadable
     folder.mark_failed(KILLED, **known)
-    rows = (folder.summary() or {}).get("iterations_recorded", 0)
+    rows = (folder.summary() or {}).get(ITERATIONS_RECORDED, 0)
     return f"{folder.path}: marked failed, {rows} iteration(s) of rows kept", unreadable
-
-
-def identity_from_manifest(folder: RunFolder) -> dict:
-    """The identity keys a summary written before they existed lacks."""
-    try:
-        manifest = folder.manifest() or {}
-    except (OSError, ValueError):
-        return {}
-    config = manifest.get("config") or {}
-    topology = manifest.get("topology") or {}
-    return {
-        "run_id": manifest.get("run_id"),
-        "method": config.get("method"),
-        "workload": config.get("workload"),
-        "dataset": config.get("dataset"),
-        "gpus": topology.get("world_size", config.get("gpus")),
-        "gpus_per_node": topology.get("gpus_per_node", config.get("gpus_per_node")),
-        "options": config.get("options"),
-        "seed": config.get("seed"),
-    }

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import pandas as pd
 
-from suite.run.config import RunConfig
+from suite.config import RunConfig
+from suite.results import schema
+from suite.results.schema import Status
 
 
 def phase_means(iterations: pd.DataFrame) -> dict[str, float]:
     """Phase -> mean seconds per iteration, averaged over ranks (the paper's fig. 8)."""
-    cols = [c for c in iterations.columns if c.startswith("t_") and c != "t_iteration"]
-    return {c[2:]: float(iterations[c].fillna(0.0).mean()) for c in cols}
+    cols = schema.phase_columns(iterations.columns)
+    prefix = len(schema.PHASE_PREFIX)
+    return {c[prefix:]: float(iterations[c].fillna(0.0).mean()) for c in cols}
+
+
+def final_train_loss(iterations: pd.DataFrame) -> float | None:
+    """The mean training loss over the last half of the iterations (at least one), the
+    ranks' losses averaged per iteration; None without a loss column."""
+    if schema.LOSS not in iterations or iterations.empty:
+        return None
+    per_iteration = iterations.groupby(schema.ITERATION)[schema.LOSS].mean()
+    tail = per_iteration.iloc[len(per_iteration) // 2 :]
+    return float(tail.mean())
 
 
 def summarize(
@@ -24,7 +37,7 @@ def summarize(
     wall_seconds: float,
     time_to_target: float | None,
     converged: bool,
-    status: str = "ok",
+    status: str = Status.OK,
 ) -> dict:
     topo = manifest["topology"]
     budget = manifest.get("budget") or {}
@@ -33,48 +46,51 @@ def summarize(
         local_steps = min(local_steps, budget["local_steps_per_rank"])
     batch = budget.get("batch_size", manifest["recipe"]["batch_size"])
     summary = {
-        "run_id": manifest["run_id"],
-        "status": status,
-        "error": None,
-        "method": config.method,
-        "workload": config.workload,
-        "dataset": dataset,
-        "gpus": topo["world_size"],
-        "nodes": topo["num_nodes"],
-        "gpus_per_node": topo["gpus_per_node"],
-        "iterations": iterations_done,
-        "steps_per_iteration": manifest["steps_per_iteration"],
-        "epochs": local_steps / manifest["steps_per_epoch"],
-        "samples_per_rank": local_steps * batch,
-        "final_accuracy": None,
-        "best_accuracy": None,
-        "target_accuracy": config.target_accuracy,
-        "time_to_target_seconds": time_to_target,
-        "wall_seconds": wall_seconds,
-        "converged": converged,
-        "options": config.options,
-        "seed": config.seed,
-        "simulated": bool(manifest.get("simulated", False)),
+        schema.RUN_ID: manifest["run_id"],
+        schema.STATUS: status,
+        schema.ERROR: None,
+        schema.METHOD: config.method,
+        schema.WORKLOAD: config.workload,
+        schema.DATASET: dataset,
+        schema.GPUS: topo["world_size"],
+        schema.NODES: topo["num_nodes"],
+        schema.GPUS_PER_NODE: topo["gpus_per_node"],
+        schema.ITERATIONS: iterations_done,
+        schema.STEPS_PER_ITERATION: manifest["steps_per_iteration"],
+        schema.EPOCHS: local_steps / manifest["steps_per_epoch"],
+        schema.SAMPLES_PER_RANK: local_steps * batch,
+        schema.FINAL_ACCURACY: None,
+        schema.BEST_ACCURACY: None,
+        schema.TARGET_ACCURACY: config.target_accuracy,
+        schema.TIME_TO_TARGET_SECONDS: time_to_target,
+        schema.WALL_SECONDS: wall_seconds,
+        schema.CONVERGED: converged,
+        schema.OPTIONS: config.options,
+        schema.SEED: config.seed,
+        schema.SIMULATED: bool(manifest.get("simulated", False)),
     }
     if iterations is not None and len(iterations):
-        per_iter = iterations.groupby("iteration")
-        slowest = per_iter["t_iteration"].max()
-        inter = float(iterations["bytes_inter"].sum())
-        summary.update(
-            inter_node_bytes_total=inter,
-            intra_node_bytes_total=float(iterations["bytes_intra"].sum()),
-            inter_node_bytes_per_iteration=inter / iterations_done,
-            train_seconds=float(slowest.sum()),
-            iteration_seconds=float(slowest.mean()),
-            phase_seconds=phase_means(iterations),
-        )
+        per_iter = iterations.groupby(schema.ITERATION)
+        slowest = per_iter[schema.T_ITERATION].max()
+        inter = float(iterations[schema.BYTES_INTER].sum())
+        summary.update({
+            schema.INTER_NODE_BYTES_TOTAL: inter,
+            schema.INTRA_NODE_BYTES_TOTAL: float(iterations[schema.BYTES_INTRA].sum()),
+            schema.INTER_NODE_BYTES_PER_ITERATION: inter / iterations_done,
+            schema.TRAIN_SECONDS: float(slowest.sum()),
+            schema.ITERATION_SECONDS: float(slowest.mean()),
+            # the first of the attempt, after the untimed warm-up (suite.run.warmup)
+            schema.FIRST_ITERATION_SECONDS: float(slowest.iloc[0]),
+            schema.PHASE_SECONDS: phase_means(iterations),
+            schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
+        })  # fmt: skip
         if "wire_tx_bytes" in iterations.columns:  # emulated links: what crossed the wire
             wire = float(iterations["wire_tx_bytes"].sum())
-            summary.update(
-                wire_inter_bytes_total=wire,
-                wire_to_algorithmic_ratio=wire / inter if inter else None,
-            )
+            summary.update({
+                schema.WIRE_INTER_BYTES_TOTAL: wire,
+                schema.WIRE_TO_ALGORITHMIC_RATIO: wire / inter if inter else None,
+            })  # fmt: skip
     if evals is not None and len(evals):
-        summary["final_accuracy"] = float(evals["accuracy"].iloc[-1])
-        summary["best_accuracy"] = float(evals["accuracy"].max())
+        summary[schema.FINAL_ACCURACY] = float(evals[schema.ACCURACY].iloc[-1])
+        summary[schema.BEST_ACCURACY] = float(evals[schema.ACCURACY].max())
     return summary

@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from suite.errors import BenchError
+from suite.results import schema
+from suite.results.schema import Status
 
 #: runs a series needs before it gets a verdict: a noise estimate and a segment on each side
 MIN_RUNS = 6
@@ -65,13 +67,14 @@ class ChangePoint:
                 f"({shown}, {'worse' if self.worse else 'better'})")  # fmt: skip
 
 
-def history_rows(results_dir: str | Path) -> list[dict]:
+def history_rows(results_dir: str | Path, declared=None) -> list[dict]:
     """One history line per run key of a result set: its commit, time, class and metrics,
-    the mean over repeats (seeds)."""
-    from suite.results.compare import load_summaries
+    the mean over repeats (seeds); ``declared``: each method's option defaults, as
+    ``bench compare`` matches runs (suite.results.compare.load_summaries)."""
+    from suite.results.compare import load_summaries, nothing_declared
 
-    frame, _ = load_summaries(results_dir)
-    ok = frame[frame.status == "ok"].copy()
+    frame, _ = load_summaries(results_dir, declared or nothing_declared)
+    ok = frame[frame[schema.STATUS] == Status.OK].copy()
     if ok.empty:
         raise BenchError(f"{results_dir}: no finished runs to add to the history")
     for metric in TREND_METRICS:
@@ -89,8 +92,8 @@ def history_rows(results_dir: str | Path) -> list[dict]:
     return rows
 
 
-def add_to_history(results_dir: str | Path, history: str | Path) -> int:
-    rows = history_rows(results_dir)
+def add_to_history(results_dir: str | Path, history: str | Path, declared=None) -> int:
+    rows = history_rows(results_dir, declared)
     path = Path(history)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as out:

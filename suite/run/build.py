@@ -11,18 +11,18 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from dataclasses import replace
 
 import torch
 
-from suite.plugins.method import LegacyMethod, Method, RunContext
+from suite.config import RunConfig
+from suite.data.schedule import LRSchedule
+from suite.data.workload import DatasetSpec, Recipe, Workload
+from suite.errors import BenchError
+from suite.plugins.method import Method, RunContext
 from suite.plugins.options import resolve_settings, settings_dict
 from suite.plugins.registry import METHODS, WORKLOADS
 from suite.results.folder import git_revision, versions
-from suite.run.config import RunConfig
-from suite.run.schedule import LRSchedule
-from workloads.base import DatasetSpec, Recipe, Workload
 
 #: RunConfig fields that override the workload's recipe
 RECIPE_OVERRIDES = ("batch_size", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_epochs")
@@ -66,13 +66,10 @@ def build_method(
     )  # fmt: skip
     method = METHODS.get(config.method).factory(ctx)
     if not isinstance(method, Method):
-        warnings.warn(
-            f"method {config.method!r} does not subclass suite.api.Method and its step returns "
-            "a dict; it is wrapped for now (LegacyMethod), which goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
+        raise BenchError(
+            f"method {config.method!r}: its factory returned {type(method).__name__}, not a "
+            "suite.api.Method subclass (see tests/plugin_example/benchplugin.py)"
         )
-        method = LegacyMethod(method, recorder)
     steps = method.steps_per_iteration
     ctx.budget_steps = budget_steps(config, loader.steps_per_epoch, steps, recipe)
     batch = loader.batch_size
@@ -143,6 +140,7 @@ def make_manifest(
         "train_samples": train_samples,
         "test_samples": test_samples,
         "parameters": sum(p.numel() for p in ctx.model.parameters()),
+        "model": ctx.workload.model_name if ctx.workload is not None else None,
         "versions": versions(),
         "git_revision": git_revision(),
         **facts,

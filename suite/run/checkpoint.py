@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from suite.cluster.watchdog import barrier
+from suite.cluster.watchdog import barrier, watched
 from suite.errors import BenchError
 from suite.results.folder import write_json
 
@@ -116,10 +116,10 @@ def save_checkpoint(run_dir: Path, iterations_done: int, rank_state: dict, *, no
     barrier("checkpoint folder made")
     skeleton, tensors = split_state(rank_state)
     (staging / f"skeleton-rank{rank:05d}.json").write_text(json.dumps(skeleton))
-    dcp.save({storage_key(k, rank, node): t for k, t in tensors.items()}, checkpoint_id=staging)
-    barrier(
-        "checkpoint written"
-    )  # every rank's skeleton and tensors are on disk, the metadata last
+    with watched("save", "world (torch.distributed.checkpoint)"):
+        dcp.save({storage_key(k, rank, node): t for k, t in tensors.items()},
+                 checkpoint_id=staging)  # fmt: skip
+    barrier("checkpoint written")  # every rank's skeleton and tensors are on disk, the metadata
     stats = {"iterations_done": iterations_done, "seconds": 0.0, "bytes": 0}
     if rank == 0:
         final = root / name
@@ -150,5 +150,6 @@ def load_checkpoint(folder: Path, *, node: int) -> dict:
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith(prefixes):
             wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    dcp.load(wanted, checkpoint_id=folder)
+    with watched("load", "world (torch.distributed.checkpoint)"):
+        dcp.load(wanted, checkpoint_id=folder)
     return join_state(skeleton, {k[k.index("/") :]: t for k, t in wanted.items()})

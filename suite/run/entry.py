@@ -8,6 +8,7 @@ started by torchrun agents (the emulated-network launcher runs one agent per nam
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import traceback
@@ -18,10 +19,10 @@ import torch.distributed as dist
 from suite.cluster.ranks import collective_timeout, join_process_group
 from suite.cluster.recorder import Recorder
 from suite.cluster.watchdog import POSITION, Watchdog
+from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.results.folder import RunFolder, make_run_id
 from suite.run.checkpoint import latest_checkpoint
-from suite.run.config import RunConfig
 from suite.run.loop import AGREED_STOPS, AgreedInterruption, train
 from suite.run.setup import restart_count
 from suite.run.stopping import StopRequest
@@ -31,7 +32,15 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
     """Entry point of one rank (also used by elastic_launch)."""
     config = RunConfig.from_json(config_json)
     stop = StopRequest().install()
-    device = join_process_group(config.device, config.collective_timeout)
+    try:
+        device = join_process_group(config.device, config.collective_timeout,
+                                    shared_gpus_ok=config.launcher == "local")  # fmt: skip
+    except BenchError as exc:  # before the group formed: this rank says why on its own
+        if run_dir is not None:
+            errors = RunFolder(run_dir).errors
+            errors.mkdir(parents=True, exist_ok=True)
+            (errors / f"rank{int(os.environ.get('RANK', '0')):05d}.txt").write_text(f"{exc}\n")
+        raise
     rank = dist.get_rank()
     standalone = run_dir is None  # no parent launcher to mark the folder on failure
     folder = None

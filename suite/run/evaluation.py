@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from suite.cluster.comm import flatten, unflatten_into
-from suite.cluster.watchdog import POSITION
-from workloads.base import TensorData
-from workloads.sharding import ShardedLoader, eval_slice
+from suite.cluster.watchdog import watched
+from suite.data.sharding import ShardedLoader, eval_slice
+from suite.data.workload import TensorData
+from suite.plugins.method import recalibrate_batchnorm
 
 EVAL_BATCH = 256
 
@@ -29,12 +29,13 @@ class Evaluator:
     """
 
     def __init__(
-        self, test: TensorData, world, device: torch.device, calibration: torch.Tensor | None = None
+        self, test: TensorData, world, device: torch.device,
+        calibration: list[torch.Tensor] | None = None,
     ):
         self.test, self.world, self.device = test, world, device
         self.slice = eval_slice(len(test), dist.get_rank(), dist.get_world_size())
         self.traceable = True
-        self.calibration = calibration  # (batches, B, C, H, W) training images, or None
+        self.calibration = calibration  # batches of training images, or None
 
     def inference_copy(self, model: nn.Module) -> nn.Module:
         from torch.fx.experimental.optimization import fuse
@@ -52,54 +53,23 @@ class Evaluator:
 
     def __call__(self, model: nn.Module) -> tuple[float, float]:
         scored = self.inference_copy(model)
-        correct = loss_sum = 0.0
+        # correct, loss sum, count: accumulated on the device, read once after the all-reduce
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         with torch.inference_mode():
             for start in range(self.slice.start, self.slice.stop, EVAL_BATCH):
                 stop = min(start + EVAL_BATCH, self.slice.stop)
                 x = self.test.images[start:stop].to(self.device, non_blocking=True)
                 y = self.test.labels[start:stop].to(self.device, non_blocking=True)
                 logits = scored(x.contiguous(memory_format=torch.channels_last))
-                loss_sum += nn.functional.cross_entropy(logits, y, reduction="sum").item()
-                correct += (logits.argmax(1) == y).sum().item()
-        count = float(self.slice.stop - self.slice.start)
-        totals = torch.tensor([correct, loss_sum, count], dtype=torch.float64, device=self.device)
-        POSITION.issued("all_reduce", "world (test accuracy)", self.world.ranks)
-        dist.all_reduce(totals, group=self.world.pg)
-        correct, loss_sum, count = totals.tolist()
-        POSITION.at()
+                totals[0] += (logits.argmax(1) == y).sum()
+                totals[1] += nn.functional.cross_entropy(logits, y, reduction="sum").double()
+        totals[2] = float(self.slice.stop - self.slice.start)
+        with watched("all_reduce", "world (test accuracy)", self.world.ranks):
+            dist.all_reduce(totals, group=self.world.pg)
+            correct, loss_sum, count = totals.tolist()
         return correct / count, loss_sum / count
 
 
-@torch.no_grad()
-def recalibrate_batchnorm(model: nn.Module, batches: torch.Tensor, world, device) -> None:
-    """Recompute BN running statistics of ``model`` on ``batches`` with torch's
-    ``swa_utils.update_bn`` (cumulative averages), then average them over the world
-    (``--bn-recalibrate``).
-
-    Why: an averaged model, such as PruneX's consensus z or a local-SGD average, has BN
-    statistics averaged from the local models, which describe other activations than its
-    own (torch's SWA needs the same step); PruneX's z is also pruned after averaging.
-    """
-    from torch.optim.swa_utils import update_bn
-
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms:
-        return
-    update_bn(list(batches), model, device=device)
-    stats = [t for norm in norms for t in (norm.running_mean, norm.running_var)]
-    flat = flatten(stats)
-    dist.all_reduce(flat, group=world.pg)
-    unflatten_into(stats, flat.div_(world.size))
-
-
-def calibration_batches(
-    train: TensorData, loader: ShardedLoader, count: int
-) -> torch.Tensor | None:
-    """The first ``count`` batches of this rank's shard in a fixed order, unaugmented: the
-    same images at every evaluation, and the training stream is not touched."""
-    count = min(count, loader.steps_per_epoch)  # a small shard has fewer whole batches
-    if count <= 0:
-        return None
-    take = loader.shard_indices()[: count * loader.batch_size]
-    images = train.images[take]
-    return images.reshape(count, loader.batch_size, *images.shape[1:])
+def calibration_batches(loader: ShardedLoader, count: int) -> list[torch.Tensor] | None:
+    """``--bn-recalibrate``'s batches: the first ``count`` of this rank's shard, fixed."""
+    return loader.calibration_batches(count) if count > 0 else None

@@ -1,40 +1,44 @@
-"""The training loop of one rank: iterations, the agreement of the ranks,
-evaluations, row flushes, checkpoints and stops, and finishing the run folder.
+"""The training loop of one rank: iterations, the ranks' agreement, evaluations, row flushes,
+checkpoints and stops, and finishing the run folder.
 
-Collectives issued here for bookkeeping (loss/NaN agreement, test accuracy) are not part of
-any method's communication and are not recorded as traffic.
+:class:`TrainingLoop` runs the iterations; after each it decides whether this is a point where
+the ranks must agree (:class:`Point`); at such a point it settles the agreement
+(:mod:`suite.run.agreement`), then evaluates, shows progress, checkpoints or flushes, and stops,
+in that order, so a checkpoint holds every row before it. Collectives issued here for
+bookkeeping (the agreement, test accuracy) are not part of any method's communication and are
+not recorded as traffic.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from suite.cluster.recorder import Recorder
-from suite.cluster.watchdog import POSITION, barrier
+from suite.cluster.watchdog import barrier, store_client, watched
+from suite.config import RunConfig
 from suite.errors import BenchError
+from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder
+from suite.run.agreement import Agreement, NonFiniteLoss, Settled
 from suite.run.checkpoint import (
     checkpoint_root,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from suite.run.config import RunConfig
 from suite.run.livelog import TensorBoardLog
 from suite.run.setup import Run, restart_count, setup
 from suite.run.stopping import StopRequest
 
-
-class NonFiniteLoss(BenchError):
-    """Every rank stops after the same iteration (agreed in :meth:`Agreement.settle`)."""
+__all__ = ["AGREED_STOPS", "AgreedInterruption", "LoopResult", "NonFiniteLoss", "train"]
 
 
 class AgreedInterruption(BenchError):
@@ -44,11 +48,14 @@ class AgreedInterruption(BenchError):
 
 AGREED_STOPS = (NonFiniteLoss, AgreedInterruption)
 
-
 #: a rank writes its new rows to the run folder at the end of an iteration once this many
 #: seconds have passed since its last write (``PRUNEX_FLUSH_SECONDS`` overrides): a SIGKILL
 #: loses at most these last seconds of rows
 FLUSH_SECONDS = float(os.environ.get("PRUNEX_FLUSH_SECONDS", "5"))
+#: fault injection for tests of resume: every rank stops after this iteration count as if a
+#: SIGTERM had reached it (checkpointing first when checkpointing is on), at no race with
+#: how fast the run goes (``PRUNEX_STOP_AFTER_ITERATION``; unset: never)
+STOP_AFTER_ITERATION = int(os.environ.get("PRUNEX_STOP_AFTER_ITERATION", "0")) or None
 
 
 @dataclass
@@ -66,16 +73,17 @@ class LoopResult:
 
 
 def train(
-    config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
-    stop: StopRequest,
-) -> None:  # fmt: skip
+    config: RunConfig, device: torch.device, folder: RunFolder, recorder, stop: StopRequest
+) -> None:
+    """Set up, continue from the latest checkpoint when resuming or restarted, train, finish."""
     run = setup(config, device, folder, recorder, stop)
     result = LoopResult()
     found = latest_checkpoint(folder.path) if (config.resume or restart_count()) else None
     if found is not None:
         result = restore(run, load_checkpoint(found[1], node=run.node))
-    run.attempt = {"restarts": restart_count(), "resumed_at_iteration": result.done or None}
-    training_loop(run, result)
+    run.attempt = {schema.RESTARTS: restart_count(),
+                   schema.RESUMED_AT_ITERATION: result.done or None}  # fmt: skip
+    TrainingLoop(run, result)()
     finish(run, result)
 
 
@@ -101,6 +109,182 @@ def restore(run: Run, state: dict) -> LoopResult:
     return LoopResult(**state["loop"])
 
 
+@dataclass(frozen=True)
+class Point:
+    """What is due after an iteration; any of it makes the ranks agree first."""
+
+    finished: bool  # the last iteration, or the method converged
+    evaluating: bool
+    scheduled_checkpoint: bool  # --checkpoint-every
+    agreement_due: bool  # the agreement's own interval
+
+    @property
+    def agree(self) -> bool:
+        return self.finished or self.evaluating or self.scheduled_checkpoint or self.agreement_due
+
+
+class TrainingLoop:
+    """Iterations ``result.done`` .. the end (or convergence); ``result`` is updated in place."""
+
+    def __init__(self, run: Run, result: LoopResult):
+        self.run, self.result = run, result
+        self.agreement = Agreement(run.device)
+        self.progress = progress_bar(run)
+        self.live = TensorBoardLog(run.folder.path, result.done) if live_logging(run) else None
+        self.wall_start = time.perf_counter() - result.wall_seconds
+        self.last_checkpoint = time.monotonic()
+        self.accuracy: float | None = None
+
+    def __call__(self) -> None:
+        try:
+            for iteration in range(self.result.done, self.run.iterations):
+                row, samples = self.iterate(iteration)
+                point = self.point()
+                if not point.agree:
+                    self.flush_if_due()
+                    continue
+                self.after_agreement(point, row, samples)
+                if self.result.converged:
+                    break
+        finally:
+            self.close()
+        self.result.wall_seconds = time.perf_counter() - self.wall_start
+
+    # -- one iteration ------------------------------------------------------------------------
+    def iterate(self, iteration: int) -> tuple[dict, int]:
+        """One step of the method, recorded; returns its row and its samples."""
+        run, result = self.run, self.result
+        run.recorder.begin_iteration(iteration)
+        if run.wire is not None:
+            run.wire.start()
+        done = run.method.step(iteration)
+        check_step_result(run.config.method, done)
+        wire = run.wire.stop() if run.wire is not None else {}
+        loss = float(done.loss)
+        row = run.recorder.end_iteration(**wire, **{
+            schema.LOSS: loss,
+            schema.SAMPLES: int(done.samples),
+            schema.EPOCH: run.loader.step / run.loader.steps_per_epoch,
+        })  # fmt: skip
+        result.train_seconds += row[schema.T_ITERATION]
+        result.done = iteration + 1
+        result.converged = bool(done.converged)  # collective: the same on every rank
+        self.agreement.add(row, loss)
+        return row, int(done.samples)
+
+    def point(self) -> Point:
+        result, run = self.result, self.run
+        every = run.config.checkpoint_every
+        return Point(
+            finished=result.converged or result.done == run.iterations,
+            evaluating=result.done in run.eval_points or result.converged,
+            scheduled_checkpoint=every is not None and result.done % every == 0,
+            agreement_due=self.agreement.due or result.done == STOP_AFTER_ITERATION,
+        )
+
+    # -- what follows an agreement ------------------------------------------------------------
+    def after_agreement(self, point: Point, row: dict, samples: int) -> None:
+        agreed = self.settle()
+        if point.evaluating:
+            self.evaluate(row, agreed.iterations[-1].mean_loss)
+        self.show_progress(row, samples, agreed)
+        self.checkpoint_or_flush(point, agreed)
+        if agreed.stop and not point.finished:
+            checkpointing = self.checkpointing
+            raise AgreedInterruption(interruption_message(self.run, self.result, checkpointing))
+
+    def settle(self) -> Settled:
+        minutes = self.run.config.checkpoint_minutes
+        timed_due = minutes is not None and time.monotonic() - self.last_checkpoint >= 60 * minutes
+        agreed = self.agreement.settle(stop=self.stop_requested, checkpoint_due=timed_due)
+        for settled in agreed.iterations:
+            self.result.inter_bytes += settled.inter_bytes
+            self.result.intra_bytes += settled.intra_bytes
+            if self.live is not None:
+                self.live.iteration(settled.row, settled.mean_loss, settled.inter_bytes,
+                                    settled.intra_bytes)  # fmt: skip
+        if self.live is not None:
+            self.live.layers(self.run.recorder.layers)
+        return agreed
+
+    def evaluate(self, row: dict, mean_loss: float) -> None:
+        run, result = self.run, self.result
+        started = time.perf_counter()
+        accuracy, test_loss = run.evaluate(run.method.eval_model())
+        result.evaluation_seconds += time.perf_counter() - started
+        target = run.config.target_accuracy
+        if result.time_to_target is None and target is not None and accuracy >= target:
+            result.time_to_target = result.train_seconds
+        iteration = row[schema.ITERATION]
+        if dist.get_rank() == 0:
+            run.recorder.add_eval(**{
+                schema.ITERATION: iteration,
+                schema.EPOCH: row[schema.EPOCH],
+                schema.ACCURACY: accuracy,
+                schema.TEST_LOSS: test_loss,
+                schema.TRAIN_LOSS: mean_loss,
+                schema.TRAIN_SECONDS: result.train_seconds,
+                schema.WALL_SECONDS: time.perf_counter() - self.wall_start,
+                schema.INTER_NODE_BYTES: result.inter_bytes,
+                schema.INTRA_NODE_BYTES: result.intra_bytes,
+            })  # fmt: skip
+        if self.live is not None:
+            self.live.evaluation(iteration, accuracy, test_loss)
+        self.accuracy = accuracy
+
+    def show_progress(self, row: dict, samples: int, agreed: Settled) -> None:
+        if self.progress is None:
+            return
+        rate = samples * dist.get_world_size() / max(row[schema.T_ITERATION], 1e-9)
+        post = {"loss": f"{agreed.iterations[-1].mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
+        if self.accuracy is not None:
+            post["acc"] = f"{self.accuracy:.4f}"
+        self.progress.set_postfix(post, refresh=False)
+        self.progress.update(len(agreed.iterations))
+
+    @property
+    def stop_requested(self) -> bool:
+        injected = STOP_AFTER_ITERATION is not None and self.result.done >= STOP_AFTER_ITERATION
+        return self.run.stop.requested or injected
+
+    @property
+    def checkpointing(self) -> bool:
+        config = self.run.config
+        return config.checkpoint_every is not None or config.checkpoint_minutes is not None
+
+    def checkpoint_or_flush(self, point: Point, agreed: Settled) -> None:
+        due = agreed.checkpoint_due or point.scheduled_checkpoint
+        if self.checkpointing and not point.finished and (due or agreed.stop):
+            self.result.wall_seconds = time.perf_counter() - self.wall_start
+            checkpoint(self.run, self.result)
+            self.last_checkpoint = time.monotonic()
+        else:
+            self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        if self.run.recorder.flush_due(FLUSH_SECONDS):
+            with self.run.stop.held():
+                self.run.folder.flush_rows(self.run.recorder)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        if self.live is not None:
+            self.live.close()
+
+
+def check_step_result(method: str, done) -> None:
+    """A method's ``step`` must return a ``StepResult``; anything else is one line naming the
+    method and what it returned, not an AttributeError from inside the loop."""
+    from suite.plugins.method import StepResult
+
+    if not isinstance(done, StepResult):
+        raise BenchError(
+            f"method {method!r}: step() returned {type(done).__name__} ({done!r:.60}), not a "
+            "suite.api.StepResult(loss, samples, converged=False)"
+        )
+
+
 def checkpoint(run: Run, result: LoopResult) -> None:
     """Flush the rows so far, then save (collective); signals wait until both are whole."""
     with run.stop.held():
@@ -111,86 +295,6 @@ def checkpoint(run: Run, result: LoopResult) -> None:
     run.checkpoints.append(stats)
 
 
-#: the ranks agree at most this often, in seconds of training (``PRUNEX_AGREE_SECONDS``
-#: overrides), and always before an evaluation, a checkpoint and the last iteration: each
-#: agreement is a synchronization point, which on a GPU costs tens of microseconds but on
-#: oversubscribed CPU ranks a scheduler time slice (6-8 ms per iteration, measured on
-#: cnn-fmnist with 4 ranks on 2 cores, when the ranks agreed every iteration)
-AGREE_SECONDS = float(os.environ.get("PRUNEX_AGREE_SECONDS", "1"))
-#: the most iterations between two agreements; the interval at most doubles from one to the next
-MAX_AGREE_INTERVAL = 64
-
-
-@dataclass
-class SettledIteration:
-    row: dict  # this rank's row
-    mean_loss: float  # over all ranks
-    inter_bytes: float  # summed over all ranks
-    intra_bytes: float
-
-
-@dataclass
-class Settled:
-    iterations: list[SettledIteration]
-    stop: bool  # a rank was asked to stop
-    checkpoint_due: bool  # rank 0's clock says a timed checkpoint is due
-
-
-class Agreement:
-    """What the ranks must agree on, batched: mean losses, NaN, stop requests, timed
-    checkpoints and each iteration's traffic over all ranks, in one small world all-reduce
-    every ``interval`` iterations (so every rank stops or saves after the same iteration and
-    nothing recorded is lost).
-
-    The interval follows rank 0's seconds per iteration, carried in the all-reduce (the other
-    ranks add zeros, so every rank reads the same bits and picks the same next interval)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.pending: list[tuple[dict, float]] = []  # (row, loss) of each iteration
-        self.interval = 1
-        self.since = time.perf_counter()
-
-    def add(self, row: dict, loss: float) -> None:
-        self.pending.append((row, loss))
-
-    @property
-    def due(self) -> bool:
-        return len(self.pending) >= self.interval
-
-    def settle(self, *, stop: bool, checkpoint_due: bool) -> Settled:
-        pending, self.pending = self.pending, []
-        seconds = (time.perf_counter() - self.since) / len(pending)
-        head = [seconds if dist.get_rank() == 0 else 0.0, float(stop), float(checkpoint_due)]
-        for row, loss in pending:
-            finite = math.isfinite(loss)
-            head += [loss if finite else 0.0, 0.0 if finite else 1.0, row["bytes_inter"],
-                     row["bytes_intra"]]  # fmt: skip
-        stats = torch.tensor(head, dtype=torch.float64, device=self.device)
-        POSITION.issued("all_reduce", "world (the ranks' agreement)", ())
-        dist.all_reduce(stats)
-        values = stats.tolist()  # waits for it (NCCL too)
-        POSITION.at(phase="iteration end")
-        rank0_seconds, stops, dues = values[:3]
-        per_iteration = [values[3 + 4 * i : 7 + 4 * i] for i in range(len(pending))]
-        for (row, _), (_, nonfinite, _, _) in zip(pending, per_iteration, strict=True):
-            if nonfinite:
-                raise NonFiniteLoss(
-                    f"non-finite loss at iteration {row['iteration']} on {int(nonfinite)} rank(s); "
-                    "lower --lr or check the data"
-                )
-        wanted = int(AGREE_SECONDS / rank0_seconds) if rank0_seconds > 0 else MAX_AGREE_INTERVAL
-        self.interval = max(1, min(wanted, 2 * self.interval, MAX_AGREE_INTERVAL))
-        self.since = time.perf_counter()
-        world = dist.get_world_size()
-        return Settled(
-            [SettledIteration(row, loss_sum / world, inter, intra)
-             for (row, _), (loss_sum, _, inter, intra) in zip(pending, per_iteration)],
-            stops > 0,
-            dues > 0,
-        )  # fmt: skip
-
-
 def progress_bar(run: Run):
     if dist.get_rank() != 0 or os.environ.get("PRUNEX_PROGRESS", "1") == "0":
         return None
@@ -199,114 +303,18 @@ def progress_bar(run: Run):
     return tqdm(total=run.iterations, desc=run.config.method, unit="it", dynamic_ncols=True)
 
 
-def training_loop(run: Run, result: LoopResult) -> None:
-    """Iterations ``result.done`` .. the end (or convergence); ``result`` is updated in place.
-
-    Every few iterations (:class:`Agreement`) the ranks agree on the losses, on stop requests
-    and on timed checkpoints; then come the evaluation, the row flush, the checkpoint and the
-    stop, in that order, so a checkpoint holds every row before it."""
-    config, recorder, loader, method = run.config, run.recorder, run.loader, run.method
-    accuracy = None
-    progress = progress_bar(run)
-    live = TensorBoardLog(run.folder.path, result.done) if live_logging(run) else None
-    wall_start = time.perf_counter() - result.wall_seconds
-    last_checkpoint = time.monotonic()
-    agreement = Agreement(run.device)
-    try:
-        for it in range(result.done, run.iterations):
-            recorder.begin_iteration(it)
-            if run.wire is not None:
-                run.wire.start()
-            done = method.step(it)
-            wire = run.wire.stop() if run.wire is not None else {}
-            loss = float(done.loss)
-            row = recorder.end_iteration(
-                **wire,
-                loss=loss,
-                samples=int(done.samples),
-                epoch=loader.step / loader.steps_per_epoch,
-            )
-            result.train_seconds += row["t_iteration"]
-            result.done = it + 1
-            result.converged = bool(done.converged)  # collective: the same on every rank
-            finished = result.converged or result.done == run.iterations
-            evaluating = result.done in run.eval_points or result.converged
-            every = config.checkpoint_every
-            scheduled_checkpoint = every is not None and result.done % every == 0
-            agreement.add(row, loss)
-            if not (agreement.due or finished or evaluating or scheduled_checkpoint):
-                if recorder.flush_due(FLUSH_SECONDS):
-                    with run.stop.held():
-                        run.folder.flush_rows(recorder)
-                continue
-            minutes = config.checkpoint_minutes
-            timed_due = minutes is not None and time.monotonic() - last_checkpoint >= 60 * minutes
-            agreed = agreement.settle(stop=run.stop.requested, checkpoint_due=timed_due)
-            for settled in agreed.iterations:
-                result.inter_bytes += settled.inter_bytes
-                result.intra_bytes += settled.intra_bytes
-                if live is not None:
-                    live.iteration(settled.row, settled.mean_loss, settled.inter_bytes,
-                                   settled.intra_bytes)  # fmt: skip
-            mean_loss = agreed.iterations[-1].mean_loss
-            if live is not None:
-                live.layers(recorder.layers)
-            if evaluating:
-                evaluation_started = time.perf_counter()
-                accuracy, test_loss = run.evaluate(method.eval_model())
-                result.evaluation_seconds += time.perf_counter() - evaluation_started
-                target = config.target_accuracy
-                if result.time_to_target is None and target is not None and accuracy >= target:
-                    result.time_to_target = result.train_seconds
-                if dist.get_rank() == 0:
-                    recorder.add_eval(
-                        iteration=it,
-                        epoch=row["epoch"],
-                        accuracy=accuracy,
-                        test_loss=test_loss,
-                        train_loss=mean_loss,
-                        train_seconds=result.train_seconds,
-                        wall_seconds=time.perf_counter() - wall_start,
-                        inter_node_bytes=result.inter_bytes,
-                        intra_node_bytes=result.intra_bytes,
-                    )
-                if live is not None:
-                    live.evaluation(it, accuracy, test_loss)
-            if progress is not None:
-                rate = int(done.samples) * dist.get_world_size() / max(row["t_iteration"], 1e-9)
-                post = {"loss": f"{mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
-                if accuracy is not None:
-                    post["acc"] = f"{accuracy:.4f}"
-                progress.set_postfix(post, refresh=False)
-                progress.update(len(agreed.iterations))
-            checkpointing = every is not None or minutes is not None
-            due = agreed.checkpoint_due or scheduled_checkpoint
-            if checkpointing and not finished and (due or agreed.stop):
-                result.wall_seconds = time.perf_counter() - wall_start
-                checkpoint(run, result)
-                last_checkpoint = time.monotonic()
-            elif recorder.flush_due(FLUSH_SECONDS):
-                with run.stop.held():
-                    run.folder.flush_rows(recorder)
-            if agreed.stop and not finished:
-                raise AgreedInterruption(interruption_message(run, result, checkpointing))
-            if result.converged:
-                break
-    finally:
-        if progress is not None:
-            progress.close()
-        if live is not None:
-            live.close()
-    result.wall_seconds = time.perf_counter() - wall_start
-
-
 def live_logging(run: Run) -> bool:
     """Rank 0 writes the live log (``--tensorboard``)."""
     return run.config.tensorboard and dist.get_rank() == 0
 
 
 def interruption_message(run: Run, result: LoopResult, checkpointed: bool) -> str:
-    how = f"interrupted by {run.stop.name if run.stop.requested else 'a peer'}"
+    if run.stop.requested:
+        how = f"interrupted by {run.stop.name}"
+    elif STOP_AFTER_ITERATION is not None and result.done >= STOP_AFTER_ITERATION:
+        how = "interrupted by PRUNEX_STOP_AFTER_ITERATION"
+    else:
+        how = "interrupted by a peer"
     where = f"after iteration {result.done} of {run.iterations}"
     if checkpointed:
         return f"{how} {where}; continue with: bench run --resume {run.folder.path}"
@@ -321,26 +329,10 @@ def finish(run: Run, result: LoopResult) -> None:
         run.folder.flush_rows(run.recorder)
     barrier("rows flushed")
     if dist.get_rank() == 0:
-        folder = run.folder
-        folder.merge_parts()
-        extra = {**(run.attempt or {}), "processes": (folder.summary() or {}).get("processes")}
-        extra.update(run.setup_seconds, evaluation_seconds=result.evaluation_seconds)
-        if result.train_seconds > 0:  # a host-bound run shows here
-            samples = run.loader.step * run.loader.batch_size
-            extra["samples_per_second_per_rank"] = samples / result.train_seconds
-        extra.update(run.method.summary_facts())
-        if run.method.warnings:
-            extra["warnings"] = list(run.method.warnings)
-        if run.checkpoints:
-            extra.update(
-                checkpoints_written=len(run.checkpoints),
-                checkpoint_seconds_mean=sum(c["seconds"] for c in run.checkpoints)
-                / len(run.checkpoints),
-                checkpoint_bytes=run.checkpoints[-1]["bytes"],
-            )
+        run.folder.merge_parts()
         with run.stop.held():
             finish_folder(
-                folder,
+                run.folder,
                 config=run.config,
                 manifest=run.manifest,
                 artifacts={"model.pt": final_model.state_dict(), **run.method.artifacts()},
@@ -348,7 +340,68 @@ def finish(run: Run, result: LoopResult) -> None:
                 wall_seconds=result.wall_seconds,
                 time_to_target=result.time_to_target,
                 converged=result.converged,
-                extra=extra,
+                extra=summary_extra(run, result),
             )
-        shutil.rmtree(checkpoint_root(folder.path), ignore_errors=True)
-    dist.barrier()  # not watched: the others wait for rank 0's merge and summary
+        shutil.rmtree(checkpoint_root(run.folder.path), ignore_errors=True)
+    wait_for_rank0(run)
+
+
+def summary_extra(run: Run, result: LoopResult) -> dict:
+    """What the summary holds beyond the folder's tables: attempts, setup and warm-up,
+    evaluation time, throughput, the method's facts and warnings, checkpoints."""
+    extra = {**(run.attempt or {}), schema.PROCESSES: (run.folder.summary() or {}).get(
+        schema.PROCESSES)}  # fmt: skip
+    extra.update(run.setup_seconds)
+    extra[schema.EVALUATION_SECONDS] = result.evaluation_seconds
+    if result.train_seconds > 0:  # a host-bound run shows here
+        samples = run.loader.step * run.loader.batch_size
+        extra[schema.SAMPLES_PER_SECOND_PER_RANK] = samples / result.train_seconds
+    extra.update(run.method.summary_facts())
+    warnings = [*run.method.warnings, *traffic_warnings(run, result)]
+    if warnings:
+        extra[schema.WARNINGS] = warnings
+    if run.checkpoints:
+        extra.update({
+            schema.CHECKPOINTS_WRITTEN: len(run.checkpoints),
+            schema.CHECKPOINT_SECONDS_MEAN: sum(c["seconds"] for c in run.checkpoints)
+            / len(run.checkpoints),
+            schema.CHECKPOINT_BYTES: run.checkpoints[-1]["bytes"],
+        })  # fmt: skip
+    return extra
+
+
+def traffic_warnings(run: Run, result: LoopResult) -> list[str]:
+    """A run of several ranks whose method recorded no traffic at all most likely talks to
+    the other ranks past the communicator (``torch.distributed`` directly): its bytes and
+    communication times are then missing from every table. Said on stderr and in the
+    summary."""
+    if dist.get_world_size() < 2 or result.done == 0 or result.inter_bytes + result.intra_bytes:
+        return []
+    line = (f"{run.config.method} recorded no traffic on {dist.get_world_size()} ranks: a method "
+            "must issue its collectives through ctx.comm (suite.api.Communicator), or its bytes "
+            "and communication time are not recorded")  # fmt: skip
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+    return [line]
+
+
+#: seconds rank 0 may take to merge one rank's rows and write the summary, beyond
+#: --collective-timeout (the other ranks wait that long for it, watched)
+MERGE_SECONDS_PER_RANK = 2.0
+
+
+def wait_for_rank0(run: Run) -> None:
+    """The other ranks wait until rank 0 has merged every rank's rows and written the summary,
+    through the job's store (a collective would time out at ``--collective-timeout`` while
+    rank 0 merges 64 ranks' parts); the wait is watched with a timeout that grows with the
+    ranks rank 0 merges. Then one barrier, which all reach at once, keeps rank 0 (which may
+    host the store) alive until every rank has seen it done."""
+    timeout = run.config.collective_timeout + MERGE_SECONDS_PER_RANK * dist.get_world_size()
+    store = store_client(timeout)
+    if store is not None:
+        key = f"finished/{run.folder.path.name}"
+        with watched("wait", "world (rank 0 merges the rows)", timeout=timeout):
+            if dist.get_rank() == 0:
+                store.set(key, "1")
+            else:
+                store.wait([key], timedelta(seconds=timeout))
+    barrier("the run finished")

@@ -18,17 +18,20 @@ from suite.cluster.comm import Communicator
 from suite.cluster.ranks import connect_groups, gpu_sharing
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import Topology, build_topology
+from suite.cluster.watchdog import watched
 from suite.cluster.wire import WireCounters
+from suite.config import RunConfig
+from suite.data.datasets import load_data
+from suite.data.sharding import ShardedLoader
 from suite.errors import BenchError
 from suite.plugins.method import Method
+from suite.results import schema
 from suite.results.folder import RunFolder, hardware, identity_summary, numerics
 from suite.run.build import build_method, evaluation_points, make_manifest, resolve_workload
-from suite.run.config import RunConfig
 from suite.run.evaluation import Evaluator, calibration_batches
 from suite.run.livelog import FOLDER as TENSORBOARD_FOLDER
 from suite.run.stopping import StopRequest
-from workloads.datasets import load_data
-from workloads.sharding import ShardedLoader
+from suite.run.warmup import warm_up
 
 
 def restart_count() -> int:
@@ -63,6 +66,10 @@ class Run:
         return self.topology.node
 
 
+#: how long the other ranks wait for rank 0's download before it is a stall
+DOWNLOAD_SECONDS = 3600.0
+
+
 def load_data_once(load: Callable, *, download: bool):
     """``load(download=...)`` on every rank, each decoding the data once. With ``--download``
     rank 0 fetches and prepares the files first while the others wait (one download, not one
@@ -77,7 +84,8 @@ def load_data_once(load: Callable, *, download: bool):
         except Exception as exc:  # any failure, so the others never wait for nothing
             text = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
             outcome = [(text.strip().splitlines() or [type(exc).__name__])[0]]
-    dist.broadcast_object_list(outcome, src=0)  # the others wait here for rank 0
+    with watched("broadcast", "world (rank 0 downloads the data)", timeout=DOWNLOAD_SECONDS):
+        dist.broadcast_object_list(outcome, src=0)  # the others wait here for rank 0
     if outcome[0] is not None:
         raise BenchError(outcome[0])
     return data if dist.get_rank() == 0 else load(download=False)
@@ -112,6 +120,7 @@ def setup(
     )  # fmt: skip
     groups = run_groups(topology, method)
     connect = connect_groups(list(groups.values()), device)
+    warmup = warm_up(ctx.model, train_data, loader, recipe, groups, device)
     manifest = make_manifest(
         config, ctx, method, dataset=dataset, iterations=iterations,
         train_samples=len(train_data), test_samples=len(test_data),
@@ -157,19 +166,19 @@ def setup(
             test_data,
             topology.world,
             device,
-            calibration_batches(train_data, loader, config.bn_recalibrate),
+            calibration_batches(loader, config.bn_recalibrate),
         ),
         stop,
         wire,
-        setup_seconds={"setup_seconds": time.perf_counter() - started, "connect_seconds": connect},
+        setup_seconds={schema.SETUP_SECONDS: time.perf_counter() - started,
+                       schema.CONNECT_SECONDS: connect, schema.WARMUP_SECONDS: warmup},
     )
 
 
 def run_groups(topology: Topology, method: Method) -> dict:
-    """Every process group this rank uses, by name (world, its node, the leaders, its peers,
-    the method's own), in an order every rank shares."""
-    mine = {"world": topology.world, "intra": topology.intra, "inter": topology.inter,
-            "peers": topology.peers}  # fmt: skip
+    """Every process group this rank uses, by name (world, its node, the leaders, the
+    method's own), in an order every rank shares."""
+    mine = {"world": topology.world, "intra": topology.intra, "inter": topology.inter}
     groups = {name: g.pg for name, g in mine.items() if g is not None}
     groups.update({f"method_{i}": pg for i, pg in enumerate(method.process_groups())})
     return groups

@@ -54,8 +54,8 @@ def workload_dataset(workload: str) -> str:
 def training_data(dataset: str, data_dir: str | None):
     """The dataset's real train split (as a run loads it), or, where it cannot be loaded
     here, random inputs of its shape; and a line saying which."""
-    from workloads.base import TensorData
-    from workloads.datasets import dataset_spec, load_data
+    from suite.data.datasets import dataset_spec, load_data
+    from suite.data.workload import TensorData
 
     try:
         train, _, _ = load_data(dataset, data_dir=data_dir)
@@ -72,9 +72,9 @@ def training_setup(workload: str, batch_size: int, device: torch.device, data_di
     draws them: this rank's shard of the real dataset through a ShardedLoader. Real data
     matters: under 4 CPU ranks on 2 cores, random inputs made steps ~15% slower than
     Fashion-MNIST's (measured; one rank alone saw no difference)."""
+    from suite.data.datasets import dataset_spec
+    from suite.data.sharding import ShardedLoader
     from suite.plugins.registry import WORKLOADS
-    from workloads.datasets import dataset_spec
-    from workloads.sharding import ShardedLoader
 
     wl = WORKLOADS.get(workload).factory()
     spec = dataset_spec(wl.dataset)

@@ -184,8 +184,8 @@ def training_flops(workload: str, batch_size: int) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from suite.data.datasets import dataset_spec
     from suite.plugins.registry import WORKLOADS
-    from workloads.datasets import dataset_spec
 
     wl = WORKLOADS.get(workload).factory()
     spec = dataset_spec(wl.dataset)

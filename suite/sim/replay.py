@@ -36,17 +36,17 @@ import torch
 import torch.distributed as dist
 
 from suite.cluster.topology import check_layout
+from suite.config import RunConfig
+from suite.data.datasets import dataset_spec, split_sizes
 from suite.errors import BenchError
 from suite.plugins.registry import METHODS
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder, make_run_id, write_table
 from suite.run.build import build_method, make_manifest, resolve_workload
-from suite.run.config import RunConfig
 from suite.sim.measure import memory_bandwidth
 from suite.sim.pricing import SimCommunicator, SimRecorder, rank_rows
 from suite.sim.profile import Profile
 from suite.sim.standins import SimLoader, ensure_single_process_group, sim_topology
-from workloads.datasets import dataset_spec, split_sizes
 
 DEFAULT_REPLAY = 10
 

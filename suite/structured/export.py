@@ -1,4 +1,5 @@
-"""``bench export``: the physically smaller model a structured-pruning run promises.
+"""The physically smaller model a structured-pruning run promises (what ``bench export``
+writes; :mod:`suite.commands.export` reads the run folder around it).
 
 The run's evaluated model (``model.pt``: PruneX's consensus z, a pruning baseline's average)
 is masked with its ``masks.pt`` and its dead slices are zeroed (:mod:`.liveness`): that is the
@@ -6,48 +7,69 @@ is masked with its ``masks.pt`` and its dead slices are zeroed (:mod:`.liveness`
 removed with Torch-Pruning's pruner functions, on the same dependency graph, so conv, BN and
 linear shapes shrink together. A conv input channel that only one consumer of a residual
 stream prunes cannot be removed (the stream still carries it to the others): its weights stay,
-as zeros. The exported model must reproduce the masked dense model's outputs (fp32, eval
-mode) within ``TOLERANCE``; otherwise nothing is written.
+as zeros. Pruned attention heads and MLP neurons (:mod:`.units`) are removed by slicing
+their members (qkv rows and biases, the output projection's columns, fc1's rows and biases,
+fc2's columns; the attention block's head count follows). The exported model must reproduce
+the masked dense model's outputs (fp32, eval mode) within ``TOLERANCE``; otherwise nothing is
+written.
 
-What is measured and written to the run folder's ``export.json``: parameters, FLOPs per image
-(``torch.utils.flop_counter``), CPU inference latency at batch 1 and 128 for the dense and the
-exported model, and the exported model's test accuracy.
+What is measured of both: parameters, FLOPs per image (``torch.utils.flop_counter``), CPU
+inference latency at batch 1 and 128, and test accuracy.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from suite.errors import BenchError
-from suite.results.folder import RunFolder, write_json, write_torch
-from suite.structured.groups import ChannelGroup, example_input, trace_channel_groups
+from suite.structured.groups import ChannelGroup, trace_channel_groups
 from suite.structured.liveness import LiveSlices, live_slices, zero_dead
-from suite.structured.masks import StructuredMask, apply_mask, conv_shapes, load_masks
+from suite.structured.masks import StructuredMask, apply_mask
 from suite.structured.packing import packed_numel
+from suite.structured.units import UnitGroup, kept_positions
 
 TOLERANCE = 1e-5  # max |exported - masked dense| over the checked test outputs (fp32)
 CHECK_SAMPLES = 256  # test images the equality is checked on
 LATENCY_BATCHES = (1, 128)
 
 
-def masked_dense_model(
-    model: nn.Module, masks: dict[str, StructuredMask], live: LiveSlices
-) -> nn.Module:
-    """A copy of ``model`` with the masks applied and every dead slice zeroed."""
+def masked_dense_model(model: nn.Module, masks: dict, live: LiveSlices) -> nn.Module:
+    """A copy of ``model`` with the masks applied and every dead slice zeroed (a pruned head's
+    or neuron's slices are dead in ``live``)."""
     masked = copy.deepcopy(model)
     params = dict(masked.named_parameters())
     with torch.no_grad():
         for name, mask in masks.items():
-            params[name].copy_(apply_mask(params[name], mask))
+            if isinstance(mask, StructuredMask):
+                params[name].copy_(apply_mask(params[name], mask))
         zero_dead({n: p.data for n, p in params.items()}, live)
     return masked
+
+
+def remove_units(model: nn.Module, groups: list[UnitGroup], masks: dict) -> nn.Module:
+    """``model`` (in place) without the pruned heads and neurons of ``groups``: each member
+    Linear keeps its kept rows or columns, an attention block its kept heads."""
+    modules = dict(model.named_modules())
+    for group in groups:
+        kept = kept_positions(group, masks[group.key])
+        for param, (dim, positions) in kept.items():
+            owner, _, tensor = param.rpartition(".")
+            linear = modules[owner]
+            value = getattr(linear, tensor).data.index_select(dim, positions)
+            setattr(linear, tensor, nn.Parameter(value))
+            if tensor == "weight":
+                linear.out_features, linear.in_features = linear.weight.shape
+        if group.kind == "head":
+            attention = modules[group.name]
+            heads = int(masks[group.key].kept.sum())
+            attention.num_heads = heads
+            attention.attn_dim = heads * attention.head_dim
+    return model
 
 
 def remove_dead_channels(
@@ -116,110 +138,31 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> fl
     return correct / len(labels)
 
 
-def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict[str, StructuredMask]]:
-    """The run's manifest, its evaluated model and its masks; a one-line error for a folder
-    that has none of them."""
-    from suite.plugins.registry import WORKLOADS
-    from workloads.datasets import dataset_spec
-
-    folder = RunFolder(run_dir)
-    if not folder.has_manifest:
-        raise BenchError(f"{run_dir} is not a run folder (no manifest.json)")
-    manifest = folder.manifest()
-    config = manifest["config"]
-    if not (run_dir / "masks.pt").is_file():
-        raise BenchError(
-            f"{run_dir}: no masks.pt: {config['method']} trains a dense model; runs of prunex, "
-            "prunex-flat, gmp-hier and prune-retrain have masks to export"
-        )
-    if not (run_dir / "model.pt").is_file():
-        raise BenchError(f"{run_dir}: no model.pt (the run did not finish): nothing to export")
-    model = WORKLOADS.get(config["workload"]).factory().build_model(dataset_spec(config["dataset"]))
-    try:
-        state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
-    except Exception as exc:  # unpickling and shape mismatches raise many kinds
-        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise BenchError(f"{run_dir}/model.pt does not fit {config['workload']} ({why})") from None
-    masks = load_masks(str(run_dir), conv_shapes(model), "cpu")
-    return manifest, model.eval(), masks
-
-
-def export_run(
-    run_dir: str | Path,
-    output: str | Path | None = None,
-    *,
-    data_dir: str | None = None,
-    repeats: int = 20,
-    max_seconds: float = 10.0,
-    echo=print,
-) -> dict:
-    """Export a run's model (see the module docstring); returns what ``export.json`` holds."""
-    from workloads.datasets import load_data
-
-    run_dir = Path(run_dir)
-    manifest, model, masks = load_run_model(run_dir)
-    config = manifest["config"]
-    _, test, spec = load_data(
-        config["dataset"],
-        data_dir=data_dir or config.get("data_dir"),
-        seed=config.get("seed", 0),
-        synthetic_size=tuple(config.get("synthetic_size") or (4096, 1024)),
-    )
-    example = example_input(spec)
-    groups = trace_channel_groups(model, example)
+def export_model(
+    model: nn.Module, masks: dict, example: torch.Tensor, unit_groups: list[UnitGroup] = ()
+) -> tuple[nn.Module, nn.Module, int]:
+    """(the masked dense model, the exported one, the live parameter count) of ``model``
+    under ``masks`` (conv masks, and the masks of ``unit_groups``); raises BenchError when
+    the exported model's outputs on ``example`` differ from the masked dense model's by more
+    than ``TOLERANCE``."""
+    groups = trace_channel_groups(model, example[:1])
     live = live_slices(model, groups, masks)
+    for group in unit_groups:
+        live = live.restricted(kept_positions(group, masks[group.key]))
     masked = masked_dense_model(model, masks, live)
-    exported = remove_dead_channels(masked, groups, live, example)
-
-    check = test.images[:CHECK_SAMPLES]
+    exported = remove_dead_channels(masked, groups, live, example[:1])
+    exported = remove_units(exported, list(unit_groups), masks)
     with torch.inference_mode():
-        diff = (exported(check) - masked(check)).abs().max().item()
+        diff = (exported(example) - masked(example)).abs().max().item()
     if not diff <= TOLERANCE:
         raise BenchError(
-            f"{run_dir}: the exported model differs from the masked dense model by {diff:.3g} "
+            f"the exported model differs from the masked dense model by {diff:.3g} "
             f"(> {TOLERANCE}); nothing written"
         )
     live_params = sum(packed_numel(p.shape, live.of(n)) for n, p in model.named_parameters())
-    sample = test.images[:1]
+    return masked, exported, live_params
 
-    def measure(net: nn.Module) -> dict:
-        return {
-            "parameters": count_parameters(net),
-            "flops": flops_per_image(net, sample),
-            **{
-                f"latency_ms_b{b}": latency_ms(net, sample, b, repeats, max_seconds)
-                for b in LATENCY_BATCHES
-            },
-        }
 
-    threads = torch.get_num_threads()
-    echo(f"measuring {config['workload']}: dense, then exported ({threads} threads)")
-    dense_stats, exported_stats = measure(model), measure(exported)
-    exported_stats["test_accuracy"] = accuracy(exported, test.images, test.labels)
-    path = Path(output) if output is not None else run_dir / "exported.pt"
-    write_torch(path, exported)
-    summary = RunFolder(run_dir).summary() or {}
-    record = {
-        "run_id": manifest.get("run_id", run_dir.name),
-        "method": config["method"],
-        "workload": config["workload"],
-        "dataset": config["dataset"],
-        "model_file": str(path),
-        "max_abs_diff": diff,
-        "tolerance": TOLERANCE,
-        "checked_samples": len(check),
-        "test_samples": len(test.labels),
-        "live_parameters": live_params,
-        "run_final_accuracy": summary.get("final_accuracy"),
-        "threads": torch.get_num_threads(),
-        "dense": dense_stats,
-        "exported": exported_stats,
-        "ratios": {
-            key: exported_stats[key] / dense_stats[key]
-            for key in dense_stats
-            if dense_stats[key] and not math.isnan(dense_stats[key])
-        },
-    }
-    write_json(run_dir / "export.json", record)
-    return record
+def max_abs_diff(a: nn.Module, b: nn.Module, images: torch.Tensor) -> float:
+    with torch.inference_mode():
+        return (a(images) - b(images)).abs().max().item()

@@ -133,8 +133,3 @@ def _optype(name: str):
     import torch_pruning as tp
 
     return getattr(tp.ops.OPTYPE, name)
-
-
-def example_input(spec, device: torch.device | str = "cpu") -> torch.Tensor:
-    """One input image of the workload's dataset shape, for tracing."""
-    return torch.zeros(1, spec.in_chans, spec.image_size, spec.image_size, device=device)

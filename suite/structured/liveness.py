@@ -46,6 +46,16 @@ class LiveSlices:
     def of(self, name: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return self.rows.get(name), self.cols.get(name)
 
+    def restricted(self, kept: dict[str, tuple[int, torch.Tensor]]) -> LiveSlices:
+        """These slices, less what ``kept`` does not keep (tensor -> (dim, kept positions):
+        a head's or neuron's mask, suite.structured.units)."""
+        rows, cols = dict(self.rows), dict(self.cols)
+        for name, (dim, positions) in kept.items():
+            table = rows if dim == 0 else cols
+            now = table.get(name)
+            table[name] = positions if now is None else now[torch.isin(now, positions)]
+        return LiveSlices(rows, cols, self.channels)
+
     def element_mask(self, name: str, shape: torch.Size, device=None) -> torch.Tensor | None:
         """Bool mask of ``name``'s live elements (``None``: the whole tensor is live)."""
         rows, cols = self.of(name)
@@ -83,8 +93,8 @@ def live_slices(
                 filters[name] = torch.ones(module.out_channels, dtype=torch.bool)
                 inputs[name] = torch.ones(module.in_channels, dtype=torch.bool)
             else:
-                filters[name] = _bool_at(mask.kept_filters(), module.out_channels)
-                inputs[name] = _bool_at(mask.kept_channels(), module.in_channels)
+                filters[name] = _kept_at(mask.kept_filters(), module.out_channels)
+                inputs[name] = _kept_at(mask.kept_channels(), module.in_channels)
     channels = _settle(groups, filters, inputs)
 
     rows: dict[str, torch.Tensor] = {}
@@ -166,19 +176,13 @@ def _rows_of_norm(rows: dict, norm: str, entries: torch.Tensor, modules: dict) -
         rows[key] = index if key not in rows else torch.unique(torch.cat([rows[key], index]))
 
 
-def _kept_at(index: torch.Tensor | None, n: int, device) -> torch.Tensor:
-    """Bool (n,) of ``index`` on ``device`` (``None``: every entry)."""
+def _kept_at(index: torch.Tensor | None, n: int, device="cpu") -> torch.Tensor:
+    """Bool (n,) on ``device``, true at ``index`` (``None``: every entry)."""
     if index is None:
         return torch.ones(n, dtype=torch.bool, device=device)
     keep = torch.zeros(n, dtype=torch.bool, device=device)
     keep[index.to(device)] = True
     return keep
-
-
-def _bool_at(index: torch.Tensor, n: int) -> torch.Tensor:
-    out = torch.zeros(n, dtype=torch.bool)
-    out[index.cpu()] = True
-    return out
 
 
 def zero_dead(tensors: dict[str, torch.Tensor], live: LiveSlices) -> None:

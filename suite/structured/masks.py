@@ -20,10 +20,19 @@ from suite.errors import BenchError
 from suite.plugins.options import FRACTION, option
 
 DEFAULT_CHANNEL_KEEP = 0.5  # PruneX paper sec. 5.1.5
+#: the conv sets' keep options, in the order they are projected (sec. 3.2)
+CONV_KEEPS = ("filter_keep", "channel_keep", "shape_keep")
 
 
 def structured_weights(model: nn.Module) -> list[str]:
-    """Names of the trainable 4-D conv weights: the tensors the structured sets apply to."""
+    """Names of the trainable 4-D conv weights: the tensors the conv sets apply to.
+
+    Args:
+        model: any model.
+
+    Returns:
+        Parameter names, in parameter order.
+    """
     convs = {
         f"{name}.weight" if name else "weight"
         for name, module in model.named_modules()
@@ -37,7 +46,15 @@ def structured_weights(model: nn.Module) -> list[str]:
 
 
 def keep_count(n: int, keep: float) -> int:
-    """Groups kept out of ``n`` at keep rate ``keep`` (round half up, at least one group)."""
+    """Groups kept out of ``n`` at keep rate ``keep`` (round half up, at least one group).
+
+    Args:
+        n: the groups of a set (a conv's input channels, an attention block's heads).
+        keep: the keep fraction, in (0, 1].
+
+    Returns:
+        How many are kept: ``keep_count(3, 0.5) == 2``.
+    """
     if not 0 < keep <= 1:
         raise ValueError(f"keep rate must be in (0, 1], got {keep}")
     return max(1, math.floor(keep * n + 0.5))
@@ -49,6 +66,16 @@ class StructuredMask:
 
     The element mask is their product, so the groups, not the elements, are what leaders
     exchange (eq. 14): C_out + C_in + C_in*KH*KW bits instead of the full tensor.
+
+    Attributes:
+        filters: (C_out,) bool.
+        channels: (C_in,) bool.
+        shape: (C_in, KH, KW) bool.
+
+    Example::
+
+        projected, mask = project(weight, channel_keep=0.5)
+        mask.kept_channels(), mask.density(), mask.dense()
     """
 
     filters: torch.Tensor  # (C_out,) bool
@@ -84,6 +111,10 @@ class StructuredMask:
     @property
     def weight_shape(self) -> tuple[int, int, int, int]:
         return (self.filters.numel(), *self.shape.shape)
+
+    def like_bits(self, bits: torch.Tensor) -> StructuredMask:
+        """A mask of the same weight from ``bits`` (what the mask sync sends)."""
+        return StructuredMask.from_bits(bits, self.weight_shape)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The group bitmaps, for checkpoints and masks.pt (the element mask follows)."""
@@ -163,7 +194,7 @@ def _conv_shape(shape: tuple[int, ...] | torch.Size) -> tuple[int, int, int, int
     return c_out, c_in, kh, kw
 
 
-def _top_groups(sq_norms: torch.Tensor, keep: float | None) -> torch.Tensor:
+def top_groups(sq_norms: torch.Tensor, keep: float | None) -> torch.Tensor:
     """Bool mask of the keep_count groups with the largest norms; ties go to lower indices.
 
     A stable descending sort (unlike topk) fixes the order of equal norms, so every rank
@@ -195,9 +226,21 @@ def project(
     every set but is not always the exact projection onto the intersection, and the order
     matters (the paper says it does not; see the module docstring).
 
-    Returns the projected tensor (``weight`` itself with ``in_place``) and the group bitmaps
-    chosen at each step, which always hold exactly keep_count groups per constrained set, even
-    when norms are zero.
+    Args:
+        weight: a (C_out, C_in, KH, KW) conv weight.
+        filter_keep: the fraction of output filters kept, or None.
+        channel_keep: the fraction of input channels kept, or None.
+        shape_keep: the fraction of kernel positions kept, or None.
+        in_place: project ``weight`` itself.
+
+    Returns:
+        The projected tensor (``weight`` itself with ``in_place``) and the group bitmaps
+        chosen at each step, which always hold exactly keep_count groups per constrained set,
+        even when norms are zero.
+
+    Example::
+
+        z_i, mask = project(candidate, channel_keep=0.5)
     """
     c_out, c_in, kh, kw = _conv_shape(weight.shape)
     device = weight.device
@@ -206,17 +249,17 @@ def project(
     # and the squares are masked only for a set that comes after
     filters = _all_kept(c_out, device)
     if filter_keep is not None:
-        filters = _top_groups(sq.sum((1, 2, 3)), filter_keep)
+        filters = top_groups(sq.sum((1, 2, 3)), filter_keep)
         if channel_keep is not None or shape_keep is not None:
             sq = sq * filters[:, None, None, None]
     channels = _all_kept(c_in, device)
     if channel_keep is not None:
-        channels = _top_groups(sq.sum((0, 2, 3)), channel_keep)
+        channels = top_groups(sq.sum((0, 2, 3)), channel_keep)
         if shape_keep is not None:
             sq = sq * channels[None, :, None, None]
     shape = _all_kept((c_in, kh, kw), device)
     if shape_keep is not None:
-        shape = _top_groups(sq.sum(0), shape_keep)
+        shape = top_groups(sq.sum(0), shape_keep)
     mask = StructuredMask(filters, channels, shape)
     # zero what the asked sets prune (the sets left out prune nothing): apply_mask's result
     # without forming the dense mask
@@ -235,7 +278,15 @@ def _all_kept(size, device) -> torch.Tensor:
 
 
 def apply_mask(weight: torch.Tensor, mask: StructuredMask) -> torch.Tensor:
-    """Zero the pruned groups: projection becomes masking once masks freeze (Alg. 1 line 11)."""
+    """Zero the pruned groups: projection becomes masking once masks freeze (Alg. 1 line 11).
+
+    Args:
+        weight: a conv weight.
+        mask: its agreed mask.
+
+    Returns:
+        A new tensor, zero off the mask.
+    """
     return weight.masked_fill(~mask.dense(), 0)
 
 
@@ -252,7 +303,7 @@ def or_across_nodes(masks: dict, comm, topology) -> dict:
     agreed, offset = {}, 0
     for (key, mask), piece in zip(masks.items(), pieces):
         n = piece.numel()
-        agreed[key] = StructuredMask.from_bits(bits[offset : offset + n], mask.weight_shape)
+        agreed[key] = mask.like_bits(bits[offset : offset + n])
         offset += n
     return agreed
 
@@ -267,9 +318,11 @@ def mask_drift(old: dict, new: dict) -> int:
     return int((before != after).sum().item())
 
 
-def mask_artifact(masks: dict[str, StructuredMask]) -> dict:
-    """``masks.pt`` of a run folder: per conv weight its group bitmaps and element mask."""
-    return {name: {**m.state(), "dense": m.dense()} for name, m in masks.items()}
+def mask_artifact(masks: dict) -> dict:
+    """``masks.pt`` of a run folder: per conv weight its group bitmaps and element mask; per
+    head or neuron group (``blocks.0.attn#heads``) its unit bits."""
+    return {name: {**m.state(), "dense": m.dense()} if isinstance(m, StructuredMask) else m.state()
+            for name, m in masks.items()}  # fmt: skip
 
 
 def density_of(masks: dict) -> float:
@@ -279,9 +332,8 @@ def density_of(masks: dict) -> float:
     return kept / total if total else 1.0
 
 
-def load_masks(path: str, shapes: dict[str, torch.Size], device) -> dict[str, StructuredMask]:
-    """The structured masks a run saved (its folder's masks.pt, or the file itself), one per
-    name of ``shapes`` (conv weight name -> its shape, checked)."""
+def read_masks_file(path: str, device) -> tuple[Path, dict]:
+    """(the file, its contents) of a run's masks (its folder's masks.pt, or the file)."""
     file = Path(path) / "masks.pt" if Path(path).is_dir() else Path(path)
     try:
         saved = torch.load(file, map_location=device, weights_only=True)
@@ -290,6 +342,13 @@ def load_masks(path: str, shapes: dict[str, torch.Size], device) -> dict[str, St
         raise BenchError(f"--masks-from {path}: cannot read {file} ({why[:200]})") from None
     if not isinstance(saved, dict):
         raise BenchError(f"--masks-from {file}: not a mapping of layer names to masks")
+    return file, saved
+
+
+def load_masks(path: str, shapes: dict[str, torch.Size], device) -> dict[str, StructuredMask]:
+    """The conv masks a run saved (its folder's masks.pt, or the file itself), one per name
+    of ``shapes`` (conv weight name -> its shape, checked)."""
+    file, saved = read_masks_file(path, device)
     masks = {}
     for name, shape in shapes.items():
         entry = saved.get(name)
@@ -314,7 +373,17 @@ def load_masks(path: str, shapes: dict[str, torch.Size], device) -> dict[str, St
 @dataclass
 class StructuredKeepSettings:
     """The structured sets' keep fractions, shared by PruneX and the pruning baselines so the
-    same flags give the same structure."""
+    same flags give the same structure: a settings class inherits them. The conv keeps prune
+    each conv weight's output filters, input channels and kernel positions; the head and MLP
+    keeps prune each attention block's heads and each MLP's hidden neurons. Without any keep,
+    ``channel_keep`` is 0.5.
+
+    Example::
+
+        @dataclass
+        class MyPruningSettings(StructuredKeepSettings, PackingSettings):
+            prune_at: float = option(0.5, "fraction trained dense first", check=FRACTION)
+    """
 
     filter_keep: float | None = option(
         None, "fraction of output filters kept per conv", check=FRACTION
@@ -328,6 +397,17 @@ class StructuredKeepSettings:
     shape_keep: float | None = option(
         None, "fraction of kernel positions kept per conv", check=FRACTION
     )
+    head_keep: float | None = option(
+        None,
+        "fraction of attention heads kept per attention block (a head: its q, k, v rows and "
+        "the output projection's columns that read it)",
+        check=FRACTION,
+    )
+    mlp_keep: float | None = option(
+        None,
+        "fraction of hidden neurons kept per MLP (a neuron: fc1's row and bias, fc2's column)",
+        check=FRACTION,
+    )
     masks_from: str | None = option(
         None,
         "start from a run's masks (its folder or masks.pt), frozen",
@@ -335,13 +415,13 @@ class StructuredKeepSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.filter_keep is None and self.channel_keep is None and self.shape_keep is None:
+        if all(value is None for value in self.keeps.values()):
             self.channel_keep = DEFAULT_CHANNEL_KEEP
 
     def check_model(self, model: nn.Module) -> None:
         """Before any rank starts: ``--masks-from`` is readable and fits ``model``'s convs
         (shapes only: ``model`` may live on the meta device)."""
-        if self.masks_from is not None:
+        if self.masks_from is not None and not (self.head_keep or self.mlp_keep):
             load_masks(self.masks_from, conv_shapes(model), "cpu")
 
     @property
@@ -350,6 +430,8 @@ class StructuredKeepSettings:
             "filter_keep": self.filter_keep,
             "channel_keep": self.channel_keep,
             "shape_keep": self.shape_keep,
+            "head_keep": self.head_keep,
+            "mlp_keep": self.mlp_keep,
         }
 
 

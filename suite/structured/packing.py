@@ -38,7 +38,13 @@ Keep = StructuredMask | tuple[torch.Tensor | None, torch.Tensor | None] | None
 @dataclass
 class PackingSettings:
     """How leaders pack the inter-node exchange: shared by PruneX and the pruning baselines,
-    so the same flags give the same bytes."""
+    so the same flags give the same bytes (``--pack``, ``--bucket-mb``); a settings class
+    inherits it, and ``StructuredRound`` reads it.
+
+    Example::
+
+        StructuredRound(ctx, ctx.model, ctx.settings, keeps=ctx.settings.keeps)
+    """
 
     pack: Literal["live", "dense-masks"] = option(
         "live",
@@ -72,16 +78,24 @@ def packed_numel(shape: tuple[int, ...] | torch.Size, keep: Keep) -> int:
 
 
 def model_entries(
-    model: torch.nn.Module, masks: dict[str, StructuredMask], live: LiveSlices | None = None
+    model: torch.nn.Module,
+    masks: dict[str, StructuredMask],
+    live: LiveSlices | None = None,
+    unit_keeps: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] | None = None,
 ) -> list[tuple[str, torch.Size, Keep]]:
     """What a method packs of ``model``: every trainable parameter, then every float buffer
     (BN statistics), each under a key of this module's own (``pack_model`` and
     ``unpack_model`` take and give names in the model). Without ``live``, conv weights send their
-    mask's block and the rest goes whole (``--pack dense-masks``); with it, every tensor
-    sends its live slices (``--pack live``)."""
+    mask's block, the members of pruned heads and neurons their kept rows or columns
+    (``unit_keeps``), and the rest goes whole (``--pack dense-masks``); with it, every tensor
+    sends its live slices (``--pack live``, which already leaves pruned units out)."""
+    unit_keeps = unit_keeps or {}
 
     def keep(name: str) -> Keep:
-        return masks.get(name) if live is None else live.of(name)
+        if live is not None:
+            return live.of(name)
+        mask = masks.get(name)
+        return mask if isinstance(mask, StructuredMask) else unit_keeps.get(name)
 
     params = [
         (_PARAM + name, p.shape, keep(name))

@@ -8,6 +8,11 @@ the packing keys stay inside :mod:`suite.structured.packing`.
 
 The method decides *what* goes in (PruneX: z_i + v_i; the baselines: the node mean) and
 *when* masks change (PruneX: projection each round until the freeze; GMP: a schedule).
+
+The structured sets are each conv weight's filters, input channels and kernel positions
+(:mod:`.masks`), and, with ``--head-keep``/``--mlp-keep``, each attention block's heads and
+each MLP's hidden neurons (:mod:`.units`). One dict holds both kinds of mask: a conv's under
+its weight's name, a group's under its key (``blocks.0.attn#heads``).
 """
 
 from __future__ import annotations
@@ -18,79 +23,187 @@ import torch
 from torch import nn
 
 from suite.cluster import phases
+from suite.plugins.method import RunContext
 from suite.structured.groups import trace_channel_groups
 from suite.structured.liveness import LiveSlices, live_slices
 from suite.structured.masks import (
+    CONV_KEEPS,
     StructuredMask,
     conv_shapes,
-    density_of,
     load_masks,
     mask_artifact,
     mask_drift,
     or_across_nodes,
+    project,
 )
 from suite.structured.packing import PackingSettings, PackLayout, model_entries
+from suite.structured.units import (
+    KINDS,
+    UnitGroup,
+    UnitMask,
+    apply_units,
+    element_mask,
+    kept_positions,
+    load_unit_masks,
+    project_units,
+    trace_unit_groups,
+)
 
 __all__ = ["StructuredRound", "WIRE_DTYPES"]
 
 #: ``--wire-dtype`` names
 WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""``--wire-dtype`` name -> the dtype the packed inter-node buffers are sent in."""
 
 
 class StructuredRound:
     """Masks, live slices, support and packed exchange of one method's ``model``.
 
-    ``packing`` None: no inter-node exchange (PruneX's flat ablation), masks and support only.
-    ``wire_dtype``: dtype of the inter-node buffers (fp32 math on both ends). ``sharded``:
-    every local rank all-reduces 1/P of each bucket with its peers (Horovod-style) instead of
-    one leader per node.
+    Args:
+        ctx: the method's run context.
+        model: the model whose tensors are masked and exchanged.
+        packing: the packing settings; None: no inter-node exchange (PruneX's flat ablation),
+            masks and support only.
+        keeps: the structured sets' keep fractions (``StructuredKeepSettings.keeps``); the
+            model's heads and neurons are traced only when their keep is given.
+        hierarchical: leaders OR the masks between nodes (else every rank projected the same
+            tensor).
+        wire_dtype: dtype of the inter-node buffers (fp32 math on both ends).
+        sharded: every local rank all-reduces 1/P of each bucket with its peers
+            (Horovod-style) instead of one leader per node.
+
+    Example::
+
+        structure = StructuredRound(ctx, ctx.model, ctx.settings, keeps=ctx.settings.keeps)
+        masks = structure.select(node_mean, keeps)      # magnitude masks of the node mean
+        structure.agree(masks)                          # eq. (14): OR between nodes
+        z, buffers = structure.exchange(node_mean, bn_buffers)  # packed AVG between nodes
     """
 
     def __init__(
         self,
-        ctx,
+        ctx: RunContext,
         model: nn.Module,
         packing: PackingSettings | None,
         *,
+        keeps: dict[str, float | None] | None = None,
         hierarchical: bool = True,
         wire_dtype: torch.dtype = torch.float32,
         sharded: bool = False,
     ):
         self.ctx = ctx
         self.model = model
+        self.keeps = dict(keeps or {})
         self.hierarchical = hierarchical
         self.wire_dtype = wire_dtype
         self.sharded = sharded
         self.bucket_bytes = int(packing.bucket_mb * 2**20) if packing is not None else None
         self.shapes = conv_shapes(model)  # the constrained conv weights, in parameter order
+        self.param_shapes = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
+        self.unit_groups: list[UnitGroup] = (
+            [g for g in trace_unit_groups(model, ctx.example_input())
+             if self.keeps.get(g.keep_option) is not None]
+            if any(self.keeps.get(option) is not None for option in KINDS.values())
+            else []
+        )  # fmt: skip
         self.channel_groups = (
             trace_channel_groups(model, ctx.example_input())
             if packing is not None and packing.pack == "live"
             else None
         )
+        # the peers' groups are made now, by every rank (creating a group is collective)
+        self.peers = ctx.topology.peers if sharded else None
         self.support: dict[str, torch.Tensor] = {}  # dense masks theta is kept on
-        self.use_masks(
-            {n: StructuredMask.full(s, device=ctx.device) for n, s in self.shapes.items()}
-        )
+        self.use_masks({
+            **{n: StructuredMask.full(s, device=ctx.device) for n, s in self.shapes.items()},
+            **{g.key: UnitMask.full(g.units, device=ctx.device) for g in self.unit_groups},
+        })  # fmt: skip
+
+    def process_groups(self) -> list:
+        """The groups this round made beside the topology's (the sharded leaders' peers)."""
+        return [self.peers.pg] if self.peers is not None else []
 
     # ------------------------------------------------------------------ masks
-    def use_masks(self, masks: dict[str, StructuredMask]) -> None:
+    def use_masks(self, masks: dict) -> None:
         """New agreed masks: their live slices (``--pack live``) and the per-tensor element
         masks of the dead slices; the pack layout and its buffers are rebuilt on next use."""
         self.masks = masks
         # read once per mask change (a host sync each), not every round
         self.densities = {n: m.density() for n, m in masks.items()}
-        self.overall_density = density_of(masks)
+        self.overall_density = self._density()
         self.layout: PackLayout | None = None
         self.fixed_buffers: list[torch.Tensor] | None = None
         self.live: LiveSlices | None = None
         self.live_elements: dict[str, torch.Tensor] = {}
         if self.channel_groups is not None:
             self.live = live_slices(self.model, self.channel_groups, masks)
-            shapes = {n: p.shape for n, p in self.model.named_parameters() if p.requires_grad}
-            self.live_elements = self.live.partial_masks(shapes, device=self.ctx.device)
+            for group in self.unit_groups:  # a pruned head's or neuron's slices are dead
+                self.live = self.live.restricted(kept_positions(group, masks[group.key]))
+            self.live_elements = self.live.partial_masks(self.param_shapes, device=self.ctx.device)
 
-    def agree(self, local: dict[str, StructuredMask]) -> int:
+    def _density(self) -> float:
+        """Fraction of the pruned tensors' elements the masks keep (1.0 without masks): the
+        conv weights when a conv set has a keep, the members of heads and neurons."""
+        conv_pruned = any(self.keeps.get(k) is not None for k in CONV_KEEPS) or not self.keeps
+        total = kept = 0.0
+        for name, mask in self.masks.items():
+            if isinstance(mask, StructuredMask):
+                if not conv_pruned:
+                    continue
+                n = math.prod(mask.weight_shape)
+            else:
+                n = self.group(name).numel(self.param_shapes)
+            total += n
+            kept += self.densities[name] * n
+        return kept / total if total else 1.0
+
+    def group(self, key: str) -> UnitGroup:
+        return next(g for g in self.unit_groups if g.key == key)
+
+    def structured_bits(self) -> int:
+        """Group bits of the sets that have a keep (what the mask drift is counted against)."""
+        bits = 0
+        for mask in self.masks.values():
+            if isinstance(mask, StructuredMask):
+                bits += sum(n for n, k in zip(mask.set_sizes(), CONV_KEEPS)
+                            if self.keeps.get(k) is not None)  # fmt: skip
+            else:
+                bits += mask.set_sizes()[0]
+        return bits
+
+    # ------------------------------------------------------------------ projection
+    def project(
+        self, tensors: dict[str, torch.Tensor], keeps: dict[str, float | None] | None = None
+    ) -> dict:
+        """Pi_S of eq. (10) over every structured set, in place: each conv weight onto its
+        filter/channel/shape sets, each group onto its kept heads or neurons (``keeps``:
+        default this round's). Returns the masks chosen."""
+        keeps = self.keeps if keeps is None else keeps
+        conv = {k: keeps.get(k) for k in CONV_KEEPS}
+        masks = {}
+        for name in self.shapes:
+            _, masks[name] = project(tensors[name], **conv, in_place=True)
+        for group in self.unit_groups:
+            masks[group.key] = project_units(group, tensors, keeps.get(group.keep_option))
+        return masks
+
+    def select(
+        self, tensors: dict[str, torch.Tensor], keeps: dict[str, float | None] | None = None
+    ) -> dict:
+        """The masks :meth:`project` would choose, ``tensors`` untouched."""
+        names = [*self.shapes, *(s.param for g in self.unit_groups for s in g.slices)]
+        return self.project({n: tensors[n].clone() for n in dict.fromkeys(names)}, keeps)
+
+    @torch.no_grad()
+    def apply(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Zero what the agreed masks prune, in place (the frozen masks of Alg. 1 line 11)."""
+        for name, mask in self.masks.items():
+            if isinstance(mask, StructuredMask):
+                tensors[name].masked_fill_(~mask.dense(), 0)
+            else:
+                apply_units(self.group(name), mask, tensors)
+
+    def agree(self, local: dict) -> int:
         """Eq. (14): the leaders OR their nodes' masks and broadcast the union in the node
         (one node: every rank projected the same tensor). Adopts the result; returns how
         many group bits changed."""
@@ -103,9 +216,10 @@ class StructuredRound:
                 self.use_masks(agreed)
         return drift
 
-    def load(self, path: str) -> dict[str, StructuredMask]:
+    def load(self, path: str) -> dict:
         """A run's saved masks (``--masks-from``), checked against this model."""
-        return load_masks(path, self.shapes, self.ctx.device)
+        return {**load_masks(path, self.shapes, self.ctx.device),
+                **load_unit_masks(path, self.unit_groups, self.ctx.device)}  # fmt: skip
 
     def density(self) -> float:
         return self.overall_density
@@ -116,7 +230,9 @@ class StructuredRound:
     def load_mask_state(self, state: dict) -> None:
         """Masks from a checkpoint; the support is restricted again by the caller if the
         run had restricted it."""
-        self.use_masks({n: StructuredMask.from_state(m, self.ctx.device) for n, m in state.items()})
+        kinds = {g.key: UnitMask for g in self.unit_groups}
+        self.use_masks({n: kinds.get(n, StructuredMask).from_state(m, self.ctx.device)
+                        for n, m in state.items()})  # fmt: skip
         self.support = {}
 
     def artifacts(self) -> dict:
@@ -139,7 +255,14 @@ class StructuredRound:
         """Training from here on is on the support: the masks, less the dead slices. Zeroes
         theta, its momentum and the tensors of ``also`` (PruneX's u) off it; ``keep`` holds
         theta there after every local step."""
-        support = {name: mask.dense() for name, mask in self.masks.items()}
+        support = {name: mask.dense() for name, mask in self.masks.items()
+                   if isinstance(mask, StructuredMask)}  # fmt: skip
+        for group in self.unit_groups:
+            mask = self.masks[group.key]
+            for part in group.slices:
+                keep = element_mask(group, mask, part.param, self.param_shapes[part.param],
+                                    self.ctx.device)  # fmt: skip
+                support[part.param] = keep & support[part.param] if part.param in support else keep
         for name, keep in self.live_elements.items():
             support[name] = keep & support[name] if name in support else keep
         self.support = {}
@@ -159,6 +282,15 @@ class StructuredRound:
         if self.support:
             names = list(self.support)
             torch._foreach_mul_([params[n] for n in names], [self.support[n] for n in names])
+
+    def unit_keeps(self) -> dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Member tensor -> its kept (rows, cols) under the unit masks (``--pack
+        dense-masks``: a pruned head's or neuron's slices are not sent either)."""
+        keeps: dict[str, list] = {}
+        for group in self.unit_groups:
+            for param, (dim, positions) in kept_positions(group, self.masks[group.key]).items():
+                keeps.setdefault(param, [None, None])[dim] = positions
+        return {param: (rows, cols) for param, (rows, cols) in keeps.items()}
 
     # ------------------------------------------------------------------ exchange
     @property
@@ -193,7 +325,8 @@ class StructuredRound:
         with rec.phase(phases.PACK):  # a new layout when the masks changed, its buckets
             if self.layout is None:
                 self.layout = PackLayout(
-                    model_entries(self.model, self.masks, live=self.live),
+                    model_entries(self.model, self.masks, live=self.live,
+                                  unit_keeps=self.unit_keeps()),
                     bucket_bytes=self.bucket_bytes,
                     device=self.ctx.device,
                 )
@@ -246,6 +379,6 @@ class StructuredRound:
         padded = torch.zeros(chunk * procs, dtype=bucket.dtype, device=bucket.device)
         padded[:n] = bucket
         shard = padded[topo.local_rank * chunk : (topo.local_rank + 1) * chunk]
-        self._average_between_nodes(shard, topo.peers)
+        self._average_between_nodes(shard, self.peers)
         gathered = self.ctx.comm.all_gather(shard, topo.intra, phase=phases.INTRA_ALLGATHER)
         bucket.copy_(gathered.reshape(-1)[:n])

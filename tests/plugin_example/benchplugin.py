@@ -21,6 +21,7 @@ from suite.api import (
     StepResult,
     average_buffers_for_eval,
     broadcast_initial_state,
+    crosses_nodes_every_round,
     declare_phase,
     flatten,
     option,
@@ -82,6 +83,7 @@ class ScaledSGD(Method):
     "Synchronous SGD with scaled averaged gradients (a plugin)",
     settings=ScaledSGDSettings,
     look=Look("Scaled SGD", "#117733", "d"),
+    activity=crosses_nodes_every_round,  # `bench compare` fails a run that never sent
 )
 def make_scaled_sgd(ctx: RunContext) -> ScaledSGD:
     return ScaledSGD(ctx)

@@ -1,0 +1,81 @@
+"""The full configuration of one run: what the CLI parsed, what every rank receives,
+and what the manifest records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from suite.errors import BenchError
+
+
+@dataclass
+class RunConfig:
+    method: str = "prunex"
+    workload: str = "cnn-fmnist"
+    dataset: str | None = None  # None: the workload's default
+    data_dir: str | None = None
+    download: bool = False
+    gpus: int = 4
+    gpus_per_node: int | None = None  # None: discovered (torchrun/SLURM) or local default
+    launcher: str = "local"
+    device: str = "auto"  # auto | cpu | cuda
+    iterations: int | None = None
+    epochs: float | None = None
+    eval_every: int | None = None
+    bn_recalibrate: int = 0  # training batches per rank that re-estimate BN stats before an eval
+    target_accuracy: float | None = None
+    tensorboard: bool = False  # rank 0 writes TensorBoard events to <run folder>/tensorboard
+    seed: int = 0
+    results_dir: str = "results"
+    run_id: str | None = None
+    tag: str | None = None
+    # recipe overrides (None: the workload's recipe)
+    batch_size: int | None = None
+    lr: float | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    lr_schedule: str | None = None
+    warmup_epochs: float | None = None
+    synthetic_size: tuple[int, int] = (4096, 1024)
+    # loopback, or emulated nodes with rate-limited inter-node links (suite.cluster.netemu)
+    network: str = "loopback"
+    inter_bw: str | None = None
+    # reliability: checkpoints, resume, restarts, how long a collective may wait
+    checkpoint_every: int | None = None  # iterations between checkpoints
+    checkpoint_minutes: float | None = None  # minutes between checkpoints (rank 0's clock)
+    resume: bool = False  # continue the run folder from its latest complete checkpoint
+    overwrite: bool = False  # empty an existing run folder of the same run id first
+    max_restarts: int = 0  # torch elastic restarts of all ranks after a rank dies
+    collective_timeout: float = 300.0  # seconds a collective waits for a peer
+    # method options, keyed by option name (e.g. "channel_keep"); methods read what they use
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_flags(cls, flags: dict, options: dict, gpus: int) -> RunConfig:
+        """The configuration of parsed ``bench run``/``sweep``/``sim`` flags (or an experiment
+        file's values): ``flags`` holds RunConfig fields by name, ``options`` the method's
+        options, ``gpus`` the rank count."""
+        fields = dict(flags)
+        fields["download"] = bool(fields.get("download"))
+        fields["tensorboard"] = bool(fields.get("tensorboard"))
+        if fields.get("synthetic_size") is None:
+            fields.pop("synthetic_size", None)
+        else:
+            size = tuple(fields["synthetic_size"])
+            if len(size) != 2:
+                raise BenchError(
+                    f"--synthetic-size takes TRAIN,TEST, got {','.join(map(str, size))}"
+                )
+            fields["synthetic_size"] = size
+        return cls(options=options, gpus=gpus, **fields)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        data = json.loads(text)
+        data["synthetic_size"] = tuple(data.get("synthetic_size", (4096, 1024)))
+        return cls(**data)

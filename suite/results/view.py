@@ -1,0 +1,215 @@
+"""A run folder as every reader sees it: ``bench report``, ``bench compare`` and the activity
+checks read a run through :class:`RunView` (its summary and manifest read once, its tables on
+demand, damaged files listed instead of raised), so they agree on what a run is."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from suite.errors import BenchError
+from suite.results import schema
+from suite.results.folder import MANIFEST, SUMMARY, RunFolder, setting_of
+from suite.results.machine import machine_class
+
+
+@dataclass
+class RunView:
+    """One run folder, read: what an activity check is given (``fn(run: RunView)``).
+
+    Attributes:
+        folder: the run folder.
+        summary: its ``summary.json``.
+        manifest: its ``manifest.json`` ({} when unreadable).
+        dense_bytes: set by ``bench compare`` for the activity checks: DDP's inter-node bytes
+            per iteration in the same result set (same workload, ranks and machine class),
+            the dense exchange a method is measured against (None when the set has none).
+        unreadable: files that could not be read, with the reason.
+
+    Example::
+
+        def sends_little(run: RunView) -> list[str]:
+            if run.dense_bytes and run.bytes_per_iteration > 0.1 * run.dense_bytes:
+                return ["sent more than a tenth of DDP's bytes"]
+            return []
+    """
+
+    folder: Path
+    summary: dict
+    manifest: dict = field(default_factory=dict)
+    dense_bytes: float | None = None
+    #: files that could not be read, with the reason (a report lists them and goes on)
+    unreadable: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, folder: str | Path) -> RunView:
+        """The run in ``folder``; raises BenchError when its summary cannot be read. A
+        summary written before the run's identity was recorded takes it from the manifest."""
+        run = RunFolder(folder)
+        try:
+            summary = run.summary()
+        except (OSError, ValueError) as exc:
+            raise BenchError(f"{run.path}: unreadable {SUMMARY} ({type(exc).__name__})") from None
+        if summary is None:
+            raise BenchError(f"{run.path}: no {SUMMARY}")
+        view = cls(run.path, summary)
+        try:
+            view.manifest = run.manifest() or {}
+        except (OSError, ValueError) as exc:
+            view.unreadable.append(f"{run.path / MANIFEST}: {type(exc).__name__}")
+        if summary.get(schema.METHOD) is None:  # killed before its identity was recorded
+            known = identity_from_manifest(view.manifest)
+            summary.update({k: v for k, v in known.items() if summary.get(k) is None})
+        return view
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.summary.get(schema.RUN_ID) or self.folder.name
+
+    @property
+    def method(self) -> str:
+        return self.summary[schema.METHOD]
+
+    @property
+    def status(self) -> str | None:
+        return self.summary.get(schema.STATUS)
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.summary.get(schema.SIMULATED))
+
+    @property
+    def settings(self) -> dict:
+        """The method's resolved settings (the manifest's ``method_settings``: every option
+        with its default filled in, and what the method derived)."""
+        return self.manifest.get("method_settings") or {}
+
+    @property
+    def given_options(self) -> dict:
+        """The method options the run was given (flags, experiment file)."""
+        return self.summary.get(schema.OPTIONS) or {}
+
+    def configuration(self, declared: dict | None) -> dict:
+        """The options that make the run's configuration, for matching runs: its resolved
+        settings (every option with its default filled in, and what the method derived from
+        them, as the manifest records them) less those at the default ``declared`` by the
+        method now (option -> default). So a default spelled out and one left out are the
+        same configuration, and an option added later at its default changes no run's
+        identity. Without declarations (the method is not installed here) or resolved
+        settings (a run recorded before manifests held them): the options it was given."""
+        resolved = self.settings
+        if declared is None or not resolved:
+            return dict(sorted(self.given_options.items()))
+        return {k: v for k, v in sorted(resolved.items()) if k not in declared or v != declared[k]}
+
+    def shown_options(self, declared: dict | None) -> dict:
+        """:meth:`configuration` as a label shows it: without what the method derived on its
+        own (an option declared without a default that the run was not given, e.g. PruneX's
+        rho1 from its round pull)."""
+        given = self.given_options
+        return {k: v for k, v in self.configuration(declared).items()
+                if k in given or declared is None or declared.get(k, 0) is not None}  # fmt: skip
+
+    @property
+    def machine_class(self) -> str:
+        """The kind of machine the numbers come from (``-`` without a manifest)."""
+        return machine_class(self.manifest) if self.manifest else "-"
+
+    @property
+    def setting(self) -> str:
+        """``real``, ``emulated RATE`` or ``sim PROFILE``: where the run's times come from."""
+        return setting_of(self.summary, self.manifest)
+
+    @property
+    def recipe(self) -> dict:
+        return self.manifest.get("recipe") or {}
+
+    @property
+    def epochs(self) -> float | None:
+        return self.summary.get(schema.EPOCHS)
+
+    # -- numbers ----------------------------------------------------------------------------
+    @property
+    def final_train_loss(self) -> float | None:
+        """The summary's, or for a run summarized before it existed, from its rows."""
+        if schema.FINAL_TRAIN_LOSS in self.summary:
+            return self.summary[schema.FINAL_TRAIN_LOSS]
+        from suite.results.summary import final_train_loss
+
+        frame = self.table("iterations")
+        return None if frame is None else final_train_loss(frame)
+
+    @property
+    def bytes_per_iteration(self) -> float:
+        return float(self.summary.get(schema.INTER_NODE_BYTES_PER_ITERATION) or 0.0)
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        """``iterations``, ``evals`` or ``layers`` as written (None: absent or unreadable)."""
+        return self._tables.get(name)
+
+    @cached_property
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        tables = {}
+        for name in ("iterations", "evals", "layers"):
+            path = self.folder / f"{name}.parquet"
+            if path.exists():
+                try:
+                    tables[name] = pd.read_parquet(path)
+                except Exception as exc:  # pyarrow raises several kinds for a damaged file
+                    self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
+        return tables
+
+    @cached_property
+    def iterations(self) -> pd.DataFrame:
+        """Per iteration, the mean over ranks of every numeric column (raises when the run
+        has no readable iterations table: an activity check reports that as a finding)."""
+        frame = self.table("iterations")
+        if frame is None:
+            raise FileNotFoundError(f"{self.folder / 'iterations.parquet'} is missing or damaged")
+        return frame.groupby(schema.ITERATION).mean(numeric_only=True).reset_index()
+
+    @cached_property
+    def export(self) -> dict | None:
+        """``export.json`` of ``bench export`` (the physically smaller model), if any."""
+        path = self.folder / "export.json"
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
+            return None
+
+
+def identity_from_manifest(manifest: dict) -> dict:
+    """The identity keys of a run, from its manifest (for summaries written before them)."""
+    config = manifest.get("config") or {}
+    topology = manifest.get("topology") or {}
+    return {
+        schema.RUN_ID: manifest.get("run_id"),
+        schema.METHOD: config.get("method"),
+        schema.WORKLOAD: config.get("workload"),
+        schema.DATASET: config.get("dataset"),
+        schema.GPUS: topology.get("world_size", config.get("gpus")),
+        schema.GPUS_PER_NODE: topology.get("gpus_per_node", config.get("gpus_per_node")),
+        schema.OPTIONS: config.get("options"),
+        schema.SEED: config.get("seed"),
+    }
+
+
+def run_folders(root: str | Path) -> list[Path]:
+    """``root`` if it is a run folder, else every run folder under it, sorted."""
+    root = Path(root)
+    if (root / SUMMARY).exists():
+        return [root]
+    return [path.parent for path in sorted(root.rglob(SUMMARY))]
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else ""

@@ -1,0 +1,158 @@
+"""The house's floor plan, read from the AST of every module (function-local imports
+included): no import cycle between files or between sub-packages, the framework's
+sub-packages only import downward in the order of ``LAYERS``, and the framework never imports
+a plugin (the built-ins included: they are found through entry points)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("suite", "methods", "baselines", "workloads")
+#: the framework's rooms, bottom first: a module may import its own room and those below it
+LAYERS = [
+    "suite.errors",
+    "suite.config",
+    "suite.processes",
+    "suite.results",
+    "suite.data",
+    "suite.cluster",
+    "suite.plugins",
+    "suite.structured",
+    "suite.api",
+    "suite.run",
+    "suite.launchers",
+    "suite.sim",
+    "suite.report",
+    "suite.commands",
+    "suite.cli",
+]
+PLUGINS = ("methods", "baselines", "workloads")
+
+
+def module_name(path: Path, root: Path = REPO) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``from a.b import c`` counts ``a.b.c`` when
+    that is a module, else ``a.b``; a package's own submodules are not edges of it)."""
+    modules = {module_name(p, root): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in map(resolve, targets):
+                if target and target != name and not name.startswith(f"{target}."):
+                    edges.add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in graph.get(node, ()):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def room(module: str) -> str:
+    """The sub-package (``suite.run``), top-level module (``suite.cli``) or plugin package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "suite" and len(parts) > 1 else parts[0]
+
+
+def rooms_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room(module), set()).update(
+            room(t) for t in targets if room(t) != room(module)
+        )
+    return rooms
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = room(module)
+        for target in sorted(targets):
+            there = room(target)
+            if here.startswith("suite") and there in PLUGINS:
+                found.append(f"{module} imports the plugin {target}")
+            elif here in LAYERS and there in LAYERS and LAYERS.index(there) > LAYERS.index(here):
+                found.append(f"{module} ({here}) imports {target} ({there}), a room above it")
+    return found
+
+
+def test_no_import_cycle_between_files():
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_cycle_between_sub_packages():
+    assert cycles(rooms_graph(import_graph())) == []
+
+
+def test_the_framework_imports_only_downward_and_no_plugin():
+    graph = import_graph()
+    unknown = {room(m) for m in graph if m.startswith("suite.")} - set(LAYERS)
+    assert not unknown, f"place the new room(s) {sorted(unknown)} in LAYERS"
+    assert upward_imports(graph) == []
+
+
+def test_the_checks_see_what_they_forbid(tmp_path):
+    for path, text in {
+        "suite/__init__.py": "",
+        "suite/cluster/__init__.py": "",
+        "suite/cluster/a.py": "def f():\n    from suite.run.b import g\n",
+        "suite/run/__init__.py": "",
+        "suite/run/b.py": "from suite.cluster.a import f\nimport methods.x\n",
+        "methods/__init__.py": "",
+        "methods/x.py": "",
+    }.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == [["suite.cluster.a", "suite.run.b"]]
+    assert cycles(rooms_graph(graph)) == [["suite.cluster", "suite.run"]]
+    assert upward_imports(graph) == [
+        "suite.cluster.a (suite.cluster) imports suite.run.b (suite.run), a room above it",
+        "suite.run.b imports the plugin methods.x",
+    ]
