@@ -15,6 +15,14 @@ def tests(session):
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 
 
+@nox.session(python=False)
+def benchmarks(session):
+    """Every benchmarks/ script once on its smallest real configuration (--smoke): minutes
+    of CPU, so apart from the fast suite; CI runs both."""
+    session.run("python", "-m", "pytest", "-q", "-m", "benchmarks", "-rs",
+                "tests/test_benchmarks.py", *session.posargs)
+
+
 #: ``nox -s gpu -- --part N``: the GPU checks in parts that each fit a short GPU job (a borrowed
 #: machine's 10-minute command, a CI job's limit), run in this order; ``nox -s gpu`` runs all.
 #: The minutes are estimates for one H100 (process start, CUDA init and data on each run).
@@ -25,7 +33,7 @@ GPU_PARTS = {
           "all-reduce time against calibrated bandwidth (4 GPUs)", 7),
     "3": ("measure: every method, one rank per GPU on NCCL -> benchmarks/measured/", 6),
     "4": ("measure: every method, 2 x 2 ranks sharing the GPUs -> benchmarks/measured/", 6),
-}  # fmt: skip
+}
 
 
 @nox.session(python=False)
@@ -52,13 +60,13 @@ def gpu(session):
         session.log(f"part {part}: {GPU_PARTS[part][0]} (about {GPU_PARTS[part][1]} min)")
         if part in ("1", "2"):
             tests = {"1": "tests/gpu/test_part1_every_method.py",
-                     "2": "tests/gpu/test_part2_nccl.py"}[part]  # fmt: skip
+                     "2": "tests/gpu/test_part2_nccl.py"}[part]
             session.run("python", "-m", "pytest", "-q", "-m", "gpu", "-rs", tests, *args,
-                        env=env)  # fmt: skip
+                        env=env)
         else:
             layout = {"3": "nccl", "4": "shared"}[part]
             session.run("python", "benchmarks/gpu_steps.py", "--layout", layout, "-o",
-                        f"{out}/gpu_steps_{device}_{layout}.md", env=env)  # fmt: skip
+                        f"{out}/gpu_steps_{device}_{layout}.md", env=env)
 
 
 @nox.session(python=False)
@@ -75,7 +83,7 @@ def smoke(session):
         session.run("bench", "run", "--method", method, "--workload", "cnn-fmnist",
                     "--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2",
                     "--iterations", "4", "--local-steps", "2", "--results-dir",
-                    results)  # fmt: skip
+                    results)
     session.run("bench", "report", results, "-o", report)
 
 
@@ -88,7 +96,7 @@ REFERENCE = "results/reference"
 # local steps, so PruneX's masks settle and freeze within it (its evaluated consensus is only
 # meaningful once they do)
 NIGHTLY = ["--workload", "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--epochs", "0.1",
-           "--eval-every", "100000", "--local-steps", "4"]  # fmt: skip
+           "--eval-every", "100000", "--local-steps", "4"]
 #: what the gate judges: the final training loss (a tenth of an epoch resolves it: a kernel
 #: change moves it ~0.1 %, a regression tens of %), accuracy (coarsely: a kernel change moves
 #: it by points at this budget), inter-node bytes (exact), and time as a ratio to DDP's
@@ -108,7 +116,7 @@ def nightly_seeds() -> str:
 def sweep_nightly(session, results: str, *extra: str) -> None:
     """Every method of the nightly into ``results`` (a failed cell is counted by the gate)."""
     session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--seed", nightly_seeds(),
-                "--results-dir", results, *extra, success_codes=[0, 1])  # fmt: skip
+                "--results-dir", results, *extra, success_codes=[0, 1])
 
 
 def thresholds(results: str) -> dict:
@@ -120,7 +128,7 @@ def thresholds(results: str) -> dict:
     gate = gate_thresholds(REFERENCE, classes.pop()) if len(classes) == 1 else dict(DEFAULT_GATE)
     overrides = {"max_time_regression": "NIGHTLY_TIME_THRESHOLD",
                  "max_accuracy_drop": "NIGHTLY_ACCURACY_DROP",
-                 "max_loss_regression": "NIGHTLY_LOSS_THRESHOLD"}  # fmt: skip
+                 "max_loss_regression": "NIGHTLY_LOSS_THRESHOLD"}
     return {k: os.environ.get(overrides.get(k, ""), v) for k, v in gate.items()}
 
 
@@ -147,14 +155,14 @@ def nightly(session):
                "--max-regression", gate["max_regression"],
                "--max-time-regression", gate["max_time_regression"],
                "--max-accuracy-drop", str(gate["max_accuracy_drop"]),
-               "--max-loss-regression", gate["max_loss_regression"]]  # fmt: skip
+               "--max-loss-regression", gate["max_loss_regression"]]
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # the job summary gets the table
         with open(summary, "a") as page:
             subprocess.run([*compare, "--format", "markdown"], stdout=page)
     # both verdicts, whatever the first says: a failed gate still belongs in the history
     trend = ["bench", "trend", history, "--add", results, "--fail-on-last",
-             "--max-time-regression", gate["max_time_regression"]]  # fmt: skip
+             "--max-time-regression", gate["max_time_regression"]]
     failed = [" ".join(cmd[:2]) for cmd in (compare, trend) if subprocess.run(cmd).returncode]
     if failed:
         session.error(f"the nightly gate failed: {', '.join(failed)}")

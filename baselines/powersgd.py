@@ -104,7 +104,7 @@ class PowerSGD(DDPMethod):
         self.powersgd.iter = int(saved["iter"])
         for target, key in ((self.powersgd.error_dict, "error"),
                             (self.powersgd.p_memory_dict, "p"),
-                            (self.powersgd.q_memory_dict, "q")):  # fmt: skip
+                            (self.powersgd.q_memory_dict, "q")):
             target.clear()
             target.update({k: v.to(device) for k, v in saved[key].items()})
 
@@ -126,6 +126,6 @@ def compresses_after_start(run: RunView) -> list[str]:
     start = int(run.settings.get("start_powersgd_iter", 10))
     if run.summary.get("iterations", 0) <= start:
         return [f"ran {run.summary.get('iterations')} iterations, never past its vanilla "
-                f"all-reduce warm-up (--start-powersgd-iter {start})"]  # fmt: skip
+                f"all-reduce warm-up (--start-powersgd-iter {start})"]
     return sends_fraction_of_dense(run, 1e-6, 0.5, "PowerSGD after its start iteration",
-                                   after_iteration=start)  # fmt: skip
+                                   after_iteration=start)

@@ -47,7 +47,7 @@ class TopKSettings:
     topk_ratio: float = option(
         0.01, "fraction of each layer's gradient entries sent (values + int32 indices)",
         check=FRACTION,
-    )  # fmt: skip
+    )
 
 
 def pack(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ any gap to all-ones is capacity; if it beats PruneX, ADMM costs accuracy at this
 
     python benchmarks/capacity_control.py                         # after fair_comparison.py
     python benchmarks/capacity_control.py --prunex-runs results/x --results-dir results/cap
+    python benchmarks/capacity_control.py --smoke      # tiny: a PruneX run of its own if needed
 
 Prints (and writes ``capacity_control.md`` beside the results) accuracy mean +- 95 % interval
 per arm. Cells already recorded are skipped (``bench sweep``).
@@ -25,10 +26,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from runs import finished_runs, sweep
+from runs import SMOKE_DATA, SMOKE_RANKS, bench, finished_runs, mean_pm, output_folder, sweep
 
-from suite.report.tables import mean_pm
-from suite.results.stats import mean_ci
+from suite.api import mean_ci
 
 
 def same_setting(manifest: dict) -> list[str]:
@@ -41,9 +41,11 @@ def same_setting(manifest: dict) -> list[str]:
              "--lr-schedule", recipe["lr_schedule"], "--warmup-epochs",
              str(recipe["warmup_epochs"]), "--batch-size", str(recipe["batch_size"]),
              "--bn-recalibrate", str(config.get("bn_recalibrate", 0)),
-             "--device", config.get("device", "auto"), "--eval-every", "100000"]  # fmt: skip
+             "--device", config.get("device", "auto"), "--eval-every", "100000"]
     if config.get("dataset"):
         flags += ["--dataset", config["dataset"]]
+    if config.get("dataset") == "synthetic" and config.get("synthetic_size"):
+        flags += ["--synthetic-size", ",".join(map(str, config["synthetic_size"]))]
     settings = manifest.get("method_settings", {})
     for key in ("filter_keep", "channel_keep", "shape_keep", "local_steps", "local_epochs"):
         if settings.get(key) is not None:
@@ -58,10 +60,21 @@ def final_density(folder: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prunex-runs", default="results/fair_comparison/best")
-    parser.add_argument("--results-dir", default="results/capacity_control")
+    parser.add_argument("--prunex-runs", default=None,
+                        help="default: results/fair_comparison/best")
+    parser.add_argument("--results-dir", default=None, help="default: results/capacity_control")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest real configuration (synthetic data, 2 ranks, 2 "
+                        "rounds) into a temporary folder; without --prunex-runs, one tiny "
+                        "PruneX run of its own first")
     args = parser.parse_args()
-    root = Path(args.results_dir)
+    root = output_folder(args.results_dir, "results/capacity_control", args.smoke, "capacity")
+    if args.prunex_runs is None:
+        args.prunex_runs = str(root / "prunex") if args.smoke else "results/fair_comparison/best"
+        if args.smoke and not any(finished_runs(Path(args.prunex_runs), "prunex")):
+            bench("run", "--method", "prunex", *SMOKE_DATA, *SMOKE_RANKS, "--epochs", "0.25",
+                  "--local-steps", "1", "--eval-every", "100000",
+                  "--results-dir", args.prunex_runs)
     prunex = list(finished_runs(Path(args.prunex_runs), "prunex"))
     if not prunex:
         sys.exit(f"no finished prunex run under {args.prunex_runs}: run fair_comparison.py first")
@@ -71,7 +84,7 @@ def main() -> None:
         arms = {"masks-from": ["--masks-from", str(folder)], "all-ones": ["--prune-at", "1"]}
         rows.append({"arm": "prunex (z)", "seed": summary["seed"],
                      "accuracy": 100 * summary["final_accuracy"],
-                     "density": final_density(folder)})  # fmt: skip
+                     "density": final_density(folder)})
         for arm, extra in arms.items():
             out = root / arm
             sweep("--method", "prune-retrain", *flags, *extra, "--results-dir", str(out))
@@ -80,14 +93,14 @@ def main() -> None:
                 if s["seed"] == summary["seed"] and same_lr:
                     rows.append({"arm": arm, "seed": s["seed"],
                                  "accuracy": 100 * s["final_accuracy"],
-                                 "density": final_density(run)})  # fmt: skip
+                                 "density": final_density(run)})
     table = []
     frame = pd.DataFrame(rows).drop_duplicates(["arm", "seed"])
     for arm, group in frame.groupby("arm", sort=False):
         mean, half, n = mean_ci(group.accuracy)
         table.append({"arm": arm, "seeds": n,
                       "final accuracy %": mean_pm(mean, half, 2),
-                      "density": round(group.density.mean(), 3)})  # fmt: skip
+                      "density": round(group.density.mean(), 3)})
     setting = " ".join(same_setting(prunex[0][2]))  # every prunex run's, seeds aside
     text = f"{pd.DataFrame(table).to_markdown(index=False)}\n\nsetting: {setting}\n"
     print(text)

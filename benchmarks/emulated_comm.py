@@ -10,6 +10,7 @@ cross nodes. Times hold what a real system sees too: the first collective that c
 also waits for the later node. Needs root and iproute2; ~3 minutes. Run it alone.
 
     python benchmarks/emulated_comm.py --out /tmp/emulated-comm --inter-bw 200mbit
+    python benchmarks/emulated_comm.py --smoke   # prunex, 2 nodes x 1 rank, synthetic data
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from runs import bench, only_run
+from runs import SMOKE_DATA, bench, only_run, output_folder, smoke_defaults
 
 ROUNDS = ["--local-steps", "8", "--iterations", "12", "--freeze-round", "3"]
 METHODS = {  # method: (extra options, phases whose collectives cross nodes)
@@ -29,6 +30,10 @@ METHODS = {  # method: (extra options, phases whose collectives cross nodes)
     "ddp": (["--iterations", "60"], ("allreduce",)),
     "topk": (["--iterations", "60"], ("allgather", "allreduce")),
 }
+#: --smoke: PruneX alone, 3 rounds of 2 local steps, masks frozen from round 1, on 2 nodes of
+#: 1 rank and synthetic data; flags given with it win
+SMOKE_ROUNDS = ["--local-steps", "2", "--iterations", "3", "--freeze-round", "1"]
+SMOKE = {"methods": "prunex", "gpus": "2", "gpus_per_node": "1"}
 
 
 def inter_node_row(method: str, folder: Path, phases: tuple[str, ...]) -> dict:
@@ -54,21 +59,39 @@ def inter_node_row(method: str, folder: Path, phases: tuple[str, ...]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/emulated-comm")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/emulated-comm")
     parser.add_argument("--inter-bw", default="200mbit")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma list")
+    parser.add_argument("--gpus", default="4")
+    parser.add_argument("--gpus-per-node", default="2")
+    parser.add_argument("--smoke", action="store_true",
+                        help="prunex alone, 3 short rounds on 2 nodes x 1 rank and synthetic "
+                        "data, into a temporary folder")
     args = parser.parse_args()
-    out = Path(args.out)
+    if args.smoke:
+        smoke_defaults(args, SMOKE)
+    out = output_folder(args.out, "benchmarks/results/emulated-comm", args.smoke, "emulated")
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        parser.error(f"unknown method(s) {sorted(unknown)}; known: {', '.join(METHODS)}")
     table = []
-    for method, (extra, phases) in METHODS.items():
+    for method in args.methods.split(","):
+        extra, phases = METHODS[method]
+        if args.smoke:
+            rounds = SMOKE_ROUNDS if method.startswith("prunex") else ["--iterations", "3"]
+            extra = [*rounds, *SMOKE_DATA]
         results = out / method
         shutil.rmtree(results, ignore_errors=True)
-        bench("run", "--method", method, "--workload", "cnn-fmnist", "--gpus", "4",
-              "--gpus-per-node", "2", "--network", "emulated", "--inter-bw", args.inter_bw,
-              "--eval-every", "1000", "--results-dir", str(results), *extra)  # fmt: skip
+        bench("run", "--method", method, "--workload", "cnn-fmnist", "--gpus", args.gpus,
+              "--gpus-per-node", args.gpus_per_node, "--network", "emulated", "--inter-bw",
+              args.inter_bw, "--eval-every", "1000", "--results-dir", str(results),
+              *extra)
         table.append(inter_node_row(method, only_run(results), phases))
     frame = pd.DataFrame(table)
     frame.to_csv(out / "emulated_comm.csv", index=False)
-    print(f"2 nodes x 2 ranks, links shaped to {args.inter_bw}; leaders' inter-node collectives")
+    nodes = int(args.gpus) // int(args.gpus_per_node)
+    print(f"{nodes} nodes x {args.gpus_per_node} ranks, links shaped to {args.inter_bw}; "
+          "leaders' inter-node collectives")
     print(frame.to_markdown(index=False, floatfmt=".3f"))
 
 

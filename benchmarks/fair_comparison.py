@@ -9,6 +9,7 @@ then runs the remaining seeds. No method is tuned more than another.
     python benchmarks/fair_comparison.py --epochs 0.5 --seeds 0,1 --methods prunex,ddp
     python benchmarks/fair_comparison.py --workload resnet18-fmnist --methods localsgd-hier,prunex \
         --lrs 0.05 --seeds 0 --epochs 0.1 --local-steps 4 --warmup-epochs 0.01
+    python benchmarks/fair_comparison.py --smoke              # prunex alone, tiny, in a temp folder
 
 Flags the script does not know (``--local-steps 4``) go to every ``bench sweep`` as they are.
 
@@ -25,12 +26,15 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from runs import bench, run_table, sweep
+from runs import SMOKE_DATA, bench, mean_pm, output_folder, run_table, smoke_defaults, sweep
 
-from suite.report.tables import mean_pm
-from suite.results.stats import mean_ci
+from suite.api import mean_ci
 
 METHODS = "ddp,localsgd-hier,prunex,prunex-flat,gmp-hier,prune-retrain,topk,powersgd"
+#: --smoke: the smallest real configuration (2 rounds of 1 local step on 2 ranks, synthetic
+#: data); flags given with it win
+SMOKE = {"methods": "prunex", "gpus": "2", "gpus_per_node": "1", "epochs": "0.25",
+         "lrs": "0.05", "seeds": "0", "device": "cpu"}
 
 
 def main() -> None:
@@ -45,25 +49,31 @@ def main() -> None:
     parser.add_argument("--channel-keep", default="0.5")
     parser.add_argument("--bn-recalibrate", default="8")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--results-dir", default="results/fair_comparison")
+    parser.add_argument("--results-dir", default=None, help="default: results/fair_comparison")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest real configuration: prunex, 2 ranks, 2 rounds on "
+                        "synthetic data, into a temporary folder")
     args, passed_on = parser.parse_known_args()  # any other flag goes to every bench sweep
-    root = Path(args.results_dir)
+    if args.smoke:
+        smoke_defaults(args, SMOKE)
+        passed_on = [*SMOKE_DATA, "--local-steps", "1", *passed_on]
+    root = output_folder(args.results_dir, "results/fair_comparison", args.smoke, "fair")
     common = ["--workload", args.workload, "--gpus", args.gpus, "--gpus-per-node",
               args.gpus_per_node, "--epochs", args.epochs, "--channel-keep", args.channel_keep,
               "--bn-recalibrate", args.bn_recalibrate, "--device", args.device,
-              "--eval-every", "100000", *passed_on]  # fmt: skip
+              "--eval-every", "100000", *passed_on]
     methods = args.methods.split(",")
     seeds = args.seeds.split(",")
     for method in methods:  # the lr sweep, seed 0
         for lr in args.lrs.split(","):
             sweep("--method", method, "--lr", lr, "--seed", seeds[0], *common,
-                  "--results-dir", str(root / "lr_sweep"))  # fmt: skip
+                  "--results-dir", str(root / "lr_sweep"))
     swept = run_table(root / "lr_sweep")
     best = swept.loc[swept.groupby("method").accuracy.idxmax()].set_index("method").lr
     for method in methods:  # the other seeds at the method's best lr
         if method in best and len(seeds) > 1:
             sweep("--method", method, "--lr", str(best[method]), "--seed",
-                  ",".join(seeds[1:]), *common, "--results-dir", str(root / "seeds"))  # fmt: skip
+                  ",".join(seeds[1:]), *common, "--results-dir", str(root / "seeds"))
     final = pd.concat(
         [
             swept.merge(best.reset_index(), on=["method", "lr"]),
@@ -77,7 +87,7 @@ def main() -> None:
         rows.append({"method": method, "lr (best of sweep)": best[method], "seeds": n,
                      "final accuracy %": mean_pm(mean, half, 2),
                      "inter-node MB/epoch": round(group.inter_MB_per_epoch.mean(), 2),
-                     "samples/rank": int(group.samples_per_rank.mean())})  # fmt: skip
+                     "samples/rank": int(group.samples_per_rank.mean())})
     table = pd.DataFrame(rows).to_markdown(index=False)
     lr_table = swept.pivot_table(index="method", columns="lr", values="accuracy").round(2)
     lr_table = lr_table.reindex([m for m in methods if m in lr_table.index])

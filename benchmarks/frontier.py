@@ -8,6 +8,7 @@ seed 0, and the best lr on the other seeds. Nothing is tuned more for one arm th
 
     python benchmarks/frontier.py                                   # the whole grid
     python benchmarks/frontier.py --arms "prunex (sgd)" --keeps 0.5  # one cell of it
+    python benchmarks/frontier.py --smoke          # that cell, tiny, in a temporary folder
 
 Cells already recorded are skipped (``bench sweep``), so an interrupted measurement goes on
 where it stopped. Writes ``frontier.md`` (accuracy mean +- 95 % interval and inter-node MB per
@@ -23,10 +24,9 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from runs import bench, run_table, sweep
+from runs import SMOKE_DATA, bench, mean_pm, output_folder, run_table, smoke_defaults, sweep
 
-from suite.report.tables import mean_pm
-from suite.results.stats import mean_ci
+from suite.api import mean_ci
 
 #: arm label -> the flags that make it
 ARMS = {
@@ -39,11 +39,15 @@ ARMS = {
     "gmp-hier": ["--method", "gmp-hier"],
     "prune-retrain": ["--method", "prune-retrain"],
     "localsgd-hier": ["--method", "localsgd-hier"],
-}  # fmt: skip
+}
 #: arms whose keep does not matter (dense): run at one keep only
 DENSE = {"localsgd-hier"}
 #: the freeze arms are asked at keep 0.5 only
 KEEP_05_ONLY = {"prunex (sgd; freeze 0.1 ep)", "prunex (sgd; freeze 0.25 ep)"}
+#: --smoke: one cell at the smallest real configuration (2 rounds of 1 local step on 2
+#: ranks, synthetic data); flags given with it win
+SMOKE = {"arms": "prunex (sgd)", "keeps": "0.5", "epochs": "0.25", "lrs": "0.05", "seeds": "0",
+         "gpus": "2", "gpus_per_node": "1"}
 
 
 def slug(label: str) -> str:
@@ -58,13 +62,21 @@ def main() -> None:
     parser.add_argument("--epochs", default="1")
     parser.add_argument("--lrs", default="0.025,0.05,0.1")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--results-dir", default="results/frontier")
+    parser.add_argument("--gpus", default="4")
+    parser.add_argument("--gpus-per-node", default="2")
+    parser.add_argument("--results-dir", default=None, help="default: results/frontier")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one cell (prunex (sgd), keep 0.5) at 2 ranks, 2 rounds on "
+                        "synthetic data, into a temporary folder")
     args, passed_on = parser.parse_known_args()  # any other flag goes to every bench sweep
-    root = Path(args.results_dir)
+    if args.smoke:
+        smoke_defaults(args, SMOKE)
+        passed_on = [*SMOKE_DATA, "--local-steps", "1", *passed_on]
+    root = output_folder(args.results_dir, "results/frontier", args.smoke, "frontier")
     seeds = args.seeds.split(",")
-    common = ["--workload", args.workload, "--gpus", "4", "--gpus-per-node", "2",
-              "--epochs", args.epochs, "--bn-recalibrate", "8", "--eval-every", "100000",
-              *passed_on]  # fmt: skip
+    common = ["--workload", args.workload, "--gpus", args.gpus, "--gpus-per-node",
+              args.gpus_per_node, "--epochs", args.epochs, "--bn-recalibrate", "8",
+              "--eval-every", "100000", *passed_on]
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
     if unknown:
         parser.error(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
@@ -82,14 +94,14 @@ def main() -> None:
                 flags += ["--channel-keep", keep]
             for lr in args.lrs.split(","):
                 sweep(*flags, "--lr", lr, "--seed", seeds[0], "--results-dir",
-                      str(cell / "lr_sweep"))  # fmt: skip
+                      str(cell / "lr_sweep"))
             swept = run_table(cell / "lr_sweep")
             if swept.empty:
                 continue
             best = swept.loc[swept.accuracy.idxmax()]
             if len(seeds) > 1:
                 sweep(*flags, "--lr", str(best.lr), "--seed", ",".join(seeds[1:]),
-                      "--results-dir", str(cell / "seeds"))  # fmt: skip
+                      "--results-dir", str(cell / "seeds"))
             runs = pd.concat([swept[swept.lr == best.lr], run_table(cell / "seeds")])
             mean, half, n = mean_ci(runs.accuracy)
             accuracy = mean_pm(mean, half, 2)
@@ -100,7 +112,7 @@ def main() -> None:
                          "masks froze after round": runs.frozen_at_round.dropna().tolist() or "",
                          "lr sweep (seed 0)": ", ".join(f"{r.lr:g}: {r.accuracy:.2f}"
                                                          for r in swept.itertuples()),
-                         "runs": list(runs.run)})  # fmt: skip
+                         "runs": list(runs.run)})
     table = pd.DataFrame(rows)
     text = table.drop(columns="runs").to_markdown(index=False)
     print(text)

@@ -9,6 +9,7 @@ hierarchical path runs). ``nox -s gpu -- --part 3`` and ``--part 4`` run one lay
 write the markdown to benchmarks/measured/.
 
     python benchmarks/gpu_steps.py --layout nccl -o benchmarks/measured/gpu_steps_h100_nccl.md
+    python benchmarks/gpu_steps.py --smoke    # prunex and localsgd-hier, 2 iterations, NCCL
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 from prunex_overhead import PRUNEX_WORK, overhead_ratio
-from runs import finished_runs, sweep
+from runs import finished_runs, smoke_defaults, sweep
 
 ALL_METHODS = (
     "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
     "gmp-hier,prune-retrain"
 )
+#: --smoke: the overhead ratio's two methods, 2 iterations on small synthetic data, NCCL
+#: layout; flags given with it win
+SMOKE = {"methods": "prunex,localsgd-hier", "iterations": "2", "layout": "nccl"}
+SMOKE_DATA = ["--synthetic-size", "256,64", "--batch-size", "16"]
 
 
 def describe(root: Path) -> pd.DataFrame:
@@ -67,7 +72,12 @@ def main() -> None:
     parser.add_argument("--methods", default=ALL_METHODS)
     parser.add_argument("--layout", choices=["nccl", "shared", "both"], default="both")
     parser.add_argument("-o", "--output", default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="prunex and localsgd-hier, 2 iterations on small synthetic data, "
+                        "one rank per GPU")
     args = parser.parse_args()
+    if args.smoke:
+        smoke_defaults(args, SMOKE)
     gpus = torch.cuda.device_count()
     if not gpus:
         raise SystemExit("no CUDA device: this measurement is for a GPU machine")
@@ -84,18 +94,19 @@ def main() -> None:
         "4",
         "--eval-every",
         "100000",
+        *(SMOKE_DATA if args.smoke else []),
     ]
     layouts = {}
     if args.layout in ("nccl", "both"):
         layouts[f"{gpus} rank(s), one per GPU (NCCL)"] = ["--gpus", str(gpus)]
     if args.layout in ("shared", "both"):
         layouts["2 nodes x 2 ranks sharing the GPUs (gloo)"] = ["--gpus", "4", "--gpus-per-node",
-                                                                "2"]  # fmt: skip
+                                                                "2"]
     name = torch.cuda.get_device_name(0)
     sections = [f"# Every method on {name} x {gpus}", "",
                 f"`{' '.join(common)}`; seconds are means over ranks and iterations "
                 "after the first; phases overlap where the method overlaps them (DDP).",
-                f"PruneX's work phases: {', '.join(PRUNEX_WORK)}.", ""]  # fmt: skip
+                f"PruneX's work phases: {', '.join(PRUNEX_WORK)}.", ""]
     with tempfile.TemporaryDirectory() as tmp:
         for title, layout in layouts.items():
             root = Path(tmp) / str(len(sections))

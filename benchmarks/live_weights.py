@@ -12,6 +12,7 @@ inputs only where conv j's filters live; BN entries go with their filters; the l
 block and the downsample write the residual stream, which stays whole; stem and fc as masked.
 
     python benchmarks/live_weights.py [--models resnet18,resnet152,wrn50_2] [-o DIR]
+    python benchmarks/live_weights.py --smoke     # resnet18, channel 0.5, into a temp folder
 """
 
 from __future__ import annotations
@@ -22,18 +23,18 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from runs import bench, only_run
+from runs import bench, only_run, output_folder, smoke_defaults
 
-from suite.data.datasets import dataset_spec
-from suite.plugins.registry import WORKLOADS
-from suite.structured.masks import StructuredMask
+from suite.api import DATASETS, WORKLOADS, StructuredMask
 
 KEEPS = {
     "channel 0.5": ["--channel-keep", "0.5"],
     "filter+channel 0.5": ["--filter-keep", "0.5", "--channel-keep", "0.5"],
 }
+#: --smoke: one model and one keep (three simulations); flags given with it win
+SMOKE = {"models": "resnet18", "keeps": "channel 0.5"}
 SIM = ["--gpus", "8", "--gpus-per-node", "4", "--iterations", "2", "--replay", "2",
-       "--local-steps", "1", "--batch-size", "8"]  # fmt: skip
+       "--local-steps", "1", "--batch-size", "8"]
 
 
 def last_round(run: Path) -> dict:
@@ -49,7 +50,7 @@ def simulate(workload: str, pack: str, keep: list[str], out: Path) -> Path:
     folder = out / f"{workload}-{pack}-{'_'.join(keep).replace('--', '')}"
     if not folder.is_dir():
         bench("sim", "--method", "prunex", "--workload", workload, *SIM, "--pack", pack,
-              *keep, "--results-dir", str(folder))  # fmt: skip
+              *keep, "--results-dir", str(folder))
     return only_run(folder)
 
 
@@ -96,16 +97,28 @@ def live_limit(model: torch.nn.Module, masks: dict[str, StructuredMask]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet18,resnet152,wrn50_2")
-    parser.add_argument("-o", "--output", default="results/live_weights")
+    parser.add_argument("--keeps", default=",".join(KEEPS), help="comma list of keep labels")
+    parser.add_argument("-o", "--output", default=None, help="default: results/live_weights")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="resnet18 at channel keep 0.5 alone, into a temporary folder",
+    )
     args = parser.parse_args()
-    out = Path(args.output)
+    if args.smoke:
+        smoke_defaults(args, SMOKE)
+    unknown = set(args.keeps.split(",")) - set(KEEPS)
+    if unknown:
+        parser.error(f"unknown keep(s) {sorted(unknown)}; known: {', '.join(KEEPS)}")
+    out = output_folder(args.output, "results/live_weights", args.smoke, "live-weights")
     rows = []
     for model_name in args.models.split(","):
         workload = f"{model_name}-cifar10"
         dense = last_round(simulate(workload, "dense-masks", ["--channel-keep", "1"], out))
         torch.manual_seed(0)
-        model = WORKLOADS.get(workload).factory().build_model(dataset_spec("cifar10"))
-        for label, keep in KEEPS.items():
+        model = WORKLOADS.get(workload).factory().build_model(DATASETS.get("cifar10").spec)
+        for label in args.keeps.split(","):
+            keep = KEEPS[label]
             before = last_round(simulate(workload, "dense-masks", keep, out))
             run = simulate(workload, "live", keep, out)
             after = last_round(run)
@@ -119,7 +132,7 @@ def main() -> None:
                 "inter bytes/round before": before["inter"] / dense["inter"],
                 "inter bytes/round after": after["inter"] / dense["inter"],
                 "dense MB/round": dense["packed"] / 1e6,
-            })  # fmt: skip
+            })
     table = pd.DataFrame(rows)
     print(table.to_markdown(index=False, floatfmt=".3f"))
     (out / "table.md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")

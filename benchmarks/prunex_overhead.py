@@ -11,6 +11,7 @@ touches of every buffer). Seconds are means over every rank and iteration.
         --iterations 6
     python benchmarks/prunex_overhead.py --device cuda    # on a GPU machine
     python benchmarks/prunex_overhead.py --prunex-args "--after-freeze admm"  # all ADMM
+    python benchmarks/prunex_overhead.py --smoke   # once, 2 ranks, 2 rounds, synthetic data
 
 Any other flag goes to both ``bench run`` commands; ``--prunex-args`` to PruneX's alone.
 """
@@ -25,14 +26,14 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
-from runs import bench, only_run
+from runs import SMOKE_DATA, SMOKE_RANKS, bench, only_run, smoke_defaults
 
-from suite.cluster import phases
+from suite.api import phases
 
 #: the numerator's terms, as the issue that asked for this measurement defines them (mask
 #: sync holds the leaders' OR of the masks, a small collective)
 PRUNEX_WORK = (phases.LOCAL_COMPUTE, phases.DUAL_UPDATE, phases.PROJECTION, phases.MASK_SYNC,
-               phases.PACK, phases.UNPACK)  # fmt: skip
+               phases.PACK, phases.UNPACK)
 
 
 def seconds_per_local_step(run: Path, names: tuple[str, ...]) -> float:
@@ -61,9 +62,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--prunex-args", default="", help="flags for the prunex run only")
     parser.add_argument("-o", "--output", default=None, help="also write the table here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="once (--repeats 1), 2 ranks as 2 nodes, 2 rounds of 2 local "
+                        "steps on small synthetic data")
     args, passed_on = parser.parse_known_args()
-    common = ["--workload", args.workload, "--gpus", "4", "--gpus-per-node", "2",
-              "--local-steps", "4", "--eval-every", "100000"]  # fmt: skip
+    layout, local_steps = ["--gpus", "4", "--gpus-per-node", "2"], "4"
+    if args.smoke:
+        smoke_defaults(args, {"repeats": 1})
+        layout, local_steps = SMOKE_RANKS, "2"
+        passed_on = [*SMOKE_DATA, "--iterations", "2", *passed_on]
+    common = ["--workload", args.workload, *layout, "--local-steps", local_steps,
+              "--eval-every", "100000"]
     if not any(a in passed_on for a in ("--iterations", "--epochs")):
         common += ["--epochs", "0.1"]  # the nightly's budget
     common += passed_on
@@ -87,7 +96,7 @@ def main() -> None:
                 "localsgd-hier s/step (local compute)": dense,
                 "ratio": work / dense,
                 "H-SADMM phases / localsgd-hier step": (work - own_local) / dense,
-            })  # fmt: skip
+            })
             print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     text = "\n".join([
@@ -99,7 +108,7 @@ def main() -> None:
         "",
         f"**ratio: {', '.join(f'{r:.3f}' for r in table['ratio'])} "
         f"(median {statistics.median(table['ratio']):.3f})**",
-    ])  # fmt: skip
+    ])
     print(text)
     if args.output:
         Path(args.output).write_text(text + "\n")

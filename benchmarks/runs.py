@@ -1,26 +1,48 @@
 """What the benchmark scripts share: run a `bench` command quietly, run a `bench sweep` whose
 failed cells are reported but not fatal, find the run folder a command wrote (each cell
-gets its own results directory, so there is exactly one), and read the runs that finished."""
+gets its own results directory, so there is exactly one), read the runs that finished, and
+the smallest real configuration every script's ``--smoke`` runs.
+
+The scripts import nothing of the project but ``suite.api``; everything else they learn from
+``bench`` commands and the run folders those write. Run alone, this file prints the table of
+the finished runs under a results folder:
+
+    python benchmarks/runs.py results/fair_comparison/best
+    python benchmarks/runs.py --smoke               # one tiny run into a temporary folder
+    python benchmarks/runs.py --smoke DIR           # DIR's runs; one tiny run there if none
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
+#: the smallest real data of a ``--smoke`` run: synthetic, a few samples, small batches
+SMOKE_DATA = ["--dataset", "synthetic", "--synthetic-size", "256,64", "--batch-size", "16"]
+#: the smallest hierarchical layout: 2 emulated nodes of 1 rank
+SMOKE_RANKS = ["--gpus", "2", "--gpus-per-node", "1"]
+#: ``bench report``'s mean +- 95 % interval sign
+PM = "\u00b1"
 
-def bench(*args: str) -> None:
+
+def bench(*args: str, ok: tuple[int, ...] = (0,), env: dict | None = None) -> int:
     """``bench ARGS`` in this interpreter, without progress bars; exits with its stderr if it
-    fails."""
-    env = {**os.environ, "PRUNEX_PROGRESS": "0"}
+    ends with a code not in ``ok``. ``env``: variables added to this process's. Returns the
+    exit code."""
+    env = {**os.environ, "PRUNEX_PROGRESS": "0", **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "suite.cli", *args], env=env, text=True,
-                          capture_output=True)  # fmt: skip
-    if proc.returncode:
+                          capture_output=True)
+    if proc.returncode not in ok:
         raise SystemExit(f"bench {' '.join(args)} failed:\n{proc.stderr}")
+    return proc.returncode
 
 
 def sweep(*args: str) -> None:
@@ -45,8 +67,39 @@ def finished_runs(root: Path, method: str | None = None):
         yield path.parent, summary, json.loads((path.parent / "manifest.json").read_text())
 
 
+def mean_pm(mean: float, half: float, decimals: int) -> str:
+    """``81.82 ± 0.51`` as ``bench report``'s tables write a mean and its 95 % half-width; the
+    mean alone for one repeat (no interval), ``-`` for none."""
+    if mean is None or math.isnan(mean):
+        return "-"
+    if half is None or math.isnan(half):
+        return f"{mean:.{decimals}f}"
+    return f"{mean:.{decimals}f} {PM} {half:.{decimals}f}"
+
+
+def output_folder(given: str | None, default: str, smoke: bool, name: str) -> Path:
+    """Where a script writes: the folder given, else a new temporary folder for ``--smoke``
+    (never the measurement's own results), else ``default``."""
+    if given is not None:
+        return Path(given)
+    if smoke:
+        folder = Path(tempfile.mkdtemp(prefix=f"{name}-smoke-"))
+        print(f"--smoke: writing into {folder}", file=sys.stderr, flush=True)
+        return folder
+    return Path(default)
+
+
+def smoke_defaults(args: argparse.Namespace, values: dict[str, str]) -> None:
+    """``--smoke``'s values for the options not given on the command line (``gpus_per_node``
+    is ``--gpus-per-node``)."""
+    given = {a.split("=")[0] for a in sys.argv[1:]}
+    for key, value in values.items():
+        if f"--{key.replace('_', '-')}" not in given:
+            setattr(args, key, value)
+
+
 RUN_COLUMNS = ["method", "seed", "lr", "run", "accuracy", "epochs", "inter_MB_per_epoch",
-               "samples_per_rank", "frozen_at_round"]  # fmt: skip
+               "samples_per_rank", "frozen_at_round"]
 
 
 def run_table(root: Path) -> pd.DataFrame:
@@ -60,5 +113,27 @@ def run_table(root: Path) -> pd.DataFrame:
          "samples_per_rank": s.get("samples_per_rank"),
          "frozen_at_round": (s.get("masks_frozen_at") or {}).get("round")}
         for folder, s, m in finished_runs(root)
-    ]  # fmt: skip
+    ]
     return pd.DataFrame(rows, columns=RUN_COLUMNS).drop_duplicates(["method", "seed", "lr"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="The finished runs under a results folder.")
+    parser.add_argument("results", nargs="?", default=None, help="a results folder")
+    parser.add_argument("--smoke", action="store_true",
+                        help="where the folder (default: a temporary one) holds no finished "
+                        "run, first one tiny run (synthetic data, 1 rank) into it")
+    args = parser.parse_args()
+    if args.results is None and not args.smoke:
+        parser.error("give a results folder (or --smoke)")
+    root = output_folder(args.results, "", args.smoke, "runs")
+    if args.smoke and not any(finished_runs(root)):
+        bench("run", "--method", "ddp", *SMOKE_DATA, "--gpus", "1", "--iterations", "2",
+              "--eval-every", "100000", "--results-dir", str(root / "runs-smoke"))
+    table = run_table(root).drop(columns="run")
+    print(f"finished runs under {root}:\n")
+    print(table.to_markdown(index=False, floatfmt=".4g"))
+
+
+if __name__ == "__main__":
+    main()

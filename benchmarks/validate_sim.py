@@ -18,6 +18,11 @@ calibrations more often than at either end. Needs root and iproute2; takes ~40 m
 cores. Run it alone: anything else on the CPU changes the measured times.
 
     python benchmarks/validate_sim.py --out benchmarks/results/validation
+    python benchmarks/validate_sim.py --smoke    # prunex, 2 nodes x 1 rank at 1 Gbit, 3 rounds
+
+``--layouts``, ``--rates`` and ``--methods`` pick part of the grid (``--tabulate-only`` reads
+the cells they name); ``--links-from PROFILE`` takes the links from a profile (e.g. the
+shipped ``cpu-2x2-1gbit``) instead of calibrating them.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from runs import bench, only_run
+from runs import bench, only_run, output_folder, smoke_defaults
 
-LAYOUTS = {"2x2": (4, 2), "4x1": (4, 1)}
+LAYOUTS = {"2x2": (4, 2), "4x1": (4, 1)}  # nodes x ranks per node: (ranks, ranks per node)
 RATES = ("200mbit", "1gbit")
 METHODS = {
     "prunex": ["--local-steps", "8", "--iterations", "9"],
@@ -38,13 +43,21 @@ METHODS = {
     "ddp": ["--iterations", "60"],
     "topk": ["--iterations", "60"],
 }
+#: how compute is re-timed next to each run
+RETIME = ["--steps", "10", "--sync-blocks", "1,2,4,8"]
+#: --smoke: one cell, 3 rounds of 2 local steps on small synthetic data, 2 nodes of 1 rank
+#: at 1 Gbit, the links of the shipped profile of that rate; flags given with it win
+SMOKE = {"layouts": "2x1", "rates": "1gbit", "methods": "prunex", "links_from": "cpu-2x2-{rate}"}
+SMOKE_METHODS = {"prunex": ["--local-steps", "2", "--iterations", "3"]}
+SMOKE_RUN = ["--dataset", "synthetic", "--synthetic-size", "256,64"]
+SMOKE_RETIME = ["--steps", "2", "--sync-blocks", "1,2", "--block-repeats", "1"]
 PHASE_NOTE = """A real collective also holds the wait for the slowest rank (the first one after
 the local steps absorbs the ranks' drift), which the simulator books apart as `straggler_wait`;
 so the like-for-like row is `sync`, every collective phase plus that wait. DDP's real
 `local_compute` includes the part of its bucket all-reduces that backward does not hide (the
 simulator's is compute alone, the exposure is in its iteration total)."""
 COLLECTIVES = ("intra_allreduce", "mask_sync", "inter_allreduce", "broadcast", "intra_allgather",
-               "allreduce", "allgather")  # fmt: skip
+               "allreduce", "allgather")
 
 
 def timings(folder: Path) -> dict[str, float]:
@@ -74,46 +87,62 @@ def average_compute(before: Path, after: Path, out: Path) -> None:
     out.write_text(json.dumps(first, indent=1))
 
 
-def measure(out: Path) -> None:
+def layout_ranks(layout: str) -> tuple[int, int]:
+    """``NxP`` (N nodes of P ranks) as (ranks, ranks per node)."""
+    if layout in LAYOUTS:
+        return LAYOUTS[layout]
+    nodes, per_node = (int(n) for n in layout.split("x"))
+    return nodes * per_node, per_node
+
+
+def measure(out: Path, grid: dict, smoke: bool = False) -> None:
     """Calibrate, run and simulate every cell into ``out/runs/<layout>-<rate>/<method>``."""
-    for rate in RATES:
-        for layout, (gpus, per_node) in LAYOUTS.items():
+    retime_steps = SMOKE_RETIME if smoke else RETIME
+    run_only = SMOKE_RUN if smoke else []
+    for rate in grid["rates"]:
+        for layout in grid["layouts"]:
+            gpus, per_node = layout_ranks(layout)
             emulated = ["--network", "emulated", "--inter-bw", rate, "--gpus", str(gpus),
-                        "--gpus-per-node", str(per_node)]  # fmt: skip
-            links = out / "profiles" / f"cpu-{layout}-{rate}.json"
-            calibrate = ["calibrate", *emulated, "--name", links.stem, "-o", str(links), "--sizes",
-                         "4096,65536,1048576,4194304,16777216", "--steps", "40"]  # fmt: skip
-            if per_node == 1:  # no intra-node link to measure: take the 2x2 one
-                calibrate += ["--links-from", str(out / "profiles" / f"cpu-2x2-{rate}.json")]
-            bench(*calibrate)
-            for method, extra in METHODS.items():
+                        "--gpus-per-node", str(per_node)]
+            if grid["links_from"]:
+                links = grid["links_from"].format(rate=rate)
+            else:
+                links = out / "profiles" / f"cpu-{layout}-{rate}.json"
+                calibrate = ["calibrate", *emulated, "--name", links.stem, "-o", str(links),
+                             "--sizes", "4096,65536,1048576,4194304,16777216",
+                             "--steps", "40"]
+                if per_node == 1:  # no intra-node link to measure: take the 2x2 one
+                    calibrate += ["--links-from", str(out / "profiles" / f"cpu-2x2-{rate}.json")]
+                bench(*calibrate)
+            for method in grid["methods"]:
+                extra = (SMOKE_METHODS if smoke else METHODS)[method]
                 cell = out / "runs" / f"{layout}-{rate}" / method
                 shutil.rmtree(cell, ignore_errors=True)
                 profile = cell / "profile.json"
                 retime = ["calibrate", *emulated, "--compute-only", "--links-from", str(links),
-                          "--steps", "10", "--sync-blocks", "1,2,4,8", "--name",
-                          f"{links.stem}-{method}"]  # fmt: skip
+                          *retime_steps, "--name",
+                          f"{Path(str(links)).stem}-{method}"]
                 common = ["--method", method, "--workload", "cnn-fmnist", "--gpus", str(gpus),
-                          "--gpus-per-node", str(per_node), *extra]  # fmt: skip
+                          "--gpus-per-node", str(per_node), *extra]
                 bench(*retime, "-o", str(cell / "before.json"))
-                bench("run", *common, "--network", "emulated", "--inter-bw", rate,
-                      "--eval-every", "1000", "--results-dir", str(cell / "real"))  # fmt: skip
+                bench("run", *common, *run_only, "--network", "emulated", "--inter-bw", rate,
+                      "--eval-every", "1000", "--results-dir", str(cell / "real"))
                 bench(*retime, "-o", str(cell / "after.json"))
                 average_compute(cell / "before.json", cell / "after.json", profile)
                 bench("sim", *common, "--profile", str(profile), "--replay", "1000",
-                      "--results-dir", str(cell / "sim"))  # fmt: skip
+                      "--results-dir", str(cell / "sim"))
                 measured = timings(only_run(cell / "real"))["iteration"]
                 predicted = timings(only_run(cell / "sim"))["iteration"]
                 print(f"{layout} {rate} {method}: measured {measured:.3f} s, "
-                      f"predicted {predicted:.3f} s", flush=True)  # fmt: skip
+                      f"predicted {predicted:.3f} s", flush=True)
 
 
-def tabulate(out: Path) -> None:
+def tabulate(out: Path, grid: dict) -> None:
     """validation.csv and validation.md from the cells' run folders under ``out/runs``."""
     records = []
-    for rate in RATES:
-        for layout in LAYOUTS:
-            for method in METHODS:
+    for rate in grid["rates"]:
+        for layout in grid["layouts"]:
+            for method in grid["methods"]:
                 cell = out / "runs" / f"{layout}-{rate}" / method
                 if not (cell / "real").is_dir() or not (cell / "sim").is_dir():
                     continue
@@ -139,26 +168,45 @@ def tabulate(out: Path) -> None:
     phases = table[table.phase != "iteration"]
     text = ["## Time per iteration", per_iteration.to_markdown(index=False, floatfmt=".1f"),
             "", "## Per phase (mean over ranks)", "", PHASE_NOTE, "",
-            phases.to_markdown(index=False, floatfmt=".1f")]  # fmt: skip
+            phases.to_markdown(index=False, floatfmt=".1f")]
     (out / "validation.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     worst = per_iteration["error_%"].abs().max()
     within = int((per_iteration["error_%"].abs() <= 15).sum())
     print(json.dumps({"worst_iteration_error_%": round(float(worst), 1),
-                      "cells_within_15%": f"{within}/{len(per_iteration)}"}))  # fmt: skip
+                      "cells_within_15%": f"{within}/{len(per_iteration)}"}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/validation")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/validation")
     parser.add_argument(
         "--tabulate-only", action="store_true", help="rebuild the tables from the cells on disk"
     )
+    parser.add_argument("--layouts", default=",".join(LAYOUTS),
+                        help="comma list of NxP: N emulated nodes of P ranks")
+    parser.add_argument("--rates", default=",".join(RATES), help="comma list of link rates")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma list")
+    parser.add_argument("--links-from", default=None,
+                        help="take the links from this profile (name or file; {rate} is "
+                        "replaced by the rate) instead of calibrating them")
+    parser.add_argument("--smoke", action="store_true",
+                        help="prunex alone on 2 nodes x 1 rank at 1gbit with the shipped "
+                        "profile's links, 3 rounds on small synthetic data, compute re-timed "
+                        "briefly; into a temporary folder")
     args = parser.parse_args()
-    out = Path(args.out)
+    if args.smoke:
+        smoke_defaults(args, SMOKE)
+    grid = {"layouts": args.layouts.split(","), "rates": args.rates.split(","),
+            "methods": args.methods.split(","), "links_from": args.links_from}
+    known = SMOKE_METHODS if args.smoke else METHODS
+    unknown = set(grid["methods"]) - set(known)
+    if unknown:
+        parser.error(f"unknown method(s) {sorted(unknown)}; known: {', '.join(known)}")
+    out = output_folder(args.out, "benchmarks/results/validation", args.smoke, "validate-sim")
     if not args.tabulate_only:
-        measure(out)
-    tabulate(out)
+        measure(out, grid, smoke=args.smoke)
+    tabulate(out, grid)
 
 
 if __name__ == "__main__":

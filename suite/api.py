@@ -8,11 +8,14 @@ that builds a :class:`Method` from a :class:`RunContext`; its options are a data
 live slices and packed inter-node exchange to :class:`StructuredRound`. A workload is a
 factory registered with ``@WORKLOADS.register`` returning a :class:`Workload`. A plugin
 package makes itself known through the ``prunex_bench.methods`` / ``prunex_bench.workloads``
-entry points; the built-ins do the same.
+entry points; the built-ins do the same. A script that measures the suite reduces the
+repeats (seeds) of its runs with :func:`mean_ci`, as ``bench report`` does.
 
 Everything here is stable across releases; anything imported from elsewhere in ``suite`` is
 not.
 """
+
+from collections.abc import Iterable
 
 from suite.cluster import phases
 from suite.cluster.comm import Communicator, flatten, nbytes, unflatten, unflatten_into
@@ -34,6 +37,7 @@ from suite.plugins.method import (
 from suite.plugins.options import AT_LEAST_1, FRACTION, POSITIVE, Check, at_least, option
 from suite.plugins.registry import METHODS, WORKLOADS, Look
 from suite.plugins.sgd import SGDBaseline
+from suite.results import stats as _stats
 from suite.results.activity import (
     crosses_nodes_every_round,
     reaches_keep,
@@ -68,6 +72,8 @@ __all__ = [
     "crosses_nodes_every_round",
     "reaches_keep",
     "sends_fraction_of_dense",
+    # repeats of a measurement: mean and 95 % interval, as bench report and bench compare
+    "mean_ci",
     # the method contract and what it is given
     "Method",
     "StepResult",
@@ -104,3 +110,21 @@ __all__ = [
     "DatasetSpec",
     "TensorData",
 ]
+
+
+def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
+    """Repeats (seeds) of one measurement reduced to a mean and a 95 % confidence interval,
+    exactly as ``bench report`` and ``bench compare`` reduce them.
+
+    Args:
+        values: one number per repeat; None and non-finite values are left out.
+
+    Returns:
+        (mean, half-width of the two-sided 95 % Student t interval, count of the values
+            used); the half-width is NaN for a single value, and no value gives (NaN, NaN, 0).
+
+    Example::
+
+        mean, half, n = mean_ci([81.2, 82.0, 81.7])  # 81.63, 1.00, 3
+    """
+    return _stats.mean_ci(values)

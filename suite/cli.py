@@ -15,6 +15,10 @@ import sys
 
 import click
 
+from suite.cluster.netemu import delete_namespaces, leftover_namespaces
+from suite.commands.compare import run_compare
+from suite.commands.execute import execute_run, execute_sweep, rerun_arguments, resume_arguments
+from suite.commands.export import export_and_print
 from suite.commands.flags import (
     BenchGroup,
     IntList,
@@ -24,13 +28,17 @@ from suite.commands.flags import (
     method_options,
     run_flags,
 )
+from suite.commands.listing import entries_text, options_markdown, options_text
+from suite.commands.trend import run_trend
 from suite.errors import BenchError
+from suite.results.recover import recover
+from suite.sim.calibrate import calibrate_to_file
 
 
 @click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--strict-plugins", is_flag=True,
               help="a plugin that fails to load is an error, not a warning (for CI; also "
-              "PRUNEX_STRICT_PLUGINS=1)")  # fmt: skip
+              "PRUNEX_STRICT_PLUGINS=1)")
 def main(strict_plugins: bool) -> None:
     """prunex-bench: PruneX and its baselines on real distributed PyTorch.
 
@@ -46,7 +54,6 @@ def main(strict_plugins: bool) -> None:
 @click.option("--markdown", is_flag=True, help="the options as the README's Markdown table")
 def list_cmd(names, show_options, markdown) -> None:
     """Registered methods and workloads; `bench list METHOD` or `--options` adds options."""
-    from suite.commands.listing import entries_text, options_markdown, options_text
 
     try:
         if markdown:
@@ -65,26 +72,26 @@ def list_cmd(names, show_options, markdown) -> None:
 @click.option("--method", default="prunex", show_default=True, help="registered method name")
 @click.option("--workload", default="cnn-fmnist", show_default=True, help="workload name")
 @click.option("--gpus", default="4", show_default=True, type=IntList(),
-              help="number of ranks (--launcher sim: a list, e.g. 8,16,32,64)")  # fmt: skip
+              help="number of ranks (--launcher sim: a list, e.g. 8,16,32,64)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--run-id", default=None, help="name of the run folder (default: generated)")
 @click.option("--resume", default=None, type=click.Path(exists=True, file_okay=False),
               metavar="RUN_DIR", help="continue an interrupted run from its latest checkpoint, "
-              "into its own folder, with its recorded configuration")  # fmt: skip
+              "into its own folder, with its recorded configuration")
 @click.option(
     "--overwrite", is_flag=True, help="empty an existing run folder of the same --run-id first"
 )
 @click.option("--dry-run", is_flag=True,
-              help="print what would run (slurm: the sbatch script) and start nothing")  # fmt: skip
+              help="print what would run (slurm: the sbatch script) and start nothing")
 @click.option("--slurm-partition", default=None, help="[slurm] #SBATCH --partition")
 @click.option("--slurm-account", default=None, help="[slurm] #SBATCH --account")
 @click.option("--slurm-time", default=None, help="[slurm] time limit (default: 02:00:00)")
 @click.option("--slurm-cpus-per-task", type=click.IntRange(1), default=None,
               help="[slurm] CPUs of each node's task, shared by its ranks (default: 8 per "
-              "GPU rank, 1 per CPU rank)")  # fmt: skip
+              "GPU rank, 1 per CPU rank)")
 @click.option("--slurm-signal-lead", type=click.IntRange(30), default=None,
               help="[slurm] seconds before the time limit at which the ranks get SIGTERM to "
-              "checkpoint and the job requeues (default: 180)")  # fmt: skip
+              "checkpoint and the job requeues (default: 180)")
 @click.option("--profile", default=None, help="[sim] hardware profile name or JSON file")
 @click.option("--replay", type=int, default=None, help="[sim] iterations replayed (10)")
 @click.option("--accuracy-from", default=None, help="[sim] real run folder lending its accuracy")
@@ -95,7 +102,6 @@ def run_cmd(**kwargs) -> None:
     Method options are tagged with the methods that read them; an option the chosen method
     does not read is ignored with a warning.
     """
-    from suite.commands.execute import execute_run, resume_arguments
 
     try:
         if kwargs.get("resume"):
@@ -112,7 +118,6 @@ def run_cmd(**kwargs) -> None:
 @click.option("--dry-run", is_flag=True, help="print what would run and start nothing")
 def rerun_cmd(run_dir, results_dir, run_id, dry_run) -> None:
     """Run a recorded run's configuration again (from its manifest.json) into a new folder."""
-    from suite.commands.execute import execute_run, rerun_arguments
 
     try:
         kwargs = rerun_arguments(run_dir, results_dir=results_dir, run_id=run_id, dry_run=dry_run)
@@ -125,19 +130,18 @@ def rerun_cmd(run_dir, results_dir, run_id, dry_run) -> None:
 @main.command("sweep")
 @config_option(list_keys=("method", "workload", "gpus", "seed", "synthetic_size"))
 @click.option("--method", default="prunex,prunex-flat,ddp,topk", show_default=True,
-              help="comma list")  # fmt: skip
+              help="comma list")
 @click.option("--workload", default="cnn-fmnist", show_default=True, help="comma list")
 @click.option("--gpus", default="4,8", show_default=True, type=IntList())
 @click.option("--seed", default="0", show_default=True, type=IntList(0), help="seeds (repeats)")
 @click.option("--dry-run", is_flag=True, help="list the cells and exit")
 @click.option("--force", is_flag=True,
-              help="run every cell again, replacing the folders of finished ones")  # fmt: skip
+              help="run every cell again, replacing the folders of finished ones")
 @run_flags
 def sweep_cmd(**kwargs) -> None:
     """Run a grid of (workload x method x GPUs x seed x method-option values) into one
     results directory; re-running it skips the cells already done. Exits 1 if a cell
     failed. An option fans out only the methods that read it."""
-    from suite.commands.execute import execute_sweep
 
     try:
         failed = execute_sweep(kwargs, given_options(kwargs), echo=click.echo)
@@ -150,29 +154,29 @@ def sweep_cmd(**kwargs) -> None:
 @click.argument("baseline")
 @click.argument("new")
 @click.option("--max-regression", default="5%", show_default=True,
-              help="allowed worsening of times and bytes, relative (5% or 0.05)")  # fmt: skip
+              help="allowed worsening of times and bytes, relative (5% or 0.05)")
 @click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
-              help="allowed accuracy drop in points (absolute)")  # fmt: skip
+              help="allowed accuracy drop in points (absolute)")
 @click.option("--max-time-regression", default=None,
               help="allowed worsening of time metrics, relative (default: --max-regression); "
-              "times are noisier than bytes")  # fmt: skip
+              "times are noisier than bytes")
 @click.option("--max-loss-regression", default=None,
               help="allowed rise of the final training loss, relative (default: "
-              "--max-regression)")  # fmt: skip
+              "--max-regression)")
 @click.option("--metric", multiple=True,
               help="metrics to compare (repeat or comma list): final_accuracy (accuracy), "
               "final_train_loss (train-loss: mean training loss of the last half of the "
               "iterations), time_ratio (time-ratio: seconds per local step over DDP's in the "
               "same set), "
               "iteration_seconds (time), time_to_target_seconds (time-to-target), "
-              "inter_node_bytes_per_iteration (bytes); default: all")  # fmt: skip
+              "inter_node_bytes_per_iteration (bytes); default: all")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True,
-              help="markdown: for a CI job summary; json: for scripts")  # fmt: skip
+              help="markdown: for a CI job summary; json: for scripts")
 def compare_cmd(
     baseline, new, max_regression, max_accuracy_drop, max_time_regression, max_loss_regression,
     metric, fmt,
-) -> None:  # fmt: skip
+) -> None:
     """Compare two sets of runs like with like; exit 1 on a regression, 2 on bad input.
 
     Runs are matched by machine class (cpu-gloo-amd25-avx512-t1, cuda-nccl-h100-sm90), method,
@@ -182,12 +186,11 @@ def compare_cmd(
     change counts only when the intervals do not overlap. A BASELINE of per-class folders
     (results/reference/<class>/) is read for the NEW runs' class; a class it lacks fails in
     one line. Every finished NEW run must also pass its method's activity check."""
-    from suite.commands.compare import run_compare
 
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
                            echo=click.echo, max_time_regression=max_time_regression,
-                           max_loss_regression=max_loss_regression)  # fmt: skip
+                           max_loss_regression=max_loss_regression)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)
@@ -196,25 +199,24 @@ def compare_cmd(
 @main.command("trend")
 @click.argument("history")
 @click.option("--add", "add", default=None, metavar="RESULTS_DIR",
-              help="first append this result set (a nightly's) to the history")  # fmt: skip
+              help="first append this result set (a nightly's) to the history")
 @click.option("--max-regression", default="5%", show_default=True,
-              help="smallest relative step of bytes and times that counts")  # fmt: skip
+              help="smallest relative step of bytes and times that counts")
 @click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
-              help="smallest accuracy step, in points, that counts")  # fmt: skip
+              help="smallest accuracy step, in points, that counts")
 @click.option("--max-time-regression", default=None,
-              help="smallest relative step of times (default: --max-regression)")  # fmt: skip
+              help="smallest relative step of times (default: --max-regression)")
 @click.option("--fail-on-last", is_flag=True,
-              help="exit 1 when a series' last run starts a worse segment")  # fmt: skip
+              help="exit 1 when a series' last run starts a worse segment")
 def trend_cmd(
     history, add, max_regression, max_accuracy_drop, max_time_regression, fail_on_last
 ) -> None:
     """Change points over a nightly history (JSON lines), per machine class, run key and
     metric (accuracy, bytes, time ratio, time), with the commit where each began."""
-    from suite.commands.trend import run_trend
 
     try:
         code = run_trend(history, add, max_regression, max_accuracy_drop, fail_on_last,
-                         echo=click.echo, max_time_regression=max_time_regression)  # fmt: skip
+                         echo=click.echo, max_time_regression=max_time_regression)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)
@@ -225,10 +227,11 @@ def trend_cmd(
 @click.option("-o", "--output", default="reports/latest", show_default=True, help="report folder")
 @click.option("--width", type=click.Choice(["one", "two"]), default=None,
               help="size every figure for one paper column (3.25 in) or the two-column page "
-              "(6.75 in); default: one column for single panels, else two")  # fmt: skip
+              "(6.75 in); default: one column for single panels, else two")
 def report_cmd(results_dir, output, width) -> None:
     """Figures (PDF, SVG, PNG), the summary as CSV, LaTeX and Markdown tables, report.md and a
     self-contained report.html from run folders."""
+    # lazy: suite.report.render costs ~0.4 s to import; only this path needs it
     from suite.report.render import render
 
     try:
@@ -243,12 +246,11 @@ def report_cmd(results_dir, output, width) -> None:
 @click.option("-o", "--output", default=None, help="model file (default: RUN_DIR/exported.pt)")
 @click.option("--data-dir", default=None, help="dataset folder (default: the run's)")
 @click.option("--repeats", type=click.IntRange(3), default=20, show_default=True,
-              help="timed forward passes per latency (at most 10 s each)")  # fmt: skip
+              help="timed forward passes per latency (at most 10 s each)")
 def export_cmd(run_dir, output, data_dir, repeats) -> None:
     """Remove a pruning run's pruned and dead channels physically (Torch-Pruning) and save the
     smaller model; check it against the masked dense model, and write parameters, FLOPs,
     CPU latency and test accuracy (dense and exported) to RUN_DIR/export.json."""
-    from suite.commands.export import export_and_print
 
     try:
         export_and_print(run_dir, output, data_dir=data_dir, repeats=repeats, echo=click.echo)
@@ -266,7 +268,6 @@ def export_cmd(run_dir, output, data_dir, repeats) -> None:
 def recover_cmd(run_dirs, force) -> None:
     """Finalize run folders whose processes were killed without a word (SIGKILL, a lost
     node): merge the rows their ranks streamed and mark them failed."""
-    from suite.results.recover import recover
 
     try:
         for run_dir in run_dirs:
@@ -284,7 +285,6 @@ def net_cleanup_cmd(everything) -> None:
     """Delete network namespaces left by an emulated run whose parent was killed (SIGKILL
     cannot be caught; every other ending cleans up by itself). Namespaces of live runs are
     kept unless --all."""
-    from suite.cluster.netemu import delete_namespaces, leftover_namespaces
 
     left = leftover_namespaces(dead_owner_only=not everything)
     delete_namespaces(left)
@@ -301,7 +301,7 @@ def net_cleanup_cmd(everything) -> None:
 @click.option("--steps", type=int, default=20, show_default=True, help="timed steps")
 @click.option("--repeats", type=int, default=5, show_default=True, help="timed collectives")
 @click.option("--sync-blocks", type=IntList(), default="1,2,4,8,16,32", show_default=True,
-              help="local steps between the barriers of the timed compute blocks")  # fmt: skip
+              help="local steps between the barriers of the timed compute blocks")
 @click.option("--block-repeats", type=int, default=5, show_default=True, help="blocks per size")
 @click.option("--data-dir", default=None, help="where the workloads' datasets are (as for run)")
 @click.option(
@@ -322,7 +322,6 @@ def net_cleanup_cmd(everything) -> None:
 def calibrate_cmd(**kwargs) -> None:
     """Measure compute per step, link latency/bandwidth and memory bandwidth here, and write a
     hardware profile for `bench sim --profile FILE`."""
-    from suite.sim.calibrate import calibrate_to_file
 
     try:
         calibrate_to_file(kwargs, echo=click.echo)
@@ -356,6 +355,7 @@ def sim_cmd(**kwargs) -> None:
     ordinary run folder marked simulated (every time in it is simulated). Same as
     `bench run --launcher sim`. Method options apply to the methods that read them.
     """
+    # lazy: suite.commands.simulate costs ~0.1 s to import; only this path needs it
     from suite.commands.simulate import execute_sim
 
     try:

@@ -45,7 +45,7 @@ def test_docs_site_builds_strictly(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
         cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "index.html").exists()
 

@@ -156,3 +156,30 @@ def test_the_checks_see_what_they_forbid(tmp_path):
         "suite.cluster.a (suite.cluster) imports suite.run.b (suite.run), a room above it",
         "suite.run.b imports the plugin methods.x",
     ]
+
+
+def unexplained_local_imports(root: Path = REPO) -> list[str]:
+    """Imports inside functions with no comment (above their block or on their line) saying
+    why: a module imported lazily for its cost, or for a path only one command takes."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            for fn in ast.walk(ast.parse("\n".join(lines))):
+                if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                for node in ast.walk(fn):
+                    if not isinstance(node, ast.Import | ast.ImportFrom):
+                        continue
+                    above = node.lineno - 2
+                    while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
+                        above -= 1
+                    said = "#" in lines[node.lineno - 1] or (
+                        above >= 0 and lines[above].strip().startswith("#"))
+                    if not said:
+                        found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_every_function_local_import_says_why():
+    assert not unexplained_local_imports(), unexplained_local_imports()

@@ -87,16 +87,18 @@ VIT_SHAPE = {"patch_size": 4, "embed_dim": 128, "depth": 6, "num_heads": 4, "mlp
 def vit_small_images(spec: DatasetSpec) -> nn.Module:
     """timm's VisionTransformer sized for 28x28 and 32x32 images (VIT_SHAPE): the attention
     heads and MLP neurons PruneX prunes with --head-keep and --mlp-keep."""
+    # lazy: timm.models.vision_transformer costs ~1.7 s to import; only this path needs it
     from timm.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(img_size=spec.image_size, in_chans=spec.in_chans,
-                             num_classes=spec.num_classes, **VIT_SHAPE)  # fmt: skip
+                             num_classes=spec.num_classes, **VIT_SHAPE)
 
 
 def mobilenetv3_small(spec: DatasetSpec) -> nn.Module:
     """timm's MobileNetV3-Small at width 0.5 (~0.58M parameters): depthwise convs,
     squeeze-excitation with conv biases, hardswish, 34 BatchNorm layers in series."""
+    # lazy: timm costs ~1.6 s to import; only this path needs it
     import timm
 
     return timm.create_model("mobilenetv3_small_050", pretrained=False,
-                             num_classes=spec.num_classes, in_chans=spec.in_chans)  # fmt: skip
+                             num_classes=spec.num_classes, in_chans=spec.in_chans)

@@ -91,6 +91,7 @@ class PruneX(Method):
         # zero within 5-15 rounds): by default, after 3 consecutive unchanged rounds.
         self.freeze_patience = settings.freeze_patience
         self.freeze_epoch = settings.freeze_epoch
+        self.freeze_share = settings.freeze_share
         self.after_freeze = settings.after_freeze
         self.frozen_at: dict | None = None  # round and samples per rank at the freeze
         self.lam = ctx.recipe.weight_decay
@@ -216,7 +217,7 @@ class PruneX(Method):
             theta = [p.detach() for p in self.params]
             like = theta + self.buffers
             flat = torch.empty(sum(t.numel() for t in like), dtype=theta[0].dtype,
-                               device=theta[0].device)  # fmt: skip
+                               device=theta[0].device)
             parts = unflatten(flat, like)
             params, buffers = parts[: len(theta)], parts[len(theta) :]
             torch._foreach_copy_(params, theta)
@@ -310,16 +311,18 @@ class PruneX(Method):
 
     def freeze_due(self, iteration: int) -> bool:
         """After ``--freeze-round`` rounds, at the end of the round that reaches
-        ``--freeze-epoch`` epochs of the shard, or after ``--freeze-patience`` unchanged
-        rounds, whichever comes first."""
+        ``--freeze-epoch`` epochs of the shard or ``--freeze-share`` of the run's local
+        steps, or after ``--freeze-patience`` unchanged rounds, whichever comes first."""
         loader = self.ctx.loader
         by_round = self.freeze_round is not None and iteration + 1 >= self.freeze_round
         by_epoch = (
             self.freeze_epoch is not None
             and loader.step >= self.freeze_epoch * loader.steps_per_epoch
         )
+        share_steps = self.freeze_share * (self.ctx.budget_steps or math.inf)
+        by_share = self.freeze_share < 1 and loader.step >= share_steps
         by_patience = self.stable_rounds >= self.freeze_patience
-        return by_round or by_epoch or by_patience
+        return by_round or by_epoch or by_share or by_patience
 
     def freeze(self, *, rounds_done: int) -> None:
         """Fix the masks (sec. 4.5). With ``--after-freeze sgd`` every rank restarts from the
@@ -468,7 +471,7 @@ class PruneX(Method):
         for i, block in enumerate(self.blocks):
             s = host[i]
             for column, rho in ((1, self.rho1[i]), (4, self.rho1[i]), (6, self.rho2[i]),
-                                (8, self.rho2[i])):  # fmt: skip
+                                (8, self.rho2[i])):
                 s[column] *= rho**2  # the dual residuals and y = rho u, rho v
             r_intra, s_intra = math.sqrt(s[0]), math.sqrt(s[1])
             r_inter = s_inter = math.nan
@@ -535,7 +538,29 @@ class PruneX(Method):
         return self.initial_penalties
 
     def summary_facts(self) -> dict:
+        """The freeze point; and, at the end of the run, a warning when the evaluated
+        consensus prunes something but never trained on its support (see warn_untrained)."""
+        self.warn_untrained_support()
         return {"masks_frozen_at": self.frozen_at} if self.frozen_at is not None else {}
+
+    def warn_untrained_support(self) -> None:
+        """Before the freeze the evaluated z is the projection of the ranks' dense models,
+        never trained masked: on a fragile model (MobileNetV3, 34 BN layers) that is near
+        chance whatever the ranks' loss, so a run that ends there says so."""
+        if not self.constrained or self.density() >= 1.0:
+            return
+        loader = self.ctx.loader
+        after = 0 if self.frozen_at is None else (
+            loader.step * loader.batch_size - self.frozen_at["samples_per_rank"])
+        if after > 0:
+            return
+        when = "never froze" if self.frozen_at is None else "froze in the last round"
+        message = (f"the masks {when}: the evaluated consensus was never trained on its "
+                   "support; lower --freeze-share or give --freeze-round/--freeze-epoch")
+        if message not in self.warnings:
+            self.warnings.append(message)
+            if self.ctx.topology.rank == 0:
+                print(f"warning: {message}", file=sys.stderr, flush=True)
 
     def process_groups(self) -> list:
         return self.structure.process_groups()
@@ -546,7 +571,7 @@ class PruneX(Method):
         if self.estimate_bn and not self.consensus_bn_current:
             batches = self.ctx.loader.calibration_batches(CONSENSUS_BN_BATCHES)
             recalibrate_batchnorm(self.consensus, batches, self.ctx.topology.world,
-                                  self.ctx.device)  # fmt: skip
+                                  self.ctx.device)
             self.consensus_bn_current = True
         return self.consensus
 

@@ -13,6 +13,7 @@ from typing import Literal
 from methods.prunex.penalties import DEFAULT_ROUND_PULL
 from suite.api import (
     AT_LEAST_1,
+    FRACTION,
     POSITIVE,
     Check,
     PackingSettings,
@@ -56,6 +57,14 @@ class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
     )
     freeze_patience: int = option(
         3, "freeze the masks after N consecutive unchanged rounds", check=AT_LEAST_1
+    )
+    freeze_share: float = option(
+        0.5,
+        "freeze the masks at the latest at the end of the round that reaches this share of "
+        "the run's local steps, so the masked consensus trains on its support for the rest "
+        "(1: only the other rules; a consensus evaluated before it ever trained masked is "
+        "near chance on fragile models, benchmarks/measured/models.md)",
+        check=FRACTION,
     )
     after_freeze: Literal["admm", "sgd"] = option(
         "sgd",

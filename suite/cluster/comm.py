@@ -118,7 +118,7 @@ class Communicator:
     def account(
         self, kind: str, group: CommGroup, size: int, *, src: int | None = None,
         phase: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Attribute a collective issued outside this class (e.g. by a torch DDP comm hook
         such as PowerSGD) by the same ring model. ``size``: bytes of the all-reduced or broadcast
         buffer, or one rank's all-gather piece; ``phase``, when given, must be a known phase

@@ -139,7 +139,7 @@ class EmulatedCluster:
                 self._add_namespace(ns)
                 port = f"p{i}"
                 _ip("link", "add", INTERFACE, "netns", ns, "mtu", str(MTU), "type", "veth",
-                    "peer", "name", port, "netns", self.bridge, "mtu", str(MTU))  # fmt: skip
+                    "peer", "name", port, "netns", self.bridge, "mtu", str(MTU))
                 _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", INTERFACE)
                 _ip("-n", ns, "link", "set", INTERFACE, *FRAMES, "up")
                 _ip("-n", self.bridge, "link", "set", port, "master", "br0", *FRAMES, "up")
@@ -212,7 +212,7 @@ def run_module_in_cluster(
                 "--master-addr", cluster.address(0), "--master-port", str(MASTER_PORT),
                 "--shutdown-timeout", str(shutdown_seconds),
                 "-m", module, *args,
-            ]  # fmt: skip
+            ]
             log = open(logs / f"node{node}.log", "w")
             files.append(log)
             procs.append(

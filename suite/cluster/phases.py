@@ -9,6 +9,7 @@ A plugin that times a phase of its own declares it with :func:`declare_phase`.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from suite.errors import BenchError
@@ -110,12 +111,11 @@ def known_phase(name: str) -> str:
     closest known one (a typo would otherwise make a new, uncounted column)."""
     if name in PHASES:
         return name
-    import difflib
 
     close = difflib.get_close_matches(name, PHASES, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise BenchError(f"unknown phase {name!r}{hint} (a plugin declares its own with "
-                     "suite.api.declare_phase(name, colour, communication=...))")  # fmt: skip
+                     "suite.api.declare_phase(name, colour, communication=...))")
 
 
 def phase_color(name: str) -> str:

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from suite.cluster.recorder import synchronize
 from suite.cluster.watchdog import backend_timeout, watched
@@ -39,6 +40,7 @@ def elastic_launch_config(
     spawned. After a rank dies the agents restart all ranks up to ``max_restarts`` times; when
     an agent stops its ranks it gives them ``shutdown_seconds`` to finish their iteration,
     flush and checkpoint before SIGKILL. Its logs go to ``log_dir``, which the caller removes."""
+    # lazy: ~0.1 s to import; only this path needs it
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -98,7 +100,7 @@ def gpu_sharing(device: torch.device, backend: str) -> dict | None:
     gpus = torch.cuda.device_count()
     shared = ranks_per_gpu(local, gpus) > 1
     return {"local_ranks": local, "gpus": gpus, "ranks_per_gpu": ranks_per_gpu(local, gpus),
-            "backend": backend, "timings_representative": not shared}  # fmt: skip
+            "backend": backend, "timings_representative": not shared}
 
 
 def join_process_group(
@@ -126,7 +128,6 @@ def join_process_group(
     backend = backend_for(device, local_ranks, gpus)
     # Groups torch creates for us without a timeout argument (HierarchicalModelAverager's
     # subgroups) take the module's default, gloo's 30 minutes: make it ours.
-    from torch.distributed import distributed_c10d
 
     distributed_c10d.default_pg_timeout = _timeout
     if isinstance(distributed_c10d.default_pg_nccl_timeout, timedelta):  # NCCL builds only
@@ -178,7 +179,7 @@ def peer_devices(mine: str) -> dict[int, str]:
         f"prunex-devices-{restart}/",
         dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                       is_master=False, timeout=_timeout),
-    )  # fmt: skip
+    )
     store.set(str(rank), mine)
     keys = [str(r) for r in range(world)]
     store.wait(keys)
@@ -216,4 +217,4 @@ def attempt_store() -> dict:
         timeout=_timeout,
     )
     return {"store": dist.PrefixStore(f"prunex-attempt-{restart}", store), "rank": rank,
-            "world_size": world}  # fmt: skip
+            "world_size": world}

@@ -90,7 +90,7 @@ class Topology:
         the world): a run that does not shard never builds these world-spanning groups."""
         if self._peers is None:
             peer_ranks = [[ranks[i] for ranks in self.node_ranks]
-                          for i in range(self.gpus_per_node)]  # fmt: skip
+                          for i in range(self.gpus_per_node)]
             pgs = [self.new_group(ranks) for ranks in peer_ranks]
             local = self.local_rank
             self._peers = CommGroup("peers", tuple(peer_ranks[local]), pgs[local])
@@ -177,7 +177,7 @@ def build_topology(gpus_per_node: int | None) -> Topology:
         new_group=lambda ranks: dist.new_group(ranks, timeout=collective_timeout()),
         emulated=emulated,
         hostnames=[str(h) for h in hostnames],
-    )  # fmt: skip
+    )
 
 
 def lay_out(

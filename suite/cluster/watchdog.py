@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch.distributed as dist
+
 HOST = socket.gethostname()
 #: seconds between two heartbeats; a rank not heard from for STALE_BEATS of them is stalled
 BEAT_SECONDS = 1.0
@@ -79,7 +81,7 @@ class Position:
     def issued(
         self, collective: str, group: str, group_ranks: tuple[int, ...],
         timeout: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.wait = Wait(collective, group, tuple(group_ranks), time.monotonic(), timeout)
 
     def waited(self) -> float:
@@ -100,7 +102,7 @@ POSITION = Position()
 def watched(
     collective: str, group: str, group_ranks: tuple[int, ...] = (), *,
     phase: str | None = None, timeout: float | None = None,
-) -> Iterator[None]:  # fmt: skip
+) -> Iterator[None]:
     """The block issues ``collective`` on ``group`` and waits for its result (a value read
     back, a synchronize, or a blocking call): the watchdog knows it meanwhile. ``group_ranks``
     () means the world; ``timeout`` overrides ``--collective-timeout`` for a wait that
@@ -112,7 +114,6 @@ def watched(
 
 def barrier(what: str) -> None:
     """``dist.barrier()`` on the world, known to the watchdog as ``what``."""
-    import torch.distributed as dist
 
     with watched("barrier", f"world ({what})"):
         dist.barrier()
@@ -160,7 +161,7 @@ class Watchdog:
         record = {"iteration": pos.iteration, "phase": pos.phase, "heard": time.time(),
                   "collective": wait and [wait.collective, wait.group],
                   "group_ranks": wait and list(wait.group_ranks), "fired": fired,
-                  "host": HOST, "pid": os.getpid()}  # fmt: skip
+                  "host": HOST, "pid": os.getpid()}
         try:
             self._store.set(KEY.format(rank=self.rank), json.dumps(record))
         except Exception:  # the store's host is gone: the stall check still runs
@@ -180,23 +181,28 @@ class Watchdog:
         try:
             self.on_stall(self.stall_line(wait, waited))
         finally:
+            self.kill_frozen_root()
             os._exit(1)
 
     def stall_line(self, wait: Wait, waited: str) -> str:
         """The failure line: the root of the chain of waits first (the rank an operator must
-        look at), then this rank's own wait and the ranks between. A root that went silent on
-        this host is frozen (stopped, or hung past its own watchdog): it is killed, so it does
-        not outlive the run (torch's agent would wait 30 s on its way out before SIGKILL)."""
+        look at), then this rank's own wait and the ranks between."""
         root, path = self.blame(wait)
         if root is None:
             return f"a collective stalled: {waited}; {path}"
+        via = f", through rank(s) {', '.join(map(str, path))}" if path else ""
+        return f"stalled {root}; {waited}{via}"
+
+    def kill_frozen_root(self) -> None:
+        """Kill a root that went silent on this host (stopped, or hung past its own watchdog),
+        so it does not outlive the run (torch's agent would wait 30 s on its way out before
+        SIGKILL). Only after this rank's report is on disk: the launcher, seeing the root die
+        of SIGKILL, ends the run and would otherwise blame the signal, not the stall."""
         if self.frozen_here is not None:
             try:
                 os.kill(self.frozen_here, signal.SIGKILL)
             except OSError:
                 pass
-        via = f", through rank(s) {', '.join(map(str, path))}" if path else ""
-        return f"stalled {root}; {waited}{via}"
 
     def records(self) -> dict[int, dict | None]:
         """Every rank's last heartbeat (None: never heard from), read from the store."""
@@ -220,17 +226,17 @@ class Watchdog:
             return None, f"waiting for one of ranks {peers} (no store to ask which)"
         records, now = self.records(), time.time()
         here = {"collective": [wait.collective, wait.group], "iteration": self.position.iteration,
-                "group_ranks": list(wait.group_ranks)}  # fmt: skip
+                "group_ranks": list(wait.group_ranks)}
         current, path, seen = self.rank, [], {self.rank}
         while True:
             peers = [r for r in (here.get("group_ranks") or range(self.world_size))
-                     if r != current]  # fmt: skip
+                     if r != current]
             silent = sorted(
                 ((now - records[p]["heard"] if records[p] else math.inf, p) for p in peers
                  if records[p] is None or (now - records[p]["heard"] > STALE_BEATS * BEAT_SECONDS
                                            and not records[p].get("fired"))),
                 reverse=True,
-            )  # fmt: skip
+            )
             if silent:
                 quiet, peer = silent[0]
                 record = records[peer]
@@ -239,7 +245,7 @@ class Watchdog:
                 return describe_silent(peer, quiet, record), path
             behind = [p for p in peers if p not in seen and (
                 records[p]["collective"] != here["collective"]
-                or records[p]["iteration"] != here["iteration"])]  # fmt: skip
+                or records[p]["iteration"] != here["iteration"])]
             if not behind:
                 return None, f"every peer of the group waits too (ranks {peers})"
             current = behind[0]
@@ -262,7 +268,6 @@ def store_client(timeout_seconds: float = 5.0):
     """A connection of the caller's own to the job's store (torchrun's or srun's
     MASTER_ADDR:MASTER_PORT), under this attempt's prefix; the watchdog's has a short timeout
     so a frozen host cannot hang it. None where there is none."""
-    import torch.distributed as dist
 
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
@@ -273,4 +278,4 @@ def store_client(timeout_seconds: float = 5.0):
     except Exception:
         return None
     return dist.PrefixStore(f"watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-                            store)  # fmt: skip
+                            store)

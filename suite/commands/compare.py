@@ -53,7 +53,7 @@ def load_baseline(baseline: str, new_classes: set[str]) -> tuple[pd.DataFrame, l
 def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
     return (f"no reference for machine class {', '.join(sorted(missing))} in {baseline} (it "
             f"holds {', '.join(sorted(held))}); record one on such a machine with "
-            "`nox -s reference` and commit it")  # fmt: skip
+            "`nox -s reference` and commit it")
 
 
 def declared_activity_check(method: str):
@@ -66,7 +66,7 @@ def run_compare(
     baseline: str, new: str, max_regression: str, max_accuracy_drop: float,
     metric: tuple[str, ...], fmt: str, *, echo: Callable, max_time_regression: str | None = None,
     max_loss_regression: str | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Print the comparison; 1 when a metric regressed, a NEW run failed or did not do its
     method's job, there is no reference for the NEW runs' class, or no NEW run matched a
     baseline run (a gate that compared nothing must not pass), else 0 (bad input raises
@@ -76,12 +76,12 @@ def run_compare(
     loss_threshold = None if max_loss_regression is None else parse_threshold(max_loss_regression)
     if not 0 <= max_accuracy_drop <= 100:
         raise BenchError(f"--max-accuracy-drop must be in [0, 100] points, got "
-                         f"{max_accuracy_drop}")  # fmt: skip
+                         f"{max_accuracy_drop}")
     metrics = parse_metrics(metric)
     new_runs, warn_new = load_summaries(new, METHODS.defaults)
     base, warn_base = load_baseline(baseline, set(new_runs.machine_class) - {"-"})
     table, unmatched = compare(base, new_runs, metrics, threshold, max_accuracy_drop,
-                               time_threshold, loss_threshold)  # fmt: skip
+                               time_threshold, loss_threshold)
     activity, warn_activity = activity_rows(new_runs, declared_activity_check)
     if activity:
         table = pd.concat([table, pd.DataFrame(activity)], ignore_index=True)
@@ -101,8 +101,8 @@ def run_compare(
     times = "" if time_threshold is None else f" ({time_threshold:.1%} times)"
     times += "" if loss_threshold is None else f" ({loss_threshold:.1%} training loss)"
     echo(f"{len(regressions)} regression(s) beyond {threshold:.1%} (times, bytes){times} or "
-         f"{max_accuracy_drop:g} accuracy points")  # fmt: skip
+         f"{max_accuracy_drop:g} accuracy points")
     if len(new_runs) and not matched:
         echo(f"nothing compared: none of the {len(new_runs)} NEW run(s) matches a baseline "
-             "run (see the unmatched above), so the gate fails", err=True)  # fmt: skip
+             "run (see the unmatched above), so the gate fails", err=True)
     return failed

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from suite.commands.experiment import read_experiment
 from suite.commands.preflight import (
     LAUNCHER_FLAGS,
     describe,
@@ -13,9 +14,20 @@ from suite.commands.preflight import (
     split_options,
     validate,
 )
+from suite.commands.sweep import expand, run_cells, summary_lines
 from suite.config import RunConfig
 from suite.errors import BenchError
-from suite.results.folder import MANIFEST
+from suite.launchers.local import (
+    adopt_slurm_environment,
+    default_local_gpus_per_node,
+    launch_emulated,
+    launch_in_job,
+    launch_local,
+)
+from suite.launchers.slurm import prepare, slurm_request, submit_or_print
+from suite.plugins.registry import METHODS
+from suite.results.folder import MANIFEST, RunFolder
+from suite.run.checkpoint import latest_checkpoint
 
 SIM_FLAGS = LAUNCHER_FLAGS["sim"]
 SLURM_FLAGS = LAUNCHER_FLAGS["slurm"]
@@ -37,14 +49,11 @@ def config_from_flags(kwargs: dict, given: dict, *, warn: Callable | None = None
 def resume_arguments(kwargs: dict) -> dict:
     """``bench run --resume RUN_DIR``: the recorded run's flags (its manifest), into its own
     folder, from its latest complete checkpoint."""
-    from suite.commands.experiment import read_experiment
-    from suite.results.folder import RunFolder
-    from suite.run.checkpoint import latest_checkpoint
 
     folder = RunFolder(Path(kwargs["resume"]).resolve())
     if not folder.has_manifest:
         raise BenchError(f"--resume {folder.path}: no manifest.json (the run never started); "
-                         "start it again with --overwrite")  # fmt: skip
+                         "start it again with --overwrite")
     try:
         status = (folder.summary() or {}).get("status")
     except (OSError, ValueError):
@@ -60,19 +69,12 @@ def resume_arguments(kwargs: dict) -> dict:
     recorded = read_experiment(folder.path / MANIFEST)
     resumed = {k: v for k, v in kwargs.items() if k not in recorded}
     resumed.update(recorded, gpus=[recorded["gpus"]], run_id=folder.path.name,
-                   results_dir=str(folder.path.parent), resume=True, overwrite=False)  # fmt: skip
+                   results_dir=str(folder.path.parent), resume=True, overwrite=False)
     return resumed
 
 
 def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     """One run: ``kwargs`` are ``bench run``'s flags, ``given`` the method options set."""
-    from suite.launchers.local import (
-        adopt_slurm_environment,
-        default_local_gpus_per_node,
-        launch_emulated,
-        launch_in_job,
-        launch_local,
-    )
 
     kwargs = dict(kwargs)
     dry_run = kwargs.pop("dry_run", False)
@@ -84,6 +86,7 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     kwargs["resume"] = bool(kwargs.get("resume"))
     kwargs["overwrite"] = bool(kwargs.get("overwrite"))
     if launcher == "sim":
+        # lazy: suite.commands.simulate costs ~0.1 s to import; only this path needs it
         from suite.commands.simulate import run_simulations
 
         base = RunConfig.from_flags(kwargs, {}, gpus[0])
@@ -93,8 +96,6 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
         raise BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`")
     config = config_from_flags({**kwargs, "gpus": gpus}, given, warn=echo)
     if launcher == "slurm":
-        from suite.launchers.slurm import prepare, slurm_request, submit_or_print
-
         prepare(config)
         request = slurm_request(**slurm)
         validate(config, check_data=False)
@@ -123,9 +124,6 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
 
 def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     """A grid of runs; returns True if a cell failed."""
-    from suite.commands.sweep import expand, run_cells, summary_lines
-    from suite.launchers.local import default_local_gpus_per_node, launch_emulated, launch_local
-    from suite.plugins.registry import METHODS
 
     kwargs = dict(kwargs)
     methods = [m for m in kwargs.pop("method").split(",") if m]
@@ -134,7 +132,7 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     force = kwargs.pop("force", False)
     if kwargs["launcher"] not in ("auto", "local"):
         raise BenchError("bench sweep launches its cells here (--launcher local); for a "
-                         "cluster, submit `bench run --launcher slurm` per cell")  # fmt: skip
+                         "cluster, submit `bench run --launcher slurm` per cell")
     kwargs["launcher"] = "local"
     catalogue = METHODS.option_catalogue()
     grid = {name: option_values(catalogue[name][0], value) for name, value in given.items()}
@@ -167,10 +165,9 @@ def option_values(opt, value) -> list:
 
 
 def rerun_arguments(run_dir: str, *, results_dir: str | None, run_id: str | None,
-                    dry_run: bool) -> dict:  # fmt: skip
+                    dry_run: bool) -> dict:
     """``bench rerun``: the recorded run's configuration (its manifest) as ``bench run``'s
     arguments, into a new folder beside it unless ``results_dir`` says otherwise."""
-    from suite.commands.experiment import read_experiment
 
     kwargs = read_experiment(Path(run_dir) / MANIFEST)
     parent = str(Path(run_dir).resolve().parent)

@@ -12,10 +12,12 @@ the recorded run id (a run of it again gets a new folder) and with the launcher 
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from suite.errors import BenchError
 from suite.results.folder import MANIFEST
+from suite.sim.profile import shipped_profiles
 
 #: manifest config keys that record what happened rather than what was asked
 _RECORDED_ONLY = ("run_id", "resume", "overwrite")
@@ -23,6 +25,7 @@ _RECORDED_ONLY = ("run_id", "resume", "overwrite")
 
 def read_experiment(path: str | Path) -> dict:
     """The file's settings as ``{flag key: value}`` (underscored keys, options flattened)."""
+    # lazy: yaml costs ~0.1 s to import; only this path needs it
     import yaml
 
     file = Path(path)
@@ -63,8 +66,6 @@ def _from_manifest(manifest: dict, path) -> dict:
     if config.get("launcher") in ("local", "torchrun"):
         config["launcher"] = "auto"
     if manifest.get("simulated"):
-        from suite.sim.profile import shipped_profiles
-
         simulation = manifest.get("simulation", {})
         name = simulation.get("profile", {}).get("name")
         if name not in shipped_profiles():
@@ -94,11 +95,9 @@ def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = ()) -> None
                 del values[off_key]
     unknown = sorted(k for k in values if k not in params)
     if unknown:
-        import difflib
-
         close = difflib.get_close_matches(unknown[0], params, n=1)
         hint = (f"did you mean {close[0]!r}?" if close else
-                "keys are bench run's flags with '_' for '-' (bench run --help)")  # fmt: skip
+                "keys are bench run's flags with '_' for '-' (bench run --help)")
         raise BenchError(f"--config: unknown key {', '.join(map(repr, unknown))}; {hint}")
     defaults = {}
     for key, value in values.items():

@@ -11,8 +11,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from suite.data.datasets import dataset_spec, load_data
 from suite.data.workload import example_input
 from suite.errors import BenchError
+from suite.plugins.registry import WORKLOADS
 from suite.results.folder import RunFolder, write_json, write_torch
 from suite.structured.export import (
     CHECK_SAMPLES,
@@ -30,7 +32,7 @@ from suite.structured.units import UnitGroup, load_unit_masks, trace_unit_groups
 
 
 def export_and_print(run_dir: str, output: str | None, *, data_dir: str | None, repeats: int,
-                     echo: Callable) -> dict:  # fmt: skip
+                     echo: Callable) -> dict:
     record = export_run(run_dir, output, data_dir=data_dir, repeats=repeats, echo=echo)
     dense, small = record["dense"], record["exported"]
     echo(f"{'':>12} {'dense':>14} {'exported':>14} {'ratio':>7}")
@@ -38,7 +40,7 @@ def export_and_print(run_dir: str, output: str | None, *, data_dir: str | None, 
         ratio = record["ratios"].get(key, float("nan"))
         echo(f"{key:>12} {dense[key]:>14.4g} {small[key]:>14.4g} {ratio:>7.3f}")
     echo(f"test accuracy of the exported model: {100 * small['test_accuracy']:.2f} %  "
-         f"(max |diff| to the masked dense model {record['max_abs_diff']:.2g})")  # fmt: skip
+         f"(max |diff| to the masked dense model {record['max_abs_diff']:.2g})")
     echo(f"model: {record['model_file']}  record: {Path(run_dir) / 'export.json'}")
     return record
 
@@ -46,8 +48,6 @@ def export_and_print(run_dir: str, output: str | None, *, data_dir: str | None, 
 def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup]]:
     """The run's manifest, its evaluated model, its masks and the head and neuron groups
     they prune; a one-line error for a folder that has none of them."""
-    from suite.data.datasets import dataset_spec
-    from suite.plugins.registry import WORKLOADS
 
     folder = RunFolder(run_dir)
     if not folder.has_manifest:
@@ -75,7 +75,7 @@ def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup
     if any("#" in key for key in saved):  # heads or neurons were pruned
         groups = [g for g in trace_unit_groups(model, example_input(spec)) if g.key in saved]
     masks = {**load_masks(str(run_dir), conv_shapes(model), "cpu"),
-             **load_unit_masks(str(run_dir), groups, "cpu")}  # fmt: skip
+             **load_unit_masks(str(run_dir), groups, "cpu")}
     return manifest, model.eval(), masks, groups
 
 
@@ -89,7 +89,6 @@ def export_run(
     echo=print,
 ) -> dict:
     """Export a run's model (see the module docstring); returns what ``export.json`` holds."""
-    from suite.data.datasets import load_data
 
     run_dir = Path(run_dir)
     manifest, model, masks, groups = load_run_model(run_dir)

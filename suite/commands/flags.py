@@ -10,7 +10,9 @@ import sys
 
 import click
 
+from suite.commands.experiment import apply_to_command, read_experiment
 from suite.errors import BenchError, RunFailed
+from suite.plugins.registry import METHODS, WORKLOADS
 
 RECIPE_FIELDS = (
     "batch_size",
@@ -67,7 +69,6 @@ class BenchGroup(click.Group):
 
 
 def attach_registry_params(command: click.Command, *, lists: bool) -> None:
-    from suite.plugins.registry import METHODS
 
     taken = {p.name for p in command.params}
     for name, (opt, readers) in METHODS.option_catalogue().items():
@@ -85,7 +86,7 @@ def attach_registry_params(command: click.Command, *, lists: bool) -> None:
             param = click.Option(
                 [opt.flag, name], default=None, metavar=metavar,
                 help=help_text + (" (comma list)" if lists else ""),
-            )  # fmt: skip
+            )
         command.params.append(param)
     for param in command.params:
         if param.name in RECIPE_FIELDS:
@@ -94,7 +95,6 @@ def attach_registry_params(command: click.Command, *, lists: bool) -> None:
 
 def recipe_defaults(field: str) -> str:
     """``0.05 (cnn-fmnist, resnet18-fmnist); 0.001 (resnet18-cifar10, ...)``."""
-    from suite.plugins.registry import WORKLOADS
 
     by_value: dict = {}
     for entry in WORKLOADS.entries():
@@ -121,8 +121,6 @@ def config_option(list_keys: tuple[str, ...]):
     def load(ctx, param, value):
         if value is None:
             return None
-        from suite.commands.experiment import apply_to_command, read_experiment
-        from suite.plugins.registry import METHODS
 
         keys = list_keys
         if getattr(ctx.command, "method_options", None) == "lists":  # every option is an axis
@@ -136,12 +134,11 @@ def config_option(list_keys: tuple[str, ...]):
     return click.option(
         "--config", type=click.Path(), default=None, is_eager=True, expose_value=False,
         callback=load, help="experiment file (YAML, or a run's manifest.json); flags override it",
-    )  # fmt: skip
+    )
 
 
 def given_options(kwargs: dict) -> dict:
     """Pop the method options out of a command's keyword arguments; keep the given ones."""
-    from suite.plugins.registry import METHODS
 
     names = METHODS.option_catalogue()
     return {k: v for k in list(kwargs) if k in names and (v := kwargs.pop(k)) is not None}
@@ -207,7 +204,7 @@ def run_flags(func):
                      type=click.Choice(["auto", "local", "torchrun", "slurm", "sim"]),
                      help="auto: torchrun inside a torchrun/SLURM job, else local; slurm: write "
                      "and sbatch a job script; sim: the calibrated simulator (see bench sim)"),
-    ]  # fmt: skip
+    ]
     for flag in reversed(flags):
         func = flag(func)
     return func

@@ -12,11 +12,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from suite.cluster.ranks import ranks_on_cuda
+import torch
+
+from suite.cluster.netemu import check_privileges, parse_rate
+from suite.cluster.ranks import ranks_on_cuda, ranks_per_gpu
+from suite.cluster.topology import check_layout
 from suite.config import RunConfig
+from suite.data.datasets import dataset_spec, load_data, split_sizes
+from suite.data.workload import example_input
 from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
 from suite.plugins.options import POSITIVE, Check, check_value, settings_dict
+from suite.plugins.registry import METHODS
 from suite.results.folder import MANIFEST, SUMMARY
 from suite.run.build import count_iterations, method_settings, resolve_workload
 from suite.structured.masks import StructuredKeepSettings
@@ -79,7 +86,6 @@ def split_options(method: str, given: dict) -> tuple[dict, list[str]]:
 
     Converted here so a run records ``{"local_steps": 4}`` whether the 4 came from a flag, a
     file or a manifest, and runs of one configuration match in ``bench compare``."""
-    from suite.plugins.registry import METHODS
 
     mine = {o.name: o for o in METHODS.get(method).options}
     kept = {k: mine[k].convert(v) for k, v in given.items() if k in mine}
@@ -90,8 +96,6 @@ def validate(
     config: RunConfig, *, check_data: bool = True, existing_folder_ok: bool = False
 ) -> None:
     """Catch bad input here, in one line, before any rank is spawned."""
-    from suite.cluster.topology import check_layout
-    from suite.data.datasets import load_data
 
     _, _, dataset = resolve_workload(config)
     settings = method_settings(config)  # converts and range-checks every method option
@@ -107,8 +111,6 @@ def validate(
     if config.inter_bw is not None and config.network != "emulated":
         raise BenchError("--inter-bw needs --network emulated")
     if config.network == "emulated":
-        from suite.cluster.netemu import check_privileges, parse_rate
-
         if config.inter_bw is None:
             raise BenchError("--network emulated needs --inter-bw, e.g. 1gbit or 200mbit")
         parse_rate(config.inter_bw)
@@ -172,10 +174,7 @@ def check_structure_once(config: RunConfig, dataset: str, settings) -> None:
     """The model's structured groups traced here, once per workload, dataset and keeps in
     this process: an untraceable model or a keep that prunes nothing is one line now, not
     a failed run after the ranks started (suite.structured.structures)."""
-    import torch
 
-    from suite.data.datasets import dataset_spec
-    from suite.data.workload import example_input
 
     key = (config.workload, dataset, tuple(settings.keeps.items()), getattr(settings, "pack", None))
     if key in _STRUCTURES_CHECKED:
@@ -191,9 +190,7 @@ def check_structure_once(config: RunConfig, dataset: str, settings) -> None:
 def model_on_meta_device(config: RunConfig, dataset: str):
     """The run's model with shapes but no storage (for checks), or None if it cannot be
     built that way."""
-    import torch
 
-    from suite.data.datasets import dataset_spec
 
     workload, _, _ = resolve_workload(config)
     try:
@@ -216,7 +213,6 @@ def available_memory() -> int | None:
 
 def sample_bytes(dataset: str) -> int:
     """Bytes of one float32 image of ``dataset``."""
-    from suite.data.datasets import dataset_spec
 
     spec = dataset_spec(dataset)
     return spec.in_chans * spec.image_size**2 * 4
@@ -234,7 +230,6 @@ def parameter_bytes(model) -> int:
 def rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
     """Bytes one CPU rank needs: base, the whole dataset as float32 (every rank loads it and
     keeps its shard), and the parameter copies."""
-    from suite.data.datasets import split_sizes
 
     samples = sum(split_sizes(dataset, config.synthetic_size))
     return RANK_BASE_BYTES + samples * sample_bytes(dataset) + parameter_bytes(model)
@@ -261,9 +256,7 @@ def check_memory(config: RunConfig, dataset: str, model) -> None:
 def activation_bytes(model, dataset: str, batch_size: int) -> int:
     """Bytes of every leaf module's output for one batch, from a forward pass on the meta
     device (no storage): what backward keeps of the activations, about."""
-    import torch
 
-    from suite.data.datasets import dataset_spec
 
     spec = dataset_spec(dataset)
     total = 0
@@ -290,7 +283,6 @@ def gpu_rank_memory_estimate(config: RunConfig, dataset: str, model) -> int:
     """Bytes one CUDA rank needs on its GPU: the CUDA context, the parameter copies (weights,
     gradients, momentum and what the method keeps), the activations of a batch and their
     gradients, and the rank's resident data shard."""
-    from suite.data.datasets import split_sizes
 
     _, recipe, _ = resolve_workload(config)
     train, _ = split_sizes(dataset, config.synthetic_size)
@@ -308,11 +300,11 @@ def free_gpu_memory(count: int) -> list[int]:
         "print(*(torch.cuda.mem_get_info(i)[0] for i in range(int(sys.argv[1]))))"
     )
     probe = subprocess.run([sys.executable, "-c", code, str(count)], capture_output=True,
-                           text=True)  # fmt: skip
+                           text=True)
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
         raise BenchError(f"cannot read the GPUs' free memory ({why[:200]}); check the CUDA "
-                         "driver with nvidia-smi")  # fmt: skip
+                         "driver with nvidia-smi")
     return [int(free) for free in probe.stdout.split()]
 
 
@@ -320,9 +312,7 @@ def check_gpu_memory(config: RunConfig, dataset: str, model) -> None:
     """Refuse, in one line, local CUDA ranks that cannot fit in their GPUs' free memory
     (``torch.cuda.mem_get_info``), ranks that share a GPU counted together: they would fail
     with an out-of-memory error after setup, or one by one mid-run."""
-    import torch
 
-    from suite.cluster.ranks import ranks_per_gpu
 
     gpus = torch.cuda.device_count()
     if not gpus:
@@ -342,7 +332,6 @@ def check_gpu_memory(config: RunConfig, dataset: str, model) -> None:
 
 def describe(config: RunConfig, run_dir: Path | str) -> str:
     """The ``--dry-run`` plan: ranks and nodes, data, recipe, method settings, run folder."""
-    from suite.data.datasets import split_sizes
 
     _, recipe, dataset = resolve_workload(config)
     settings = method_settings(config)

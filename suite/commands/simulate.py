@@ -7,9 +7,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.results.folder import RunFolder
+from suite.sim.profile import load_profile, shipped_profiles
 from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable, simulate_run
 
 
@@ -27,8 +29,6 @@ def run_simulations(
 ) -> list[Path]:
     """One simulated run folder per (method, GPU count); each method gets the options it
     declares. Everything is checked before the first simulation starts."""
-    from suite.commands.preflight import split_options, validate
-    from suite.sim.profile import load_profile
 
     loaded = load_profile(profile or "v100-ib100")
     accuracy = borrowed_accuracy(accuracy_from)
@@ -51,7 +51,7 @@ def run_simulations(
         for config in configs:
             echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
                  f"({config.gpus // config.gpus_per_node} x {config.gpus_per_node}), "
-                 f"options {config.options}")  # fmt: skip
+                 f"options {config.options}")
         return []
     paths = []
     for config in configs:
@@ -69,7 +69,6 @@ def run_simulations(
 
 def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
     """``bench sim``: list the shipped profiles, or simulate every (method, GPU count)."""
-    from suite.sim.profile import load_profile, shipped_profiles
 
     if kwargs.pop("list_profiles"):
         for name in shipped_profiles():

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tqdm import tqdm
+
 from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
 from suite.plugins.registry import METHODS
@@ -29,7 +31,7 @@ from suite.run.checkpoint import latest_checkpoint
 RELIABILITY_FIELDS = (
     "checkpoint_every", "checkpoint_minutes", "resume", "overwrite", "max_restarts",
     "collective_timeout",
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -49,10 +51,10 @@ def cell_id(config: RunConfig) -> str:
     described = json.loads(config.to_json())
     declared = METHODS.defaults(config.method) or {}
     described["options"] = {k: v for k, v in described["options"].items()
-                            if k not in declared or v != declared[k]}  # fmt: skip
+                            if k not in declared or v != declared[k]}
     # what only changes where a run is written or how it is watched leaves the cell as it is
     for volatile in ("run_id", "results_dir", "launcher", "tag", "tensorboard",
-                     *RELIABILITY_FIELDS):  # fmt: skip
+                     *RELIABILITY_FIELDS):
         described.pop(volatile, None)
     digest = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:8]
     return f"{config.method}-{config.workload}-{config.gpus}g-{digest}"
@@ -78,7 +80,7 @@ def expand(
             config = replace(
                 base, workload=workload, method=method, gpus=n, seed=seed, options=options,
                 run_id=None,
-            )  # fmt: skip
+            )
             config.run_id = cell_id(config)
             if config.run_id not in seen:
                 seen.add(config.run_id)
@@ -115,7 +117,6 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
 
 def run_cells(cells: list[Cell], results_dir: Path, launch, *, force: bool = False) -> None:
     """Run every pending cell with ``launch(config)``; failures are recorded, not raised."""
-    from tqdm import tqdm
 
     os.environ.setdefault("PRUNEX_PROGRESS", "0")  # one bar: over cells
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +156,7 @@ def write_record(cells: list[Cell], results_dir: Path) -> None:
                 }
                 for c in cells
             ]
-        },  # fmt: skip
+        },
     )
 
 

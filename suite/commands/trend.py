@@ -12,7 +12,7 @@ from suite.results.trend import MIN_RUNS, add_to_history, find_changes, read_his
 def run_trend(
     history: str, add: str | None, max_regression: str, max_accuracy_drop: float,
     fail_on_last: bool, *, echo: Callable, max_time_regression: str | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """1 with --fail-on-last when a series' last run starts a worse segment, else 0."""
     threshold = parse_threshold(max_regression)
     time_threshold = (
@@ -28,8 +28,8 @@ def run_trend(
     if short:
         echo(f"{len(short)} series have fewer than {MIN_RUNS} runs, the least a verdict needs "
              f"(longest here: {longest}): {'; '.join(short[:3])}"
-             f"{' ...' if len(short) > 3 else ''}")  # fmt: skip
+             f"{' ...' if len(short) > 3 else ''}")
     last = [c for c in changes if c.worse and c.in_last_run]
     echo(f"{len(changes)} change point(s) beyond {threshold:.1%} (bytes, times) or "
-         f"{max_accuracy_drop:g} accuracy points; {len(last)} worse in the last run")  # fmt: skip
+         f"{max_accuracy_drop:g} accuracy points; {len(last)} worse in the last run")
     return 1 if fail_on_last and last else 0

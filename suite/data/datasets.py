@@ -183,6 +183,7 @@ def _load_fmnist(data_dir, download: bool) -> tuple[TensorData, TensorData]:
     found = {stem: _find_idx(dirs, stem) for stem in stems}
     if download and None in found.values():
         root = _root(data_dir)
+        # lazy: torchvision costs ~1.3 s to import; only this path needs it
         from torchvision import datasets
 
         try:  # torchvision fetches into root/FashionMNIST/raw, the second place we look
@@ -265,6 +266,7 @@ def _cifar10_files_class() -> type:
     torchvision is imported here, not with the module: importing it costs a process about
     3 s, and most runs never read CIFAR-10.
     """
+    # lazy: torchvision costs ~1.3 s to import; only this path needs it
     from torchvision import datasets
 
     class Cifar10Files(datasets.CIFAR10):

@@ -39,7 +39,7 @@ class ShardedLoader:
     def __init__(
         self, data: TensorData, rank: int, world_size: int, batch_size: int, seed: int,
         device: torch.device | None = None,
-    ):  # fmt: skip
+    ):
         if not 0 <= rank < world_size:
             raise BenchError(f"rank {rank} is outside a world of {world_size}")
         if batch_size <= 0:

@@ -19,6 +19,12 @@ from pathlib import Path
 
 import torch
 
+from suite.cluster.netemu import (
+    check_privileges,
+    emulated_cluster,
+    parse_rate,
+    run_module_in_cluster,
+)
 from suite.cluster.ranks import elastic_launch_config, ranks_on_cuda
 from suite.config import RunConfig
 from suite.errors import BenchError, RunFailed, RunInterrupted
@@ -131,6 +137,7 @@ def run_agent(
     else:
         folder = RunFolder(Path(config.results_dir) / str(config.run_id))
 
+    # lazy: ~0.1 s to import; only this path needs it
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -141,7 +148,7 @@ def run_agent(
         config.gpus // nodes, job_id or config.run_id, log_dir=logs, nodes=nodes,
         rendezvous=rendezvous, max_restarts=config.max_restarts,
         shutdown_seconds=shutdown_seconds,
-    )  # fmt: skip
+    )
     try:
         elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
     except ChildFailedError as exc:
@@ -182,12 +189,6 @@ def dead_rank(exc) -> str | None:
 def launch_emulated(config: RunConfig) -> Path:
     """Spawn the ranks in emulated nodes (network namespaces) whose links are rate-limited;
     the namespaces exist only for the run's duration (see suite.cluster.netemu)."""
-    from suite.cluster.netemu import (
-        check_privileges,
-        emulated_cluster,
-        parse_rate,
-        run_module_in_cluster,
-    )
 
     rate = parse_rate(config.inter_bw)
     check_privileges()
@@ -245,7 +246,7 @@ def fail_run(
             signal.signal(sig, handler)
     error = RunInterrupted if interrupted else RunFailed
     raise error(f"run {config.run_id} {'stopped' if interrupted else 'failed'}: {reason} "
-                f"(see {folder.path})") from None  # fmt: skip
+                f"(see {folder.path})") from None
 
 
 def quiet_launcher_logs() -> None:

@@ -29,6 +29,9 @@ from pathlib import Path
 
 from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
+from suite.launchers.local import run_agent
+from suite.results.folder import make_run_id
+from suite.run.checkpoint import latest_checkpoint
 
 DEFAULT_TIME_LIMIT = "02:00:00"
 #: seconds before the time limit at which SLURM sends SIGTERM (``--slurm-signal-lead``)
@@ -110,9 +113,9 @@ class NodeAgent:
     resume: bool = False  # the first start continues the folder (bench run --resume)
 
     def __call__(self) -> None:
+        # lazy: submitit costs ~0.1 s to import; only this path needs it
         import submitit
 
-        from suite.launchers.local import run_agent
 
         job = submitit.JobEnvironment()
         config = RunConfig.from_json(self.config_json)
@@ -151,7 +154,6 @@ def start_mode(run_dir: Path, overwrite: bool, resume: bool) -> tuple[bool, bool
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    from suite.run.checkpoint import latest_checkpoint
 
     return latest_checkpoint(run_dir) is not None
 
@@ -160,7 +162,7 @@ def requeue(job_id: str) -> bool:
     """Put the job back in the queue (its next start resumes the checkpoint), unless it is
     no longer running: a job cancelled with scancel stays cancelled."""
     state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                           text=True).stdout.strip()  # fmt: skip
+                           text=True).stdout.strip()
     if state != "RUNNING":
         return False
     return subprocess.run(["scontrol", "requeue", job_id], capture_output=True).returncode == 0
@@ -169,6 +171,7 @@ def requeue(job_id: str) -> bool:
 def slurm_executor(folder: Path, *, preview: bool):
     """submitit's SlurmExecutor for ``folder``; ``preview``: one that skips submitit's check
     for ``srun``, so ``--dry-run`` prints the job on a machine without SLURM."""
+    # lazy: submitit costs ~0.1 s to import; only this path needs it
     import submitit
 
     if preview:
@@ -183,7 +186,7 @@ def slurm_executor(folder: Path, *, preview: bool):
         return submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
     except RuntimeError as exc:  # submitit: 'Could not detect "srun"...'
         raise BenchError(f"cannot submit to SLURM here ({exc}); use --dry-run to print the "
-                         "job") from None  # fmt: skip
+                         "job") from None
 
 
 def submission(config: RunConfig, request: SlurmRequest, *, preview: bool = False):
@@ -203,6 +206,7 @@ def submission(config: RunConfig, request: SlurmRequest, *, preview: bool = Fals
 def describe_submission(config: RunConfig, request: SlurmRequest) -> str:
     """``--dry-run``: the sbatch file submitit will submit and the configuration every
     node's agent starts its ranks with (``suite.run.entry.rank_main`` of that JSON)."""
+    # lazy: submitit.slurm.slurm costs ~0.1 s to import; only this path needs it
     from submitit.slurm.slurm import _make_sbatch_string
 
     executor, agent = submission(config, request, preview=True)
@@ -219,12 +223,11 @@ def describe_submission(config: RunConfig, request: SlurmRequest) -> str:
         f"# SIGTERM {request.signal_lead} s before the time limit or on preemption: the ranks "
         f"get {agent.shutdown_seconds} s to checkpoint, then the job requeues and resumes.",
         "",
-    ])  # fmt: skip
+    ])
 
 
 def prepare(config: RunConfig) -> None:
     """What a SLURM run fixes before it is checked: its node size, run id and device."""
-    from suite.results.folder import make_run_id
 
     if config.gpus_per_node is None:
         raise BenchError("--launcher slurm needs --gpus-per-node (ranks on each cluster node)")
@@ -261,7 +264,7 @@ def submit_or_print(config: RunConfig, request: SlurmRequest, *, dry_run: bool, 
         return
     if shutil.which("sbatch") is None:
         raise BenchError("sbatch not found on PATH (SLURM is not installed here); use --dry-run "
-                         "to print the job")  # fmt: skip
+                         "to print the job")
     executor, agent = submission(config, request)
     try:
         job = executor.submit(agent)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.swa_utils import update_bn
 
 from suite.cluster.comm import Communicator, flatten, unflatten_into
 from suite.cluster.recorder import Recorder, synchronize
@@ -336,7 +337,6 @@ def recalibrate_batchnorm(
         batches = self.ctx.loader.calibration_batches(8)
         recalibrate_batchnorm(self.average, batches, self.ctx.topology.world, self.ctx.device)
     """
-    from torch.optim.swa_utils import update_bn
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not norms or not batches:

@@ -156,7 +156,7 @@ class Option:
     def signature(self) -> tuple:
         """What must agree where two methods declare the same flag."""
         return (self.kind, self.choices, self.default, self.help, self.off_flag,
-                self.shown_default, self.check.text if self.check else None)  # fmt: skip
+                self.shown_default, self.check.text if self.check else None)
 
     def describe(self) -> str:
         return f"{self.type_text}, default {self.default_text}: {self.help!r}"
@@ -255,7 +255,7 @@ def options_of(settings: type | None) -> list[Option]:
                 meta.off_flag,
                 meta.shown_default,
                 meta.existing_path,
-            )  # fmt: skip
+            )
         )
     return found
 

@@ -54,17 +54,18 @@ class Look:
     marker: str
 
     def check(self, method: str) -> None:
+        # lazy: ~0.2 s to import; only this path needs it
         from matplotlib.colors import is_color_like
         from matplotlib.markers import MarkerStyle
 
         if not is_color_like(self.color):
             raise BenchError(f"method {method!r}: Look colour {self.color!r} is not a colour "
-                             "matplotlib knows (e.g. '#D55E00', 'tab:blue')")  # fmt: skip
+                             "matplotlib knows (e.g. '#D55E00', 'tab:blue')")
         try:
             MarkerStyle(self.marker)
         except (ValueError, TypeError):
             raise BenchError(f"method {method!r}: Look marker {self.marker!r} is not a "
-                             "matplotlib marker (e.g. 'o', 's', '^', 'd')") from None  # fmt: skip
+                             "matplotlib marker (e.g. 'o', 's', '^', 'd')") from None
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Registry:
             if name in self._entries and self._entries[name].factory is not factory:
                 raise BenchError(f"{self.kind} {name!r} is registered twice "
                                  f"({describe(self._entries[name].factory)} and "
-                                 f"{describe(factory)})")  # fmt: skip
+                                 f"{describe(factory)})")
             options = options_of(settings)  # a malformed declaration fails at import
             for opt in options:
                 self._check_option(name, opt)
@@ -162,7 +163,7 @@ class Registry:
                 opt.convert(opt.default)
             except BenchError as exc:
                 raise BenchError(f"{self.kind} {name!r}: the default of {opt.flag} is invalid "
-                                 f"({exc})") from None  # fmt: skip
+                                 f"({exc})") from None
             check_value(opt.flag, opt.default, opt.check)
         for other in self._entries.values():
             theirs = next((o for o in other.options if o.name == opt.name), None)
@@ -190,7 +191,7 @@ class Registry:
                     raise BenchError(f"{line} (PRUNEX_STRICT_PLUGINS=1)") from exc
                 self.skipped[ep.name] = line
                 print(f"warning: {line}; skipped (PRUNEX_STRICT_PLUGINS=1 makes this fatal)",
-                      file=sys.stderr)  # fmt: skip
+                      file=sys.stderr)
 
     def names(self) -> list[str]:
         self._load_plugins()
@@ -232,10 +233,10 @@ class Registry:
     def builtin_entries(self) -> list[Entry]:
         """The entries the built-in plugins registered (``prunex-bench``'s entry points)."""
         builtin = [ep.value for ep in entry_points(group=self.entry_point_group)
-                   if ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION]  # fmt: skip
+                   if ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION]
         return [e for e in self.entries()
                 if any(e.factory.__module__ == m or e.factory.__module__.startswith(f"{m}.")
-                       for m in builtin)]  # fmt: skip
+                       for m in builtin)]
 
     def defaults(self, name: str) -> dict[str, Any] | None:
         """``name``'s options with their declared defaults (None: not registered here)."""

@@ -82,7 +82,7 @@ def short_label(run: Run, runs: list[Run]) -> str:
     """``run.display`` without the pieces every run shares (the rank count of a one-size
     comparison says nothing), plus the workload when there are several."""
     shared = {key for key in ("ranks", "setting")
-              if len({r.display_parts[key] for r in runs}) == 1}  # fmt: skip
+              if len({r.display_parts[key] for r in runs}) == 1}
     parts = {k: v for k, v in run.display_parts.items() if k not in shared}
     setting = parts.pop("setting", "")
     if len({r.summary["workload"] for r in runs}) > 1:
@@ -114,7 +114,7 @@ def scaling(runs: list[Run], out: Path, width: str | None = None) -> Figure | Sk
             line += run.setting_suffix + workload
             rows.append({"series": line, "method": run.method, "workload": run.summary["workload"],
                          "gpus": run.summary["gpus"], "epoch_seconds": seconds,
-                         "run_id": run.run_id, "word": run.ranks_word})  # fmt: skip
+                         "run_id": run.run_id, "word": run.ranks_word})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
@@ -139,7 +139,7 @@ def scaling(runs: list[Run], out: Path, width: str | None = None) -> Figure | Sk
             speed.plot(line.gpus, line.speedup, label=series, ms=4, **styles[series])
             efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series])
         speed.plot(ticks, [g / min(ticks) for g in ticks], color="k", lw=0.8, ls=(0, (1, 1)),
-                   label="ideal")  # fmt: skip
+                   label="ideal")
         efficiency.axhline(1.0, color="k", lw=0.8, ls=(0, (1, 1)))
         speed.set_yscale("log", base=2)
         for ax, label in ((speed, "speedup"), (efficiency, "parallel efficiency")):
@@ -173,14 +173,14 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
     name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
     labels = labels_of(runs)
     dense_gflops = {r.summary["workload"]: r.export["dense"]["flops"] / 1e9 for r in runs
-                    if r.export}  # fmt: skip
+                    if r.export}
     rows = [
         {"workload": r.summary["workload"], "label": labels[r.run_id], "method": r.method,
          "density": final_density_of(r), "accuracy": 100 * r.summary["final_accuracy"],
          "inter_gb": (r.summary.get("inter_node_bytes_total") or 0) / 1e9,
          "gflops": exported_gflops(r, dense_gflops), "run_id": r.run_id}
         for r in runs if r.summary.get("final_accuracy") is not None
-    ]  # fmt: skip
+    ]
     per_run = pd.DataFrame(rows)
     if per_run.empty:
         return Skipped(name, title, "no run has an accuracy (simulated runs carry none)")
@@ -190,7 +190,7 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
     workloads = sorted(frame.workload.unique())
     styles = series_styles(zip(frame.label, frame.method))
     panels = [("inter_gb", "inter-node traffic to the end (GB)"),
-              ("density", "density of the pruned layers")]  # fmt: skip
+              ("density", "density of the pruned layers")]
     if frame.gflops.notna().any():  # `bench export` ran: the deployed model's cost too
         panels.append(("gflops", "GFLOPs per image of the exported model"))
     grid = paper_figure(width or "two", nrows=len(workloads), ncols=len(panels), ratio=0.8)
@@ -204,10 +204,10 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
                     ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), ms=4,
                                 color=look["color"], marker=look["marker"], capsize=2,
                                 lw=0.8, fillstyle=look["fillstyle"], ls="none",
-                                label=point.label)  # fmt: skip
+                                label=point.label)
                 front = shown.iloc[pareto_front(shown[x], shown.accuracy)]
                 ax.step(front[x], front.accuracy, where="post", color="k", lw=0.6, alpha=0.6,
-                        label="Pareto frontier")  # fmt: skip
+                        label="Pareto frontier")
                 ax.set_xlabel(xlabel)
                 ax.set_ylabel("test accuracy (%)")
                 ax.set_title(workload)
@@ -217,7 +217,7 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
         files = save(fig, out, name)
     return Figure(name, title, files, frame, sorted(per_run.run_id),
                   "repeats: mean and 95 % interval; frontier: no other point has less traffic "
-                  "(or density, or exported GFLOPs) and more accuracy")  # fmt: skip
+                  "(or density, or exported GFLOPs) and more accuracy")
 
 
 def exported_gflops(run: Run, dense_gflops: dict[str, float]) -> float:
@@ -244,7 +244,7 @@ def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.Data
     for key, group in frame.groupby(keys, sort=False):
         mean, half, n = mean_ci(group[value])
         rows.append({**dict(zip(keys, key)), value: mean, f"{value}_ci95": half, "repeats": n,
-                     "run_id": ",".join(group.run_id)})  # fmt: skip
+                     "run_id": ",".join(group.run_id)})
     return pd.DataFrame(rows)
 
 
@@ -259,7 +259,7 @@ def time_to_accuracy(runs: list[Run], out: Path, width: str | None = None) -> Fi
         if evals is not None and len(evals) and not run.simulated:
             parts.append(evals.assign(run=labels[run.run_id], method=run.method,
                                       run_id=run.run_id, accuracy_pct=100 * evals.accuracy,
-                                      inter_gb=evals.inter_node_bytes / 1e9))  # fmt: skip
+                                      inter_gb=evals.inter_node_bytes / 1e9))
     if not parts:
         return Skipped(name, title, "no real run has evaluations")
     frame = pd.concat(parts, ignore_index=True)
@@ -269,13 +269,13 @@ def time_to_accuracy(runs: list[Run], out: Path, width: str | None = None) -> Fi
             points = curve.groupby("iteration").agg(
                 train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
                 accuracy=("accuracy_pct", "mean"), spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
-            )  # fmt: skip
+            )
             band = points.spread.fillna(0)
             low, high = (points.accuracy - band).clip(0, 100), (points.accuracy + band).clip(0, 100)
             for ax, x in zip(axes[0], ("train_seconds", "inter_gb")):
                 ax.plot(points[x], points.accuracy, ms=3, label=label, **styles[label])
                 ax.fill_between(points[x], low, high, color=styles[label]["color"], alpha=0.2,
-                                lw=0)  # fmt: skip
+                                lw=0)
         axes[0, 0].set_xlabel("training time (s)")
         axes[0, 1].set_xlabel("cumulative inter-node traffic (GB, all ranks)")
         if frame.inter_gb.max() > 0 and frame.inter_gb[frame.inter_gb > 0].min() > 0:
@@ -309,7 +309,7 @@ def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure
         per_step = comm.groupby(frame.iteration).max() / steps
         parts.append(pd.DataFrame({"iteration": per_step.index, "comm_ms": 1e3 * per_step.values,
                                    "run": labels[run.run_id], "method": run.method,
-                                   "run_id": run.run_id}))  # fmt: skip
+                                   "run_id": run.run_id}))
     if not parts:
         return Skipped(name, title, "no run recorded communication phases")
     frame = pd.concat(parts, ignore_index=True)
@@ -319,7 +319,7 @@ def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure
         ax = axes[0, 0]
         boxes = ax.boxplot([frame.comm_ms[frame.run == r] for r in order], orientation="horizontal",
                            patch_artist=True, widths=0.6, showfliers=True,
-                           flierprops={"ms": 2}, medianprops={"color": "k"})  # fmt: skip
+                           flierprops={"ms": 2}, medianprops={"color": "k"})
         for patch, label in zip(boxes["boxes"], order):
             patch.set(facecolor=styles[label]["color"], alpha=0.6)
         ax.set_yticks(range(1, len(order) + 1), order)
@@ -333,7 +333,7 @@ def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure
     )
     return Figure(name, title, files, table, sorted(frame.run_id.unique()),
                   "box: iterations (and repeats) of a configuration; one iteration's time on its "
-                  "slowest rank over its local steps (DDP: 1; PruneX, local SGD: H)")  # fmt: skip
+                  "slowest rank over its local steps (DDP: 1; PruneX, local SGD: H)")
 
 
 def phase_breakdown(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
@@ -349,7 +349,7 @@ def phase_breakdown(runs: list[Run], out: Path, width: str | None = None) -> Fig
             steps = run.summary.get("steps_per_iteration") or 1
             label = labels[run.run_id]
             rows.append({"run": label, "run_id": run.run_id,
-                         **{k: v / steps for k, v in phases.items()}})  # fmt: skip
+                         **{k: v / steps for k, v in phases.items()}})
             overlapped |= {(label, p) for p in run.overlapped_phases if p in phases}
             methods[label] = run.method
     if not rows:
@@ -365,20 +365,20 @@ def phase_breakdown(runs: list[Run], out: Path, width: str | None = None) -> Fig
     repeats = per_run.set_index("run").drop(columns="run_id")
     spread = [mean_ci(repeats.loc[[label]].sum(axis=1)
                       - sum(repeats.loc[[label], p] for lb, p in overlapped if lb == label))[1]
-              for label in frame.index]  # fmt: skip
+              for label in frame.index]
     with paper_figure(width or "two", height=0.3 * len(frame) + 1.0) as (fig, axes):
         ax = axes[0, 0]
         y = range(len(frame))
         left = pd.Series(0.0, index=frame.index)
         for phase in frame.columns:
             ax.barh(y, stacked[phase], left=left, color=phase_color(phase), height=0.7,
-                    label=phase.replace("_", " "))  # fmt: skip
+                    label=phase.replace("_", " "))
             left += stacked[phase]
         for label, phase in sorted(overlapped):
             i = frame.index.get_loc(label)
             ax.barh(i, frame.loc[label, phase], left=0, height=0.3, color=phase_color(phase),
                     hatch="////", edgecolor="white", lw=0,
-                    label=f"{phase.replace('_', ' ')}, overlapped")  # fmt: skip
+                    label=f"{phase.replace('_', ' ')}, overlapped")
         ax.errorbar(totals, y, xerr=spread, fmt="none", ecolor="k", capsize=2, lw=0.8)
         ax.set_yticks(list(y), list(frame.index))
         ax.set_xlabel("seconds per local step")
@@ -407,14 +407,14 @@ def message_volume(runs: list[Run], out: Path, width: str | None = None) -> Figu
             continue
         steps = run.summary.get("steps_per_iteration") or 1
         per_iter = frame.groupby("iteration").agg(inter=("bytes_inter", "sum"),
-                                                  epoch=("epoch", "max"))  # fmt: skip
+                                                  epoch=("epoch", "max"))
         label = labels[run.run_id]
         parts.append(pd.DataFrame({"epoch": per_iter.epoch, "run": label, "method": run.method,
-                                   "mb_per_step": per_iter.inter / 1e6 / steps}))  # fmt: skip
+                                   "mb_per_step": per_iter.inter / 1e6 / steps}))
         epochs = run.summary.get("epochs") or math.nan
         totals.append({"run": label, "method": run.method, "run_id": run.run_id,
                        "inter_gb_total": per_iter.inter.sum() / 1e9,
-                       "inter_gb_per_epoch": per_iter.inter.sum() / 1e9 / epochs})  # fmt: skip
+                       "inter_gb_per_epoch": per_iter.inter.sum() / 1e9 / epochs})
     if not parts:
         return Skipped(name, title, "no run recorded inter-node bytes")
     frame, per_run = pd.concat(parts, ignore_index=True), pd.DataFrame(totals)
@@ -424,7 +424,7 @@ def message_volume(runs: list[Run], out: Path, width: str | None = None) -> Figu
     with paper_figure(width or "two", ncols=2, ratio=max(0.75, 0.08 * len(total))) as (fig, axes):
         bars, steps_ax = axes[0]
         bars.barh(total.index, total.inter_gb_per_epoch, xerr=total.inter_gb_per_epoch_ci95,
-                  color=[styles[r]["color"] for r in total.run], height=0.7)  # fmt: skip
+                  color=[styles[r]["color"] for r in total.run], height=0.7)
         bars.set_yticks(total.index, total.run)
         bars.set_xlabel("inter-node GB/epoch")
         if total.inter_gb_per_epoch.max() > 100 * max(total.inter_gb_per_epoch.min(), 1e-12):
@@ -432,7 +432,7 @@ def message_volume(runs: list[Run], out: Path, width: str | None = None) -> Figu
         for label, curve in frame.groupby("run", sort=False):
             mean = curve.groupby("epoch").mb_per_step.mean()
             steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
-                          label=label, **styles[label])  # fmt: skip
+                          label=label, **styles[label])
         steps_ax.set_xlabel("epoch")
         steps_ax.set_ylabel("inter-node MB per local step")
         if (frame.mb_per_step > 0).any():
@@ -440,7 +440,7 @@ def message_volume(runs: list[Run], out: Path, width: str | None = None) -> Figu
         legend_outside(fig, axes, ncol=2)
         files = save(fig, out, name)
     return Figure(name, title, files, total, sorted(per_run.run_id),
-                  "bytes are the ring's algorithmic volume summed over ranks")  # fmt: skip
+                  "bytes are the ring's algorithmic volume summed over ranks")
 
 
 def round_axis(ax, rounds: pd.Series) -> None:
@@ -486,7 +486,7 @@ def residuals(
         for (layer, kind), line in part.groupby(["layer", "residual"], sort=False):
             ax.plot(line.iteration, line.value, color=colors[layer], marker=".", ms=3,
                     ls="-" if kind == "r_intra" else "--",
-                    label=layer.removesuffix(".weight") if kind == "r_intra" else None)  # fmt: skip
+                    label=layer.removesuffix(".weight") if kind == "r_intra" else None)
         ax.plot([], [], color="k", ls="-", label="intra-node")
         ax.plot([], [], color="k", ls="--", label="inter-node")
         log_scale(ax, "y")
@@ -509,7 +509,7 @@ def penalties(runs: list[Run], out: Path, width: str | None = None) -> Figure | 
     for run in chosen:
         means = run.table("layers").groupby("iteration")[["rho1", "rho2"]].mean().reset_index()
         parts.append(means.melt(id_vars="iteration", var_name="penalty").assign(
-            run=labels[run.run_id], method=run.method, run_id=run.run_id))  # fmt: skip
+            run=labels[run.run_id], method=run.method, run_id=run.run_id))
     frame = pd.concat(parts, ignore_index=True)
     frame = frame[frame.value > 0]
     styles = series_styles(zip(frame.run, frame.method))
@@ -519,7 +519,7 @@ def penalties(runs: list[Run], out: Path, width: str | None = None) -> Figure | 
             for label, line in part.groupby("run", sort=False):
                 mean = line.groupby("iteration").value.mean()  # repeats: their mean
                 ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
-                        label=label, **styles[label])  # fmt: skip
+                        label=label, **styles[label])
             if part.value.max() > 10 * part.value.min():
                 log_scale(ax, "y")
             round_axis(ax, part.iteration)
@@ -561,7 +561,7 @@ def mask_panels(saved: dict, shown: int) -> list[tuple[str, torch.Tensor, str, s
     ordered = sorted(convs.items(), key=lambda kv: kv[1].numel(), reverse=True)
     inner = [(k, d) for k, d in ordered if d.dim() < 2 or d.shape[1] > 3]
     panels = [(k, d.flatten(2).amax(-1) if d.dim() == 4 else d, "input channel", "output filter")
-              for k, d in (inner or ordered)[: max(0, shown - len(units))]]  # fmt: skip
+              for k, d in (inner or ordered)[: max(0, shown - len(units))]]
     for kind, rows in units.items():
         width = max(r.numel() for _, r in rows)
         grid = torch.zeros(len(rows), width)
@@ -586,7 +586,7 @@ def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) 
     saved, run = None, None
     # PruneX's learned masks first (the paper's figure), then those of the pruning baselines
     learned = sorted(candidates, key=lambda r: (not r.method.startswith("prunex"),
-                                                -r.summary["gpus"]))  # fmt: skip
+                                                -r.summary["gpus"]))
     for run in learned:
         saved = read_masks(run)
         if saved is not None:
@@ -599,13 +599,13 @@ def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) 
     one_column = (width or "two") == "one" and len(panels) > 2
     grid = (2, math.ceil(len(panels) / 2)) if one_column else (1, len(panels))
     with paper_figure(width or "two", nrows=grid[0], ncols=grid[1], ratio=1.0,
-                      stack=False) as (fig, axes):  # fmt: skip
+                      stack=False) as (fig, axes):
         rows = []
         for ax in axes.flat[len(panels) :]:
             ax.set_visible(False)
         for ax, (layer, keep, xlabel, ylabel) in zip(axes.flat, panels):
             ax.imshow(keep.numpy(), cmap="gray_r", aspect="auto", interpolation="nearest",
-                      vmin=0, vmax=1)  # fmt: skip
+                      vmin=0, vmax=1)
             density = float(keep.mean())
             ax.set_title(f"{short_name(layer)}\ndensity {density:.2f}", fontsize=6)
             ax.set_xlabel(xlabel)
@@ -618,4 +618,4 @@ def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) 
 
 
 FIGURES = (scaling, pareto, time_to_accuracy, comm_latency, phase_breakdown, message_volume,
-           residuals, penalties, masks)  # fmt: skip
+           residuals, penalties, masks)

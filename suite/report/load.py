@@ -8,6 +8,7 @@ from pathlib import Path
 
 from suite.cluster import phases
 from suite.errors import BenchError
+from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.schema import Status
 from suite.results.view import RunView, run_folders
@@ -25,7 +26,6 @@ class Run(RunView):
     @cached_property
     def declared(self) -> dict | None:
         """The method's option defaults as installed here (None: not installed)."""
-        from suite.plugins.registry import METHODS
 
         return METHODS.defaults(self.method)
 
@@ -51,6 +51,7 @@ class Run(RunView):
     @property
     def display_parts(self) -> dict[str, str]:
         """The pieces of a figure label: method, options, ranks, setting."""
+        # lazy: suite.report.style costs ~0.4 s to import; only this path needs it
         from suite.report.style import method_style, options_text
 
         return {

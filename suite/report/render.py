@@ -18,10 +18,10 @@ from suite.results.stats import mean_ci
 
 #: what makes runs repeats of one configuration (they differ only in the seed)
 CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting", "batch_size",
-          "lr", "lr_schedule", "epochs", "simulated"]  # fmt: skip
+          "lr", "lr_schedule", "epochs", "simulated"]
 #: per-run numbers averaged over repeats; those in WITH_CI also get a 95 % half-width
 AVERAGED = ["final_acc", "best_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch",
-            "inter_MB_per_iter", "density", "exported_params_M", "exported_GFLOPs"]  # fmt: skip
+            "inter_MB_per_iter", "density", "exported_params_M", "exported_GFLOPs"]
 WITH_CI = ["final_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch"]
 
 
@@ -59,7 +59,7 @@ def run_table(runs: list[Run]) -> pd.DataFrame:
             "exported_params_M": exported(run, "parameters") / 1e6,
             "exported_GFLOPs": exported(run, "flops") / 1e9,
             "simulated": bool(s.get("simulated")),
-        })  # fmt: skip
+        })
     return pd.DataFrame(rows).sort_values(["workload", "method", "gpus", "seed"], kind="stable")
 
 
@@ -90,7 +90,7 @@ def summary_table(runs: list[Run]) -> pd.DataFrame:
         first = group.iloc[0]
         row = {c: first[c] for c in CONFIG}
         row.update(run_id=",".join(group.run_id), repeats=len(group),
-                   seeds=",".join(str(x) for x in group.seed))  # fmt: skip
+                   seeds=",".join(str(x) for x in group.seed))
         for column in AVERAGED:
             mean, half, _ = mean_ci(group[column])
             row[column] = mean
@@ -128,9 +128,9 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
           "`*_ci95` the 95 % t half-width (empty for one repeat); each run in `runs.csv`.",
           "", _markdown(summary), "",
           "## Paper table", "", f"{caption}. Also as LaTeX: [table.tex](table.tex).", "",
-          to_markdown(paper), ""]  # fmt: skip
+          to_markdown(paper), ""]
     page = [f"<h1>prunex-bench report: {html.escape(str(results_dir))}</h1>",
-            "<h2>Summary</h2>", summary.to_html(index=False, float_format="%.4g")]  # fmt: skip
+            "<h2>Summary</h2>", summary.to_html(index=False, float_format="%.4g")]
     for result in results:
         if isinstance(result, Skipped):
             line = f"Skipped: {result.title} ({result.name}): {result.reason}"
@@ -143,13 +143,13 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
         md += [f"## {result.title}", "", f"![{result.title}]({result.files[0].name})", "",
                runs_line + (f". {result.note}." if result.note else ""), "",
                f"Data: [{result.name}.csv]({result.name}.csv)", "",
-               _markdown(result.table.head(40)), ""]  # fmt: skip
+               _markdown(result.table.head(40)), ""]
         png = base64.b64encode(result.files[0].read_bytes()).decode()
         caption = html.escape(runs_line + (f". {result.note}." if result.note else ""))
         page += [f"<h2>{html.escape(result.title)}</h2>",
                  f'<img alt="{result.name}" src="data:image/png;base64,{png}">',
                  f"<p>{caption}</p>",
-                 result.table.head(40).to_html(index=False, float_format="%.4g")]  # fmt: skip
+                 result.table.head(40).to_html(index=False, float_format="%.4g")]
     if skipped_runs:
         md += ["## Runs not included", "", *[f"- {line}" for line in skipped_runs], ""]
     damaged = [line for run in runs for line in run.unreadable]

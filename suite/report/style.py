@@ -58,7 +58,7 @@ def options_text(options: dict | None) -> str:
 def paper_figure(
     width: str = "two", *, nrows: int = 1, ncols: int = 1, ratio: float = 0.62,
     height: float | None = None, stack: bool = True,
-):  # fmt: skip
+):
     """A figure ``width`` ("one" column or "two"-column page) wide, each panel ``ratio``
     times its width tall (or the whole figure ``height`` inches), in the paper style; yields
     (fig, axes as an nrows x ncols array). In one column, side-by-side panels are stacked
@@ -72,7 +72,7 @@ def paper_figure(
         **{key: MIN_POINTS for key in ("legend.fontsize", "xtick.labelsize", "ytick.labelsize")},
         "font.size": 8, "axes.labelsize": 8, "axes.titlesize": 8,
         "legend.title_fontsize": MIN_POINTS, "legend.frameon": False,
-    }  # fmt: skip
+    }
     stacked = stack and width == "one" and ncols > 1
     rows, cols = (nrows * ncols, 1) if stacked else (nrows, ncols)
     tall = height if height is not None else WIDTHS[width] / cols * ratio * rows
@@ -104,7 +104,7 @@ def legend_outside(fig, axes, **kwargs) -> None:
         if fig.get_figwidth() < 4:  # one column: long labels side by side would not fit
             ncol = 1 if max(map(len, labels)) > 24 else min(ncol, 2)
         fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
-                   ncol=ncol, **kwargs)  # fmt: skip
+                   ncol=ncol, **kwargs)
 
 
 def log_scale(ax, axis: str = "x") -> None:
@@ -136,6 +136,6 @@ def series_styles(pairs) -> dict[str, dict]:
             n = used.get(method, 0)
             styles[label] = {"color": look.color, "marker": look.marker,
                              "ls": LINESTYLES[n % len(LINESTYLES)],
-                             "fillstyle": FILLSTYLES[n % len(FILLSTYLES)]}  # fmt: skip
+                             "fillstyle": FILLSTYLES[n % len(FILLSTYLES)]}
             used[method] = n + 1
     return styles

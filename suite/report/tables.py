@@ -82,7 +82,7 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
 def caption_of(summary: pd.DataFrame) -> str:
     """What every row shares (workload, setting, epochs), and how repeats are reduced."""
     shared = [f"{column} {summary[column].iloc[0]}" for column in ("workload", "setting", "epochs")
-              if summary[column].nunique() == 1]  # fmt: skip
+              if summary[column].nunique() == 1]
     return "; ".join([*shared, "mean ± 95 % t interval over seeds"])
 
 

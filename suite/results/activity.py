@@ -82,7 +82,7 @@ def reaches_keep(view: RunView, tolerance: float = 0.05) -> list[str]:
     if density > asked + tolerance:
         how = "it did not prune" if density >= 0.999 else "it pruned less than asked"
         return [f"density of the pruned layers ended at {density:.3f}, asked {asked:.3f} "
-                f"(+{tolerance:g} allowed; {how})"]  # fmt: skip
+                f"(+{tolerance:g} allowed; {how})"]
     return []
 
 
@@ -118,5 +118,5 @@ def sends_fraction_of_dense(
     ratio = share * view.bytes_per_iteration / view.dense_bytes
     if not low <= ratio <= high:
         return [f"sent {ratio:.3f} x DDP's inter-node bytes per iteration; {what} sends "
-                f"{low:g}-{high:g} x"]  # fmt: skip
+                f"{low:g}-{high:g} x"]
     return []

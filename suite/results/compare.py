@@ -46,7 +46,7 @@ ALIASES = {
     "bytes": schema.INTER_NODE_BYTES_PER_ITERATION,
 }
 KEY = ["machine_class", "method", "workload", "dataset", "gpus", "options", "setting",
-       "batch_size", "lr", "lr_schedule", "epochs"]  # fmt: skip
+       "batch_size", "lr", "lr_schedule", "epochs"]
 #: the timing metrics, which may get a threshold of their own (--max-time-regression)
 TIME_METRICS = (TIME_RATIO, schema.ITERATION_SECONDS, schema.TIME_TO_TARGET_SECONDS)
 #: what a run and its DDP twin (the dense reference of time ratios and activity checks) share
@@ -103,7 +103,7 @@ def load_summaries(
             continue
         if view.status == Status.RUNNING:
             warnings.append(f"{folder}: still says running; counted as failed "
-                            "(`bench recover` finalizes a killed run)")  # fmt: skip
+                            "(`bench recover` finalizes a killed run)")
         rows.append(key_row(view, declared(view.method)))
     if not rows:
         raise BenchError(f"no run folders (summary.json) under {root}")
@@ -153,7 +153,7 @@ def time_ratios(frame: pd.DataFrame) -> pd.Series:
     dense = per_step[ok].groupby([frame.loc[ok, k] for k in TWIN]).mean()
     keys = list(zip(*(frame[k] for k in TWIN)))
     return pd.Series([per_step.iloc[i] / dense[k] if k in dense.index else math.nan
-                      for i, k in enumerate(keys)], index=frame.index)  # fmt: skip
+                      for i, k in enumerate(keys)], index=frame.index)
 
 
 def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
@@ -198,11 +198,11 @@ def compare(
             before = stats_of(base_values, run_key, metric)
             after = stats_of(new_values, run_key, metric)
             change, unit, verdict = judge(metric, before, after, limits[metric],
-                                          max_accuracy_drop)  # fmt: skip
+                                          max_accuracy_drop)
             rows.append(table_row(run_key, metric, verdict, baseline=before["mean"],
                                   new=after["mean"], baseline_ci=before["half"],
                                   new_ci=after["half"], repeats=f"{before['n']}/{after['n']}",
-                                  change=change, unit=unit))  # fmt: skip
+                                  change=change, unit=unit))
     new_only = sorted(new_keys - base_keys, key=str)
     new_values_keys = set(new_values.index)
     for run_key in new_only:  # a run that failed is a regression even without a baseline twin
@@ -218,12 +218,12 @@ def compare(
 
 
 def table_row(run_key: tuple, metric: str, verdict: Verdict, finding: str | None = None,
-              **values) -> dict:  # fmt: skip
+              **values) -> dict:
     """One row of the comparison: the key's fields, the metric, its numbers, and the verdict
     (``verdict``: the text tables print; ``regression``: whether it fails the gate)."""
     return {**dict(zip(KEY, run_key)), "metric": metric, **values,
             "verdict": verdict.text(finding), "regression": verdict == Verdict.REGRESSION,
-            "finding": finding}  # fmt: skip
+            "finding": finding}
 
 
 def shown_options_of(runs: pd.DataFrame) -> dict[tuple, str]:
@@ -266,11 +266,11 @@ def activity_rows(
         for finding in findings:
             rows.append(table_row(run_key, "activity", Verdict.REGRESSION,
                                   f"{view.method} {finding}", baseline="-",
-                                  new=view.folder.name, change=None))  # fmt: skip
+                                  new=view.folder.name, change=None))
         if not findings:
             rows.append(table_row(run_key, "activity", Verdict.OK,
                                   f"{view.method} did its job ({check_name(check)})",
-                                  baseline="-", new=view.folder.name, change=None))  # fmt: skip
+                                  baseline="-", new=view.folder.name, change=None))
     warnings = [f"{unchecked} run(s) have no manifest: activity not checked"] if unchecked else []
     if without_check:
         warnings.append(f"{', '.join(sorted(without_check))} declare(s) no activity check "
@@ -289,7 +289,7 @@ def stats_of(values: pd.DataFrame, run_key: tuple, metric: str) -> dict:
         return {"mean": math.nan, "half": math.nan, "n": 0}
     row = values.loc[run_key]
     return {"mean": float(row[("mean", metric)]), "half": float(row[("half", metric)]),
-            "n": int(row[("n", metric)])}  # fmt: skip
+            "n": int(row[("n", metric)])}
 
 
 def judge(
@@ -325,7 +325,7 @@ def failed_row(new: pd.DataFrame, run_key: tuple) -> dict:
     status = runs[schema.STATUS].iloc[0]
     reason = errors[0] if errors else f"status {status}"
     return table_row(run_key, "status", Verdict.REGRESSION, reason, baseline=Status.OK.value,
-                     new=str(status), change=None)  # fmt: skip
+                     new=str(status), change=None)
 
 
 def _describe(run_key: tuple) -> str:
@@ -361,7 +361,7 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
         halves = table[f"{side}_ci"] if f"{side}_ci" in table else [None] * len(table)
         out[side] = [value(m, h) for m, h in zip(table[side], halves)]
     keep = ["method", "workload", "gpus", "options", "setting", "metric", "baseline", "new",
-            "repeats", "change", "verdict"]  # fmt: skip
+            "repeats", "change", "verdict"]
     return out[[c for c in keep if c in out]]
 
 
@@ -378,7 +378,7 @@ def as_json(
 ) -> str:
     rows = json.loads(table.to_json(orient="records")) if len(table) else []
     return json.dumps({"rows": rows, "unmatched": unmatched, "regressions": regressions,
-                       "matched": matched, "warnings": warnings}, indent=2)  # fmt: skip
+                       "matched": matched, "warnings": warnings}, indent=2)
 
 
 def schedule_of(recipe: dict) -> str:

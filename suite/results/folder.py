@@ -161,6 +161,7 @@ def cpu_identity() -> dict:
 
 
 def versions() -> dict:
+    # lazy: timm, torchvision costs ~1.6 s to import; only this path needs it
     import timm
     import torchvision
 
@@ -199,7 +200,7 @@ def numerics(device: torch.device) -> dict:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         facts.update(device_name=props.name, device_memory_bytes=props.total_memory,
-                     compute_capability=f"{props.major}.{props.minor}")  # fmt: skip
+                     compute_capability=f"{props.major}.{props.minor}")
     return facts
 
 
@@ -314,7 +315,7 @@ class RunFolder:
         if summary.get(schema.STATUS) in ENDED and summary.get(schema.ERROR):
             return  # the ranks already said why
         summary.update({schema.STATUS: status, schema.ERROR: error,
-                        schema.ENDED_AT: time.strftime("%Y-%m-%dT%H:%M:%S%z")})  # fmt: skip
+                        schema.ENDED_AT: time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         rows = self.table("iterations")
         if rows is not None and len(rows):
             summary[schema.ITERATIONS_RECORDED] = int(rows[schema.ITERATION].nunique())

@@ -20,7 +20,7 @@ from pathlib import Path
 CLASS_PATTERN = re.compile(r"^(cpu|cuda)-[a-z0-9]+(-[a-z0-9._]+)*$")
 #: /proc/cpuinfo vendor ids as a class names them
 VENDORS = {"authenticamd": "amd", "genuineintel": "intel", "hygongenuine": "hygon",
-           "0x41": "arm", "0x61": "apple", "0x48": "hisilicon"}  # fmt: skip
+           "0x41": "arm", "0x61": "apple", "0x48": "hisilicon"}
 
 
 def machine_class(manifest: dict) -> str:
@@ -39,7 +39,7 @@ def machine_class(manifest: dict) -> str:
         if not hardware.get("cpu_capability"):
             return f"{device}-{backend}"
         return (f"{device}-{backend}-{cpu_kind(hardware)}-{slug(hardware['cpu_capability'])}"
-                f"-t{hardware.get('threads_per_rank', 1)}")  # fmt: skip
+                f"-t{hardware.get('threads_per_rank', 1)}")
     numerics = manifest.get("numerics") or {}
     base = f"cuda-{backend}-{device_model(numerics.get('device_name') or '')}"
     capability = numerics.get("compute_capability")

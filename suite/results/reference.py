@@ -19,7 +19,7 @@ def record_reference(staging: str | Path, root: str | Path) -> Path:
     classes = set(load_summaries(staging)[0].machine_class) - {"-"}
     if len(classes) != 1:
         raise BenchError(f"{staging}: a reference holds runs of one machine class, found "
-                         f"{sorted(classes) or 'none'}")  # fmt: skip
+                         f"{sorted(classes) or 'none'}")
     target = root / classes.pop()
     gate = target / GATE_FILE
     if gate.is_file():  # the class's measured thresholds outlive a re-recorded reference
@@ -84,9 +84,9 @@ def calibrate_gate(root: str | Path, nightlies: list[str | Path]) -> Path:
             deviations["loss"].append(abs(run["final_train_loss"] / ref["final_train_loss"] - 1))
     if len(classes) != 1:
         raise BenchError(f"the nightlies hold runs of {sorted(classes) or 'no'} machine classes; "
-                         "calibrate one class at a time")  # fmt: skip
+                         "calibrate one class at a time")
     worst = {k: max((v for v in values if math.isfinite(v)), default=0.0)
-             for k, values in deviations.items()}  # fmt: skip
+             for k, values in deviations.items()}
     gate = {
         "max_time_regression": f"{max(5.0, math.ceil(150 * worst['time'])):g}%",
         "max_accuracy_drop": max(1.0, round(2 * worst["accuracy"], 1)),

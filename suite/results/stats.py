@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 #: two-sided 95 % Student t quantiles by degrees of freedom (normal beyond the table)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-       9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+       9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
 
 
 def t95(n: int) -> float:

@@ -83,13 +83,13 @@ def summarize(
             schema.FIRST_ITERATION_SECONDS: float(slowest.iloc[0]),
             schema.PHASE_SECONDS: phase_means(iterations),
             schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
-        })  # fmt: skip
+        })
         if "wire_tx_bytes" in iterations.columns:  # emulated links: what crossed the wire
             wire = float(iterations["wire_tx_bytes"].sum())
             summary.update({
                 schema.WIRE_INTER_BYTES_TOTAL: wire,
                 schema.WIRE_TO_ALGORITHMIC_RATIO: wire / inter if inter else None,
-            })  # fmt: skip
+            })
     if evals is not None and len(evals):
         summary[schema.FINAL_ACCURACY] = float(evals[schema.ACCURACY].iloc[-1])
         summary[schema.BEST_ACCURACY] = float(evals[schema.ACCURACY].max())

@@ -25,6 +25,7 @@ import pandas as pd
 
 from suite.errors import BenchError
 from suite.results import schema
+from suite.results.compare import load_summaries, nothing_declared
 from suite.results.schema import Status
 
 #: runs a series needs before it gets a verdict: a noise estimate and a segment on each side
@@ -64,14 +65,13 @@ class ChangePoint:
         shown = f"{self.change:+.2f} pts" if self.unit == "points" else f"{self.change:+.1%}"
         return (f"{self.series} {self.metric}: change at run {self.index + 1} (commit "
                 f"{self.commit[:10]}, {self.when}): {self.before:.4g} -> {self.after:.4g} "
-                f"({shown}, {'worse' if self.worse else 'better'})")  # fmt: skip
+                f"({shown}, {'worse' if self.worse else 'better'})")
 
 
 def history_rows(results_dir: str | Path, declared=None) -> list[dict]:
     """One history line per run key of a result set: its commit, time, class and metrics,
     the mean over repeats (seeds); ``declared``: each method's option defaults, as
     ``bench compare`` matches runs (suite.results.compare.load_summaries)."""
-    from suite.results.compare import load_summaries, nothing_declared
 
     frame, _ = load_summaries(results_dir, declared or nothing_declared)
     ok = frame[frame[schema.STATUS] == Status.OK].copy()
@@ -88,7 +88,7 @@ def history_rows(results_dir: str | Path, declared=None) -> list[dict]:
             "repeats": len(group),
             **{m: (float(group[m].mean()) if group[m].notna().any() else None)
                for m in TREND_METRICS},
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -106,7 +106,7 @@ def read_history(history: str | Path) -> pd.DataFrame:
     path = Path(history)
     if not path.is_file():
         raise BenchError(f"history {path} does not exist (bench trend --add RESULTS {path} "
-                         "starts one)")  # fmt: skip
+                         "starts one)")
     lines = []
     for number, text in enumerate(path.read_text().splitlines(), 1):
         if not text.strip():
@@ -129,6 +129,7 @@ def noise(values: np.ndarray, floor: float) -> float:
 
 def change_points(values: np.ndarray, floor: float) -> list[int]:
     """Indices where a new segment starts (PELT, least squares, BIC penalty)."""
+    # lazy: ruptures costs ~0.7 s to import; only this path needs it
     import ruptures
 
     sigma = noise(values, floor)
@@ -182,5 +183,5 @@ def find_changes(
                 found.append(ChangePoint(name, metric, start, str(row["commit"]),
                                          str(row["when"]), before, after, change,
                                          "points" if accuracy else "relative",
-                                         len(points)))  # fmt: skip
+                                         len(points)))
     return found, short, longest

@@ -15,6 +15,7 @@ from suite.errors import BenchError
 from suite.results import schema
 from suite.results.folder import MANIFEST, SUMMARY, RunFolder, setting_of
 from suite.results.machine import machine_class
+from suite.results.summary import final_train_loss
 
 
 @dataclass
@@ -113,7 +114,7 @@ class RunView:
         rho1 from its round pull)."""
         given = self.given_options
         return {k: v for k, v in self.configuration(declared).items()
-                if k in given or declared is None or declared.get(k, 0) is not None}  # fmt: skip
+                if k in given or declared is None or declared.get(k, 0) is not None}
 
     @property
     def machine_class(self) -> str:
@@ -139,7 +140,6 @@ class RunView:
         """The summary's, or for a run summarized before it existed, from its rows."""
         if schema.FINAL_TRAIN_LOSS in self.summary:
             return self.summary[schema.FINAL_TRAIN_LOSS]
-        from suite.results.summary import final_train_loss
 
         frame = self.table("iterations")
         return None if frame is None else final_train_loss(frame)

@@ -76,7 +76,7 @@ class Agreement:
         for row, loss in pending:
             finite = math.isfinite(loss)
             head += [loss if finite else 0.0, 0.0 if finite else 1.0, row[schema.BYTES_INTER],
-                     row[schema.BYTES_INTRA]]  # fmt: skip
+                     row[schema.BYTES_INTRA]]
         stats = torch.tensor(head, dtype=torch.float64, device=self.device)
         with watched("all_reduce", "world (the ranks' agreement)", phase="iteration end"):
             dist.all_reduce(stats)
@@ -96,4 +96,4 @@ class Agreement:
              for (row, _), (loss_sum, _, inter, intra) in zip(pending, per_iteration)],
             stops > 0,
             dues > 0,
-        )  # fmt: skip
+        )

@@ -63,7 +63,7 @@ def build_method(
     ctx = RunContext(
         config, topology, comm, recorder, workload, recipe, model, loader, device, settings,
         spec=spec,
-    )  # fmt: skip
+    )
     method = METHODS.get(config.method).factory(ctx)
     if not isinstance(method, Method):
         raise BenchError(

@@ -34,7 +34,7 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
     stop = StopRequest().install()
     try:
         device = join_process_group(config.device, config.collective_timeout,
-                                    shared_gpus_ok=config.launcher == "local")  # fmt: skip
+                                    shared_gpus_ok=config.launcher == "local")
     except BenchError as exc:  # before the group formed: this rank says why on its own
         if run_dir is not None:
             errors = RunFolder(run_dir).errors
@@ -62,7 +62,7 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
         recorder = Recorder(rank, device)
         report = stall_reporter(folder, recorder, rank, stop)
         watchdog = Watchdog(rank, dist.get_world_size(), POSITION, config.collective_timeout,
-                            on_stall=report).start()  # fmt: skip
+                            on_stall=report).start()
         train(config, device, folder, recorder, stop)
     except BaseException as exc:
         if watchdog is not None:

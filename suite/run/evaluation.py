@@ -9,6 +9,7 @@ import copy
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.fx.experimental.optimization import fuse
 
 from suite.cluster.watchdog import watched
 from suite.data.sharding import ShardedLoader, eval_slice
@@ -38,7 +39,6 @@ class Evaluator:
         self.calibration = calibration  # batches of training images, or None
 
     def inference_copy(self, model: nn.Module) -> nn.Module:
-        from torch.fx.experimental.optimization import fuse
 
         scored = copy.deepcopy(model)
         if self.calibration is not None:

@@ -23,6 +23,7 @@ class TensorBoardLog:
     the checkpoint the run continues from (TensorBoard's purge_step)."""
 
     def __init__(self, run_folder: Path, resume_at: int = 0):
+        # lazy: torch.utils.tensorboard costs ~0.2 s to import; only this path needs it
         from torch.utils.tensorboard import SummaryWriter
 
         self.path = Path(run_folder) / FOLDER

@@ -20,10 +20,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from suite.cluster.watchdog import barrier, store_client, watched
 from suite.config import RunConfig
 from suite.errors import BenchError
+from suite.plugins.method import StepResult
 from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder
@@ -82,7 +84,7 @@ def train(
     if found is not None:
         result = restore(run, load_checkpoint(found[1], node=run.node))
     run.attempt = {schema.RESTARTS: restart_count(),
-                   schema.RESUMED_AT_ITERATION: result.done or None}  # fmt: skip
+                   schema.RESUMED_AT_ITERATION: result.done or None}
     TrainingLoop(run, result)()
     finish(run, result)
 
@@ -165,7 +167,7 @@ class TrainingLoop:
             schema.LOSS: loss,
             schema.SAMPLES: int(done.samples),
             schema.EPOCH: run.loader.step / run.loader.steps_per_epoch,
-        })  # fmt: skip
+        })
         result.train_seconds += row[schema.T_ITERATION]
         result.done = iteration + 1
         result.converged = bool(done.converged)  # collective: the same on every rank
@@ -202,7 +204,7 @@ class TrainingLoop:
             self.result.intra_bytes += settled.intra_bytes
             if self.live is not None:
                 self.live.iteration(settled.row, settled.mean_loss, settled.inter_bytes,
-                                    settled.intra_bytes)  # fmt: skip
+                                    settled.intra_bytes)
         if self.live is not None:
             self.live.layers(self.run.recorder.layers)
         return agreed
@@ -227,7 +229,7 @@ class TrainingLoop:
                 schema.WALL_SECONDS: time.perf_counter() - self.wall_start,
                 schema.INTER_NODE_BYTES: result.inter_bytes,
                 schema.INTRA_NODE_BYTES: result.intra_bytes,
-            })  # fmt: skip
+            })
         if self.live is not None:
             self.live.evaluation(iteration, accuracy, test_loss)
         self.accuracy = accuracy
@@ -276,7 +278,6 @@ class TrainingLoop:
 def check_step_result(method: str, done) -> None:
     """A method's ``step`` must return a ``StepResult``; anything else is one line naming the
     method and what it returned, not an AttributeError from inside the loop."""
-    from suite.plugins.method import StepResult
 
     if not isinstance(done, StepResult):
         raise BenchError(
@@ -298,7 +299,6 @@ def checkpoint(run: Run, result: LoopResult) -> None:
 def progress_bar(run: Run):
     if dist.get_rank() != 0 or os.environ.get("PRUNEX_PROGRESS", "1") == "0":
         return None
-    from tqdm import tqdm
 
     return tqdm(total=run.iterations, desc=run.config.method, unit="it", dynamic_ncols=True)
 
@@ -350,7 +350,7 @@ def summary_extra(run: Run, result: LoopResult) -> dict:
     """What the summary holds beyond the folder's tables: attempts, setup and warm-up,
     evaluation time, throughput, the method's facts and warnings, checkpoints."""
     extra = {**(run.attempt or {}), schema.PROCESSES: (run.folder.summary() or {}).get(
-        schema.PROCESSES)}  # fmt: skip
+        schema.PROCESSES)}
     extra.update(run.setup_seconds)
     extra[schema.EVALUATION_SECONDS] = result.evaluation_seconds
     if result.train_seconds > 0:  # a host-bound run shows here
@@ -366,7 +366,7 @@ def summary_extra(run: Run, result: LoopResult) -> dict:
             schema.CHECKPOINT_SECONDS_MEAN: sum(c["seconds"] for c in run.checkpoints)
             / len(run.checkpoints),
             schema.CHECKPOINT_BYTES: run.checkpoints[-1]["bytes"],
-        })  # fmt: skip
+        })
     return extra
 
 
@@ -379,7 +379,7 @@ def traffic_warnings(run: Run, result: LoopResult) -> list[str]:
         return []
     line = (f"{run.config.method} recorded no traffic on {dist.get_world_size()} ranks: a method "
             "must issue its collectives through ctx.comm (suite.api.Communicator), or its bytes "
-            "and communication time are not recorded")  # fmt: skip
+            "and communication time are not recorded")
     print(f"warning: {line}", file=sys.stderr, flush=True)
     return [line]
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from suite.cluster.comm import Communicator
+from suite.cluster.netemu import INTERFACE
 from suite.cluster.ranks import connect_groups, gpu_sharing
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import Topology, build_topology
@@ -94,7 +95,7 @@ def load_data_once(load: Callable, *, download: bool):
 def setup(
     config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
     stop: StopRequest,
-) -> Run:  # fmt: skip
+) -> Run:
     """Topology, data shard, model, method, every process group connected; the manifest and
     a ``running`` summary."""
     started = time.perf_counter()
@@ -108,7 +109,7 @@ def setup(
         partial(load_data, dataset, data_dir=config.data_dir, seed=config.seed,
                 synthetic_size=config.synthetic_size),
         download=config.download,
-    )  # fmt: skip
+    )
     resident = device if device.type == "cuda" else None  # the shard lives on the GPU
     loader = ShardedLoader(
         train_data, rank, world_size, recipe.batch_size, config.seed, device=resident
@@ -117,7 +118,7 @@ def setup(
     ctx, method, iterations = build_method(
         config, topology=topology, comm=comm, recorder=recorder, workload=workload,
         recipe=recipe, spec=spec, loader=loader, device=device,
-    )  # fmt: skip
+    )
     groups = run_groups(topology, method)
     connect = connect_groups(list(groups.values()), device)
     warmup = warm_up(ctx.model, train_data, loader, recipe, groups, device)
@@ -130,7 +131,7 @@ def setup(
         gpu_sharing=gpu_sharing(device, dist.get_backend()),
         live_logs=live_logs_of(config, folder),
         hardware=hardware(), simulated=False, network=network_description(folder, config),
-    )  # fmt: skip
+    )
     processes: list = [None] * world_size
     dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
     if rank == 0:
@@ -148,8 +149,6 @@ def setup(
         )
     wire = None
     if config.network == "emulated" and topology.local_rank == 0:
-        from suite.cluster.netemu import INTERFACE
-
         wire = WireCounters(INTERFACE)
     return Run(
         config,

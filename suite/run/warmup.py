@@ -83,7 +83,7 @@ def compute_warm_up(
     """A forward, backward and SGD step (the recipe's momentum) of a copy of ``model``."""
     copied = copy.deepcopy(model).train()
     optimizer = torch.optim.SGD(copied.parameters(), lr=recipe.lr, momentum=recipe.momentum,
-                                weight_decay=recipe.weight_decay)  # fmt: skip
+                                weight_decay=recipe.weight_decay)
     images, labels = batch
     loss = nn.functional.cross_entropy(copied(images), labels)
     loss.backward()

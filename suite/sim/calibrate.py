@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from suite.cluster.netemu import emulated_cluster, parse_rate, run_module_in_cluster
 from suite.cluster.ranks import elastic_launch_config
+from suite.cluster.topology import check_layout
 from suite.errors import BenchError
+from suite.launchers.local import quiet_launcher_logs
+from suite.plugins.registry import WORKLOADS
 from suite.sim.fit import build_profile, world_check
 from suite.sim.measure import DEFAULT_BLOCK_STEPS, DEFAULT_SIZES, calibration_rank
+from suite.sim.profile import load_profile
 
 
 def calibration_plan(
@@ -53,9 +60,9 @@ def calibration_plan(
 
 def run_local(plan: dict, out_path: Path) -> None:
     """Run the calibration ranks on this machine through torch's elastic launcher."""
+    # lazy: torch.distributed.launcher.api costs ~0.1 s to import; only this path needs it
     from torch.distributed.launcher.api import elastic_launch
 
-    from suite.launchers.local import quiet_launcher_logs
 
     if plan["device"] == "cpu":
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -67,7 +74,6 @@ def run_local(plan: dict, out_path: Path) -> None:
 
 def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:
     """Run the calibration ranks in emulated nodes whose links are shaped to ``inter_bw``."""
-    from suite.cluster.netemu import emulated_cluster, parse_rate, run_module_in_cluster
 
     if inter_bw is None:
         raise BenchError("--network emulated needs --inter-bw, e.g. 1gbit or 200mbit")
@@ -82,7 +88,7 @@ def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:
         code = run_module_in_cluster(
             cluster, plan["gpus_per_node"], "suite.sim.measure", [str(plan_file), str(out_path)],
             out_path.parent / "calibrate-logs",
-        )  # fmt: skip
+        )
     plan_file.unlink()
     if code or not out_path.exists():
         raise BenchError(f"calibration ranks failed; see {out_path.parent / 'calibrate-logs'}")
@@ -91,12 +97,7 @@ def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:
 def calibrate_to_file(flags: dict, *, echo) -> Path:
     """``bench calibrate``: plan, measure (here or on emulated links), write the profile and
     print its headline numbers; returns the profile's path."""
-    import shlex
-    import sys
 
-    from suite.cluster.topology import check_layout
-    from suite.plugins.registry import WORKLOADS
-    from suite.sim.profile import load_profile
 
     workloads = [w for w in flags["workload"].split(",") if w]
     for w in workloads:

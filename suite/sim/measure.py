@@ -38,14 +38,18 @@ from torch import nn
 
 from suite.cluster.ranks import join_process_group
 from suite.cluster.recorder import synchronize
+from suite.cluster.topology import build_topology
+from suite.data.datasets import dataset_spec, load_data
+from suite.data.sharding import ShardedLoader
+from suite.data.workload import TensorData
 from suite.errors import BenchError
+from suite.plugins.registry import WORKLOADS
 
 DEFAULT_SIZES = (2**12, 2**16, 2**20, 2**22, 2**24)  # bytes
 DEFAULT_BLOCK_STEPS = (1, 2, 4, 8, 16, 32)  # local steps between synchronizations
 
 
 def workload_dataset(workload: str) -> str:
-    from suite.plugins.registry import WORKLOADS
 
     return WORKLOADS.get(workload).factory().dataset
 
@@ -54,8 +58,6 @@ def workload_dataset(workload: str) -> str:
 def training_data(dataset: str, data_dir: str | None):
     """The dataset's real train split (as a run loads it), or, where it cannot be loaded
     here, random inputs of its shape; and a line saying which."""
-    from suite.data.datasets import dataset_spec, load_data
-    from suite.data.workload import TensorData
 
     try:
         train, _, _ = load_data(dataset, data_dir=data_dir)
@@ -72,9 +74,6 @@ def training_setup(workload: str, batch_size: int, device: torch.device, data_di
     draws them: this rank's shard of the real dataset through a ShardedLoader. Real data
     matters: under 4 CPU ranks on 2 cores, random inputs made steps ~15% slower than
     Fashion-MNIST's (measured; one rank alone saw no difference)."""
-    from suite.data.datasets import dataset_spec
-    from suite.data.sharding import ShardedLoader
-    from suite.plugins.registry import WORKLOADS
 
     wl = WORKLOADS.get(workload).factory()
     spec = dataset_spec(wl.dataset)
@@ -219,7 +218,6 @@ def time_allreduce(
 
 def calibration_rank(plan_json: str, out_path: str) -> None:
     """One rank's part (elastic_launch target and ``python -m suite.sim.measure`` entry)."""
-    from suite.cluster.topology import build_topology
 
     plan = json.loads(plan_json)
     device = join_process_group(plan["device"])
@@ -244,13 +242,13 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
             blocks = synchronized_blocks(
                 workload, plan["batch_size"], device, plan["block_steps"], plan["block_repeats"],
                 plan["warmup"], data_dir,
-            )  # fmt: skip
+            )
             comm = together = float("nan")
             if topo.world_size > 1:
                 comm, together = overlap_timings(
                     workload, plan["batch_size"], device, topo.world.pg, plan["steps"],
                     plan["warmup"], data_dir,
-                )  # fmt: skip
+                )
             result["data"][workload] = training_data(workload_dataset(workload), data_dir)[1]
             mine = torch.tensor(
                 [fwd, bwd, opt, comm, together, jitter], dtype=torch.float64, device=device

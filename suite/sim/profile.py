@@ -32,7 +32,11 @@ from functools import cache
 from pathlib import Path
 from statistics import NormalDist
 
+import torch
+
+from suite.data.datasets import dataset_spec
 from suite.errors import BenchError
+from suite.plugins.registry import WORKLOADS
 from suite.sim.costmodel import Link
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -181,11 +185,9 @@ def shipped_profiles() -> list[str]:
 def training_flops(workload: str, batch_size: int) -> float:
     """FLOPs of one training step (forward + backward) of the workload's real model at its
     dataset's input size, counted by torch.utils.flop_counter on the meta device."""
-    import torch
+    # lazy: torch.utils.flop_counter costs ~0.2 s to import; only this path needs it
     from torch.utils.flop_counter import FlopCounterMode
 
-    from suite.data.datasets import dataset_spec
-    from suite.plugins.registry import WORKLOADS
 
     wl = WORKLOADS.get(workload).factory()
     spec = dataset_spec(wl.dataset)

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 
@@ -121,7 +122,7 @@ def simulate_run(
     ctx, method, iterations = build_method(
         config, topology=topology, comm=comm, recorder=recorder, workload=workload,
         recipe=recipe, spec=spec, loader=loader, device=device,
-    )  # fmt: skip
+    )
 
     rows: list[dict] = []
     last: list[dict] = []
@@ -167,7 +168,7 @@ def simulate_run(
             "stationary_after_replay": stationary,
             "accuracy_from": accuracy.run_id if accuracy else None,
         },
-    )  # fmt: skip
+    )
     folder.write_manifest(manifest)
     frame = _frame(rows)
     write_table(folder.path / "iterations.parquet", frame)
@@ -208,6 +209,5 @@ def _same_schedule(rows: list[dict], world: int, replayed: int) -> bool:
 
 
 def _frame(rows: list[dict]):
-    import pandas as pd
 
     return pd.DataFrame(rows).sort_values(["iteration", "rank"], kind="stable")

@@ -44,7 +44,7 @@ def sim_topology(world_size: int, gpus_per_node: int, rank: int, pg=None) -> Top
         rank, world_size, gpus_per_node,
         world_pg=pg, new_group=lambda _ranks: pg, emulated=True,
         hostnames=["simulated"] * world_size,
-    )  # fmt: skip
+    )
 
 
 def ensure_single_process_group() -> None:

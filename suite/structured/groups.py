@@ -130,6 +130,7 @@ def _owning_conv(norm: nn.Module, graph, names: dict[nn.Module, str]) -> str | N
 
 
 def _optype(name: str):
+    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
     import torch_pruning as tp
 
     return getattr(tp.ops.OPTYPE, name)

@@ -322,7 +322,7 @@ def mask_artifact(masks: dict) -> dict:
     """``masks.pt`` of a run folder: per conv weight its group bitmaps and element mask; per
     head or neuron group (``blocks.0.attn#heads``) its unit bits."""
     return {name: {**m.state(), "dense": m.dense()} if isinstance(m, StructuredMask) else m.state()
-            for name, m in masks.items()}  # fmt: skip
+            for name, m in masks.items()}
 
 
 def density_of(masks: dict) -> float:

@@ -105,7 +105,7 @@ class StructuredRound:
              if self.keeps.get(g.keep_option) is not None]
             if any(self.keeps.get(option) is not None for option in KINDS.values())
             else []
-        )  # fmt: skip
+        )
         self.channel_groups = (
             trace_channel_groups(model, ctx.example_input())
             if packing is not None and packing.pack == "live"
@@ -117,7 +117,7 @@ class StructuredRound:
         self.use_masks({
             **{n: StructuredMask.full(s, device=ctx.device) for n, s in self.shapes.items()},
             **{g.key: UnitMask.full(g.units, device=ctx.device) for g in self.unit_groups},
-        })  # fmt: skip
+        })
 
     def process_groups(self) -> list:
         """The groups this round made beside the topology's (the sharded leaders' peers)."""
@@ -166,7 +166,7 @@ class StructuredRound:
         for mask in self.masks.values():
             if isinstance(mask, StructuredMask):
                 bits += sum(n for n, k in zip(mask.set_sizes(), CONV_KEEPS)
-                            if self.keeps.get(k) is not None)  # fmt: skip
+                            if self.keeps.get(k) is not None)
             else:
                 bits += mask.set_sizes()[0]
         return bits
@@ -219,7 +219,7 @@ class StructuredRound:
     def load(self, path: str) -> dict:
         """A run's saved masks (``--masks-from``), checked against this model."""
         return {**load_masks(path, self.shapes, self.ctx.device),
-                **load_unit_masks(path, self.unit_groups, self.ctx.device)}  # fmt: skip
+                **load_unit_masks(path, self.unit_groups, self.ctx.device)}
 
     def density(self) -> float:
         return self.overall_density
@@ -232,7 +232,7 @@ class StructuredRound:
         run had restricted it."""
         kinds = {g.key: UnitMask for g in self.unit_groups}
         self.use_masks({n: kinds.get(n, StructuredMask).from_state(m, self.ctx.device)
-                        for n, m in state.items()})  # fmt: skip
+                        for n, m in state.items()})
         self.support = {}
 
     def artifacts(self) -> dict:
@@ -256,12 +256,12 @@ class StructuredRound:
         theta, its momentum and the tensors of ``also`` (PruneX's u) off it; ``keep`` holds
         theta there after every local step."""
         support = {name: mask.dense() for name, mask in self.masks.items()
-                   if isinstance(mask, StructuredMask)}  # fmt: skip
+                   if isinstance(mask, StructuredMask)}
         for group in self.unit_groups:
             mask = self.masks[group.key]
             for part in group.slices:
                 keep = element_mask(group, mask, part.param, self.param_shapes[part.param],
-                                    self.ctx.device)  # fmt: skip
+                                    self.ctx.device)
                 support[part.param] = keep & support[part.param] if part.param in support else keep
         for name, keep in self.live_elements.items():
             support[name] = keep & support[name] if name in support else keep

@@ -23,7 +23,7 @@ from suite.structured.units import UnitGroup, trace_unit_groups
 
 #: conv keep -> the dim of a (C_out, C_in, KH, KW) weight whose groups it prunes
 CONV_SETS = {"filter_keep": "output filters", "channel_keep": "input channels",
-             "shape_keep": "kernel positions"}  # fmt: skip
+             "shape_keep": "kernel positions"}
 
 
 def conv_set_size(keep: str, shape: torch.Size) -> int:
@@ -68,10 +68,10 @@ def describe(shapes: dict[str, torch.Size], units: list[UnitGroup], keep: str) -
                 name = next(iter(shapes))
                 what = what[:-1] if sizes[0] == 1 else what
                 found.append(f"its only conv ({name.rpartition('.')[0] or name}) has "
-                             f"{sizes[0]} {what}")  # fmt: skip
+                             f"{sizes[0]} {what}")
             else:
                 found.append(f"its {len(shapes)} convs have {', '.join(map(str, sizes[:6]))} "
-                             f"{what}")  # fmt: skip
+                             f"{what}")
         else:
             found.append(f"it has {len(shapes)} conv(s)")
         options += ["--filter-keep", "--channel-keep", "--shape-keep"]

@@ -120,6 +120,7 @@ class UnitMask:
 def trace_unit_groups(model: nn.Module, example_input: torch.Tensor) -> list[UnitGroup]:
     """The model's attention heads and MLP neurons, from Torch-Pruning's graph of a CPU copy
     in eval mode (the model itself is not touched); [] for a model that has none (a CNN)."""
+    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
     import torch_pruning as tp
 
     traced = copy.deepcopy(model).cpu().eval()
@@ -178,7 +179,7 @@ def unit_group(writer: str, reader: str, modules: dict[str, nn.Module]) -> UnitG
             return None
         per_head = torch.arange(width)
         rows = torch.stack([torch.cat([part * r.in_features + h * width + per_head
-                                       for part in range(3)]) for h in range(heads)])  # fmt: skip
+                                       for part in range(3)]) for h in range(heads)])
         cols = torch.stack([h * width + per_head for h in range(heads)])
         slices = [UnitSlice(f"{writer}.weight", 0, rows)]
         if w.bias is not None:
@@ -244,7 +245,7 @@ def kept_positions(group: UnitGroup, mask: UnitMask) -> dict[str, tuple[int, tor
     """Member tensor -> (dim, its kept positions along it, sorted)."""
     kept = mask.kept.cpu()
     return {part.param: (part.dim, part.index[kept].reshape(-1).sort().values)
-            for part in group.slices}  # fmt: skip
+            for part in group.slices}
 
 
 def element_mask(group: UnitGroup, mask: UnitMask, param: str, shape, device) -> torch.Tensor:
@@ -271,9 +272,9 @@ def load_unit_masks(path: str, groups: list[UnitGroup], device) -> dict[str, Uni
             mask = UnitMask.from_state(saved[group.key], device)
         except (TypeError, KeyError, AttributeError, IndexError):
             raise BenchError(f"--masks-from {file} has no {group.kind} mask for {group.name}"
-                             ) from None  # fmt: skip
+                             ) from None
         if mask.kept.numel() != group.units:
             raise BenchError(f"--masks-from {file}: {group.name} has {mask.kept.numel()} "
-                             f"{group.kind}s, this model's has {group.units}")  # fmt: skip
+                             f"{group.kind}s, this model's has {group.units}")
         masks[group.key] = mask
     return masks

@@ -42,7 +42,7 @@ def phases_worker(rank):
         ctx = make_context(
             rank, gpus_per_node=2, method=name, options=options, batch_size=16,
             model_fn=cnn_fmnist_model, bn=True, budget_steps=12,
-        )  # fmt: skip
+        )
         method = METHODS.get(name).factory(ctx)
         rows = run_iterations(method, ctx.recorder, ITERATIONS)
         out[name] = (rows, tuple(method.overlapped_phases))
@@ -111,7 +111,7 @@ def foreach_worker(rank):
                 rank, gpus_per_node=1, method="prunex", batch_size=16, bn=True,
                 options={"local_steps": 4, "channel_keep": 0.5, "after_freeze": "admm"},
                 model_fn=cnn_fmnist_model,
-            )  # fmt: skip
+            )
             method = METHODS.get("prunex").factory(ctx)
             method.rho1 = [0.5 + 0.25 * i for i in range(len(method.rho1))]  # per-block weights
             with torch.no_grad():
@@ -124,7 +124,7 @@ def foreach_worker(rank):
                 method.structure.agree(
                     {n: project(weights[n].detach(), channel_keep=0.5)[1] for n in weights
                      if n in method.structure.shapes}
-                )  # fmt: skip
+                )
                 method.freeze(rounds_done=0)
             made.append(method)
         fused, reference = made
@@ -153,7 +153,7 @@ def test_topk_decompression_is_the_same_bytes_every_time():
     compressor = ErrorFeedbackTopK(numels, ratio=0.2)
     g = torch.Generator().manual_seed(0)
     rows = [ErrorFeedbackTopK(numels, ratio=0.2).compress(torch.randn(80, generator=g))
-            for _ in range(4)]  # fmt: skip
+            for _ in range(4)]
     rows.append(rows[0])  # a contributor that chose exactly the positions of another
     values = torch.stack([v for v, _ in rows])
     indices = torch.stack([i for _, i in rows])

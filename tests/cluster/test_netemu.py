@@ -78,7 +78,7 @@ def test_leaders_fit_predicts_the_flat_ring_on_shaped_links(tmp_path):
     proc = bench("calibrate", "--network", "emulated", "--inter-bw", "200mbit", "--gpus", "4",
                  "--gpus-per-node", "2", "--batch-size", "8", "--steps", "2", "--sync-blocks",
                  "1", "--block-repeats", "1", "--sizes", "4096,1048576,4194304", "-o", str(out),
-                 timeout=300)  # fmt: skip
+                 timeout=300)
     assert proc.returncode == 0, proc.stderr
     profile = json.loads(out.read_text())
     inter = profile["links"]["inter"]
@@ -96,7 +96,7 @@ def test_leaders_fit_predicts_the_flat_ring_on_shaped_links(tmp_path):
 def test_emulated_run_records_rate_and_wire_and_leaves_nothing(tmp_path):
     proc = bench("run", "--network", "emulated", "--inter-bw", "200mbit", "--method", "prunex",
                  *SMALL, "--iterations", "2", "--local-steps", "2", "--results-dir",
-                 str(tmp_path), timeout=300)  # fmt: skip
+                 str(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stderr
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -107,7 +107,7 @@ def test_emulated_run_records_rate_and_wire_and_leaves_nothing(tmp_path):
 
     failed = bench("run", "--network", "emulated", "--inter-bw", "1gbit", "--method", "ddp",
                    *SMALL, "--iterations", "3", "--lr", "1e12", "--results-dir",
-                   str(tmp_path / "f"), timeout=300)  # fmt: skip
+                   str(tmp_path / "f"), timeout=300)
     assert failed.returncode == 1 and "non-finite loss" in failed.stderr
     (folder,) = list((tmp_path / "f").iterdir())
     assert json.loads((folder / "summary.json").read_text())["status"] == "failed"
@@ -122,7 +122,7 @@ def test_interrupted_run_leaves_no_namespace(tmp_path):
         [*BENCH, "run", "--network", "emulated", "--inter-bw", "200mbit", "--method", "ddp",
          *SMALL, "--iterations", "500", "--results-dir", str(tmp_path)],
         env=env, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
     deadline = time.time() + 60
     while not leftover_namespaces() and time.time() < deadline:
         time.sleep(0.2)
@@ -146,7 +146,7 @@ def test_without_iproute2_it_is_one_line(tmp_path):
         [*BENCH, "run", "--network", "emulated", "--inter-bw", "1gbit", *SMALL,
          "--results-dir", str(tmp_path / "r")],
         capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "needs root and iproute2 (ip, tc): ip, tc not found" in lines[0]

@@ -29,7 +29,7 @@ TIMEOUT = 8
 #: 2 nodes x 2 ranks of PruneX: intra-node all-reduces, the leaders' exchange, broadcasts
 RUN = ["--method", "prunex", "--dataset", "synthetic", "--synthetic-size", "1024,256",
        "--gpus", "4", "--gpus-per-node", "2", "--batch-size", "16", "--local-steps", "2",
-       "--iterations", "400", "--fixed-rho", "--collective-timeout", str(TIMEOUT)]  # fmt: skip
+       "--iterations", "400", "--fixed-rho", "--collective-timeout", str(TIMEOUT)]
 #: evaluations that take most of each iteration's time: a stop lands in one
 EVALUATING = ["--synthetic-size", "256,4096", "--eval-every", "1"]
 SCENARIOS = {
@@ -78,7 +78,7 @@ def check(proc, folder, pids, before, stopped_at, rank):
     [("follower-of-the-last-node", "rank-0"),
      ("leader-of-the-last-node", "during-an-evaluation")],
     ids=lambda pair: "+".join(pair),
-)  # fmt: skip
+)
 def test_the_stopped_rank_is_named(tmp_path, pair):
     stopped = [stop_one(tmp_path, name) for name in pair]
     for name, scenario in zip(pair, stopped):

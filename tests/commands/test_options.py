@@ -103,7 +103,7 @@ def test_plugin_method_brings_its_own_option(tmp_path):
 
     results = tmp_path / "results"
     ran = bench_env(env, "run", "--method", "scaled-sgd", "--grad-scale", "0.5", *TINY,
-                    *ONE_RANK, "--iterations", "1", "--results-dir", str(results))  # fmt: skip
+                    *ONE_RANK, "--iterations", "1", "--results-dir", str(results))
     assert ran.returncode == 0, ran.stderr
     (run,) = results.iterdir()
     manifest = json.loads((run / "manifest.json").read_text())
@@ -118,14 +118,14 @@ def test_plugin_method_brings_its_own_option(tmp_path):
     assert "Scaled SGD" in table  # the label it declared at registration
 
     sweep = bench_env(env, "sweep", "--method", "scaled-sgd,ddp", "--grad-scale", "0.5,2",
-                      *TINY, *ONE_RANK, "--iterations", "1", "--dry-run")  # fmt: skip
+                      *TINY, *ONE_RANK, "--iterations", "1", "--dry-run")
     assert sweep.returncode == 0, sweep.stderr
     cells = sweep.stdout.splitlines()
     assert len(cells) == 3  # two scaled-sgd cells, one ddp cell: ddp does not read it
     assert sum("'grad_scale': 0.5" in c for c in cells) == 1
     assert sum(c.startswith("ddp-") and c.endswith("{}") for c in cells) == 1
     bad_sweep = bench_env(env, "sweep", "--method", "scaled-sgd", "--grad-scale", "1,x", *TINY,
-                          "--dry-run")  # fmt: skip
+                          "--dry-run")
     assert one_line_error(bad_sweep) == "Error: --grad-scale takes FLOAT, got 'x'"
 
 
@@ -136,7 +136,7 @@ def test_sim_honours_fixed_rho(tmp_path):
         out = tmp_path / flag.strip("-")
         proc = bench("sim", "--method", "prunex", "--workload", "cnn-fmnist", "--gpus", "4",
                      "--profile", "cpu-2x2-1gbit", "--iterations", "4", "--replay", "4",
-                     "--local-steps", "2", flag, "--results-dir", str(out))  # fmt: skip
+                     "--local-steps", "2", flag, "--results-dir", str(out))
         assert proc.returncode == 0, proc.stderr
         (run,) = out.iterdir()
         manifest = json.loads((run / "manifest.json").read_text())

@@ -36,13 +36,13 @@ ALL_METHODS = (
 )
 #: small CUDA runs on synthetic data; SMALL adds the workload (cnn-fmnist)
 ON_CUDA = ["--dataset", "synthetic", "--synthetic-size", "2048,512", "--batch-size", "32",
-           "--local-steps", "2", "--device", "cuda"]  # fmt: skip
+           "--local-steps", "2", "--device", "cuda"]
 SMALL = ["--workload", "cnn-fmnist", *ON_CUDA]
 
 
 def bench(*args: str, env: dict | None = None, timeout: float = 570) -> subprocess.CompletedProcess:
     return subprocess.run([*BENCH, *args], capture_output=True, text=True,
-                          env=env or ENV, timeout=timeout)  # fmt: skip
+                          env=env or ENV, timeout=timeout)
 
 
 def folders(root: Path) -> dict[str, Path]:
@@ -59,7 +59,7 @@ def shared_gpu_runs(tmp_path_factory) -> Path:
     ranks share one)."""
     root = tmp_path_factory.mktemp("cuda")
     proc = bench("sweep", "--method", ALL_METHODS, *SMALL, "--gpus", "4", "--gpus-per-node",
-                 "2", "--iterations", "4", "--results-dir", str(root))  # fmt: skip
+                 "2", "--iterations", "4", "--results-dir", str(root))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root
 
@@ -81,7 +81,7 @@ def topk_worker(rank):
     from baselines.topk import TopK
 
     ctx = make_context(rank, gpus_per_node=2, method="topk", options={"topk_ratio": 0.05},
-                       model_fn=cnn_fmnist_model, device=torch.device("cuda", 0))  # fmt: skip
+                       model_fn=cnn_fmnist_model, device=torch.device("cuda", 0))
     method = TopK(ctx, hierarchical=False)
     run_iterations(method, ctx.recorder, 6)
     return [p.detach().cpu() for p in method.module.parameters()]
@@ -103,7 +103,7 @@ def test_a_gpu_run_is_read_without_cuda(shared_gpu_runs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     prunex = folders(shared_gpu_runs)["prunex"]
     proc = bench("export", str(prunex), "--repeats", "1", "-o", str(tmp_path / "small.pt"),
-                 env=hidden)  # fmt: skip
+                 env=hidden)
     assert proc.returncode == 0, proc.stderr
     for name in ("model.pt", "masks.pt"):
         saved = torch.load(prunex / name, weights_only=True)  # no map_location needed
@@ -126,7 +126,7 @@ def test_a_hook_span_ends_when_its_collective_completes():
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         topology = lay_out(0, 1, 1, world_pg=dist.group.WORLD, new_group=dist.new_group,
-                           emulated=False, hostnames=["here"])  # fmt: skip
+                           emulated=False, hostnames=["here"])
         recorder = Recorder(0, device)
         comm = Communicator(topology, recorder, device)
         cycles = sleep_cycles(0.05, device)

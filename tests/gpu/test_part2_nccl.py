@@ -35,13 +35,13 @@ ALL_METHODS = (
 )
 #: small CUDA runs on synthetic data; SMALL adds the workload (cnn-fmnist)
 ON_CUDA = ["--dataset", "synthetic", "--synthetic-size", "2048,512", "--batch-size", "32",
-           "--local-steps", "2", "--device", "cuda"]  # fmt: skip
+           "--local-steps", "2", "--device", "cuda"]
 SMALL = ["--workload", "cnn-fmnist", *ON_CUDA]
 
 
 def bench(*args: str, env: dict | None = None, timeout: float = 570) -> subprocess.CompletedProcess:
     return subprocess.run([*BENCH, *args], capture_output=True, text=True,
-                          env=env or ENV, timeout=timeout)  # fmt: skip
+                          env=env or ENV, timeout=timeout)
 
 
 def folders(root: Path) -> dict[str, Path]:
@@ -56,7 +56,7 @@ def test_one_nccl_rank_runs_every_method(tmp_path):
     """One rank on NCCL: every collective and comm hook goes through NCCL's path (futures
     that complete at enqueue, event-timed spans)."""
     proc = bench("sweep", "--method", ALL_METHODS, *SMALL, "--gpus", "1", "--iterations", "3",
-                 "--results-dir", str(tmp_path))  # fmt: skip
+                 "--results-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for method, run in folders(tmp_path).items():
         manifest = json.loads((run / "manifest.json").read_text())
@@ -73,12 +73,12 @@ def test_ddp_allreduce_time_matches_its_bytes_over_nccl(tmp_path):
     profile = tmp_path / "profile.json"
     proc = bench("calibrate", "--device", "cuda", "--gpus", "4", "--gpus-per-node", "2",
                  "--steps", "3", "--sync-blocks", "1", "--block-repeats", "2",
-                 "-o", str(profile))  # fmt: skip
+                 "-o", str(profile))
     assert proc.returncode == 0, proc.stderr
     link = json.loads(profile.read_text())["links"]["inter"]
     proc = bench("run", "--method", "ddp", "--workload", "resnet18-cifar10", *ON_CUDA, "--gpus",
                  "4", "--gpus-per-node", "2", "--iterations", "10", "--results-dir",
-                 str(tmp_path / "runs"))  # fmt: skip
+                 str(tmp_path / "runs"))
     assert proc.returncode == 0, proc.stderr
     rows = pd.read_parquet(next(iter(folders(tmp_path / "runs").values())) / "iterations.parquet")
     rows = rows[rows["iteration"] > 0]
@@ -89,7 +89,7 @@ def test_ddp_allreduce_time_matches_its_bytes_over_nccl(tmp_path):
 
 def test_checkpoint_and_resume_on_cuda(tmp_path):
     args = ["--method", "prunex", *SMALL, "--gpus", "2", "--gpus-per-node", "1",
-            "--checkpoint-every", "2", "--freeze-round", "4"]  # fmt: skip
+            "--checkpoint-every", "2", "--freeze-round", "4"]
     code, err = finish(start(tmp_path, "full", *args, "--iterations", "8"), timeout=300)
     assert code == 0, err
     stop = {**ENV, "PRUNEX_STOP_AFTER_ITERATION": "3"}  # every rank stops there, no race

@@ -30,7 +30,7 @@ def test_cuda_without_a_gpu_is_one_line(tmp_path):
         [sys.executable, "-m", "suite.cli", "run", "--device", "cuda", "--gpus", "2",
          "--results-dir", str(tmp_path), "--dataset", "synthetic", "--iterations", "1"],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].endswith("no CUDA device is visible")
 

@@ -88,7 +88,7 @@ def test_every_field_and_option_reaches_the_ranks_whole(tmp_path):
     for method in METHODS.names():
         options = {o.name: other_value(o) for o in METHODS.get(method).options}
         config = RunConfig(**{**NON_DEFAULT, "method": method, "results_dir": str(tmp_path)},
-                           options=options)  # fmt: skip
+                           options=options)
         _, agent = submission(config, SlurmRequest(), preview=True)
         back = RunConfig.from_json(agent.config_json)
         assert back == config, method
@@ -102,7 +102,7 @@ def test_the_issue_dry_run_carries_all_four_flags(tmp_path):
          "4", "--lr-schedule", "step", "--warmup-epochs", "0.3", "--bn-recalibrate", "4",
          "--tensorboard", "--results-dir", str(tmp_path), "--run-id", "r8"],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(text for text in proc.stdout.splitlines() if text.startswith("#   {"))
     ranks = json.loads(line[4:])  # the configuration every rank receives
@@ -126,7 +126,7 @@ def test_cpu_partitions_get_no_gpu_request(tmp_path):
          "--gpus-per-node", "2", "--slurm-cpus-per-task", "6", "--slurm-signal-lead", "90",
          "--slurm-partition", "cpu", "--results-dir", str(tmp_path)],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     assert "gpus" not in proc.stdout.split("# command")[0].replace("prunex-4g", "")
     assert "#SBATCH --partition=cpu" in proc.stdout and "--cpus-per-task=6" in proc.stdout
@@ -136,7 +136,7 @@ def test_cpu_partitions_get_no_gpu_request(tmp_path):
 def test_slurm_without_sbatch_is_one_line_and_dry_run_still_prints_the_job(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path)}  # neither sbatch nor srun
     args = [*BENCH, "run", "--launcher", "slurm", "--gpus", "8", "--gpus-per-node", "4",
-            "--results-dir", str(tmp_path)]  # fmt: skip
+            "--results-dir", str(tmp_path)]
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "sbatch not found on PATH" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -149,7 +149,7 @@ def test_slurm_without_sbatch_is_one_line_and_dry_run_still_prints_the_job(tmp_p
 def test_local_run_in_a_multi_node_allocation_is_refused(tmp_path):
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_PROCID": "0"}
     proc = subprocess.run([*BENCH, "run", "--gpus", "2", "--results-dir", str(tmp_path)],
-                          capture_output=True, text=True, env=env)  # fmt: skip
+                          capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "Error: inside a SLURM allocation of 2 nodes but not in a job step: run it under srun "
@@ -165,7 +165,7 @@ def test_slurm_job_for_64_gpus_at_4_per_node(tmp_path):
          "--results-dir", str(tmp_path), "--run-id", "r64", "--checkpoint-minutes", "20",
          "--max-restarts", "2"],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout
     assert "#SBATCH --nodes=16" in script and "#SBATCH --ntasks-per-node=1" in script
@@ -206,14 +206,14 @@ def submit(tmp_path: Path, run_id: str, *extra: str) -> str:
          "1", "--results-dir", str(tmp_path), "--run-id", run_id, "--slurm-time", "10",
          "--slurm-cpus-per-task", "1", *extra],
         capture_output=True, text=True, cwd=REPO, env={**os.environ, "PRUNEX_PROGRESS": "0"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split("Submitted batch job ")[1].split(";")[0]
 
 
 def job_state(job: str) -> tuple[str, str]:
     out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True,
-                         text=True).stdout.split()  # fmt: skip
+                         text=True).stdout.split()
     return (out[0], out[1]) if len(out) == 2 else ("GONE", "")
 
 
@@ -257,7 +257,7 @@ def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(s
     assert "requeued, its next start resumes" in log
     # no process of either job outlives it: node agents (submitit) and their ranks
     left = subprocess.run(["pgrep", "-f", "submitit.core._submit|multiprocessing.spawn"],
-                          capture_output=True, text=True).stdout.split()  # fmt: skip
+                          capture_output=True, text=True).stdout.split()
     assert not left, f"processes left behind: {left}"
     a = torch.load(tmp_path / "plain" / "model.pt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "signalled" / "model.pt", map_location="cpu", weights_only=True)
@@ -302,5 +302,5 @@ def test_download_happens_once_on_rank_0_and_each_rank_decodes_once(tmp_path):
     assert all(o.get("samples") == 60000 for o in out), out
     failed = run_ranks(download_worker, 3, str(tmp_path / "offline"), str(tmp_path / "d2"))
     assert all(o["error"] == f"download from {tmp_path / 'offline'} failed: unreachable"
-               for o in failed)  # fmt: skip
+               for o in failed)
     assert [o["calls"] for o in failed] == [[True], [], []]

@@ -17,7 +17,7 @@ from tests.support.prunex_reference import reference_rounds
 ROUNDS, FREEZE, STEPS = 5, 3, 3
 # Algorithm 1 as its box writes it, also after the freeze (--after-freeze admm)
 OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE, "rho1": 1.5e-3,
-           "rho2": 1.5e-4, "after_freeze": "admm"}  # fmt: skip
+           "rho2": 1.5e-4, "after_freeze": "admm"}
 
 
 def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):
@@ -238,7 +238,7 @@ def test_after_freeze_sgd_is_masked_local_sgd_with_the_same_packed_exchange():
         torch.testing.assert_close(o["z"], o["mean_of_local_models"], rtol=1e-5, atol=1e-6)
     assert sgd[0]["frozen_at"] == admm[0]["frozen_at"] == {
         "round": FREEZE, "samples_per_rank": FREEZE * STEPS * 8, "epoch": FREEZE * STEPS / 8,
-    }  # fmt: skip
+    }
     assert sgd[0]["packed_bytes"] == admm[0]["packed_bytes"] > 0  # the same bytes per round
     # residual and rho rows stop at the freeze in sgd, go on in admm
     assert sgd[0]["layer_rows"] < admm[0]["layer_rows"]
@@ -318,7 +318,7 @@ def residual_round(rank, hierarchical, eps_abs) -> dict:
             sq([a - b for a, b in zip(z, before["z"])]) if leader else none,
             sq(z) if leader else none,
             sq(v) if leader else none,
-        ], dim=1)  # fmt: skip
+        ], dim=1)
         want = full.clone()
         if eps_abs is None:  # no stopping test: its tolerances' norms are not taken
             want[:, [2, 3, 4, 7, 8]] = 0
@@ -358,7 +358,7 @@ def residual_round(rank, hierarchical, eps_abs) -> dict:
         block = method.blocks[0]
         verdicts.append(method.within_tolerance(block, scaled))
         expected.append(boyd_verdict(row, math.prod(block.shape), rho1.item(), rho2.item(),
-                                     eps, hierarchical, rel=1.0))  # fmt: skip
+                                     eps, hierarchical, rel=1.0))
     seen["verdicts"], seen["expected"] = verdicts, expected
     return seen
 

@@ -47,7 +47,7 @@ class ScaledSGD(Method):
         self.optimizer = torch.optim.SGD(
             self.model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
             weight_decay=recipe.weight_decay,
-        )  # fmt: skip
+        )
         self.batches = iter(ctx.loader)
 
     def step(self, iteration: int) -> StepResult:

@@ -30,7 +30,7 @@ def load_stripes(data_dir, download):
             torch.sin(grid)[:, None].expand(16, 16),  # horizontal
             torch.sin(grid[:, None] + grid[None, :]),  # diagonal
             torch.sin(grid[:, None] - grid[None, :]),  # anti-diagonal
-        ])  # fmt: skip
+        ])
         images = patterns[labels][:, None] + 0.5 * torch.randn(n, 1, 16, 16, generator=g)
         return TensorData(images, labels)
 
@@ -40,16 +40,16 @@ def load_stripes(data_dir, download):
 def tiny_mlp(spec: DatasetSpec) -> nn.Module:
     """Any model builder takes the dataset's spec, so ``--dataset`` can swap the data."""
     return nn.Sequential(nn.Flatten(), nn.Linear(spec.in_chans * spec.image_size**2, 64),
-                         nn.ReLU(), nn.Linear(64, spec.num_classes))  # fmt: skip
+                         nn.ReLU(), nn.Linear(64, spec.num_classes))
 
 
 @WORKLOADS.register("mlp-stripes", "a two-layer MLP on the stripes dataset (a plugin)")
 def mlp_stripes() -> Workload:
     return Workload("mlp-stripes", "MLP on stripes", "tiny_mlp", "stripes", tiny_mlp,
-                    Recipe(batch_size=32, lr=0.05, epochs=1.0))  # fmt: skip
+                    Recipe(batch_size=32, lr=0.05, epochs=1.0))
 
 
 @WORKLOADS.register("mlp-fmnist", "the same MLP on Fashion-MNIST (a plugin)")
 def mlp_fmnist() -> Workload:
     return Workload("mlp-fmnist", "MLP on Fashion-MNIST", "tiny_mlp", "fmnist", tiny_mlp,
-                    Recipe(batch_size=32, lr=0.05))  # fmt: skip
+                    Recipe(batch_size=32, lr=0.05))

@@ -38,7 +38,7 @@ def test_the_documented_example_plugin_runs_as_written(tmp_path):
     results = tmp_path / "results"
     ran = bench("run", "--method", "scaled-sgd", "--workload", "mlp-stripes", "--gpus", "2",
                 "--gpus-per-node", "1", "--iterations", "3", "--results-dir", results,
-                env=env)  # fmt: skip
+                env=env)
     assert ran.returncode == 0, ran.stderr
     (run,) = results.iterdir()
     summary = json.loads((run / "summary.json").read_text())

@@ -177,7 +177,7 @@ def test_a_plugin_that_fails_to_load_is_skipped_and_the_rest_works(tmp_path):
          "twice": "from suite.api import METHODS\n"
                   "@METHODS.register('topk', 'a second topk')\ndef make(ctx):\n    return None\n"},
         "[prunex_bench.methods]\nbroken = broken\ntwice = twice\n",
-    )  # fmt: skip
+    )
     listed = bench("list", env=env)
     assert listed.returncode == 0, listed.stderr
     assert "prunex" in listed.stdout and "a second topk" not in listed.stdout
@@ -194,18 +194,18 @@ def test_a_plugin_that_fails_to_load_is_skipped_and_the_rest_works(tmp_path):
 
 def test_mistakes_of_a_method_are_named(tmp_path):
     env = install(tmp_path, {"mistakes": PLUGIN},
-                  "[prunex_bench.methods]\nmistakes = mistakes\n")  # fmt: skip
+                  "[prunex_bench.methods]\nmistakes = mistakes\n")
     results = tmp_path / "results"
     two = ["--gpus", "2", "--gpus-per-node", "1", "--iterations", "2", *TINY]
     direct = bench("run", "--method", "direct-dist", *two, "--results-dir", results,
-                   "--run-id", "direct", env=env)  # fmt: skip
+                   "--run-id", "direct", env=env)
     assert direct.returncode == 0, direct.stderr
     assert "direct-dist recorded no traffic on 2 ranks" in direct.stderr
     summary = json.loads((results / "direct" / "summary.json").read_text())
     assert any("ctx.comm" in line for line in summary["warnings"])
 
     none = bench("run", "--method", "no-result", *TINY, *ONE_RANK, "--iterations", "1",
-                 "--results-dir", results, "--run-id", "none", env=env)  # fmt: skip
+                 "--results-dir", results, "--run-id", "none", env=env)
     assert none.returncode == 1
     line = one_line_error(none)
     assert "method 'no-result': step() returned NoneType" in line and "StepResult" in line

@@ -14,7 +14,7 @@ COLLECTIVES = {
     "all_to_all_single", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list",
     "send", "recv", "isend", "irecv", "barrier", "all_gather_single", "monitored_barrier",
-}  # fmt: skip
+}
 PACKING_PREFIXES = ("p:", "b:")
 
 

@@ -1,4 +1,4 @@
-"""A tiny sweep (3 methods x 2 rank counts, and a second seed at 4 ranks) resumes, and
+"""A tiny sweep (3 methods x 2 rank counts, and a second seed at 2 ranks) resumes, and
 `bench report` draws every figure its data allows as PDF, SVG and PNG, in each method's fixed
 colour, with repeats reduced to mean and interval, a LaTeX table, the run ids named, and says
 why it skips the others."""
@@ -15,18 +15,18 @@ import pytest
 from suite.report.style import method_style
 
 BENCH = [sys.executable, "-m", "suite.cli"]
-SWEEP = ["sweep", "--method", "prunex,ddp,localsgd-hier", "--gpus", "2,4", "--dataset",
-         "synthetic", "--iterations", "3", "--batch-size", "8", "--local-steps", "2"]  # fmt: skip
-SECOND_SEED = [*SWEEP[:4], "4", *SWEEP[5:], "--seed", "1"]  # fmt: skip
+SWEEP = ["sweep", "--method", "prunex,ddp,localsgd-hier", "--gpus", "1,2", "--dataset",
+         "synthetic", "--iterations", "3", "--batch-size", "8", "--local-steps", "2"]
+SECOND_SEED = [*SWEEP[:4], "2", *SWEEP[5:], "--seed", "1"]
 DRAWN = ["fig09_scaling", "fig12_pareto", "fig05_time_to_accuracy", "fig07_comm_latency",
          "fig08_phase_breakdown", "fig06_inter_node_volume", "fig10_residuals", "fig11_rho",
-         "fig13_masks"]  # fmt: skip
+         "fig13_masks"]
 
 
 def bench(*args, **kwargs):
     env = {**os.environ, "PRUNEX_PROGRESS": "0"}
     return subprocess.run([*BENCH, *args], capture_output=True, text=True, env=env,
-                          timeout=600, **kwargs)  # fmt: skip
+                          timeout=600, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +83,12 @@ def test_report_draws_every_figure_and_names_runs(swept, tmp_path):
         assert run_id in md
     assert md.count("Runs: ") == len(DRAWN)
     assert "data:image/png;base64," in (out / "report.html").read_text()
-    # repeats: the two seeds at 4 ranks are one configuration with an interval
+    # repeats: the two seeds at 2 ranks are one configuration with an interval
     summary = pd.read_csv(out / "summary.csv")
-    four = summary[summary.gpus == 4]
-    assert len(summary) == 6 and four.repeats.tolist() == [2, 2, 2]
-    assert four.final_acc_ci95.notna().all()
-    assert summary[summary.gpus == 2].final_acc_ci95.isna().all()
+    two = summary[summary.gpus == 2]
+    assert len(summary) == 6 and two.repeats.tolist() == [2, 2, 2]
+    assert two.final_acc_ci95.notna().all()
+    assert summary[summary.gpus == 1].final_acc_ci95.isna().all()
     pareto = pd.read_csv(out / "fig12_pareto.csv")
     assert len(pareto) == 6 and sorted(pareto.repeats) == [1, 1, 1, 2, 2, 2]
     # the LaTeX table: booktabs, balanced, one row per configuration with mean +- interval
@@ -98,7 +98,7 @@ def test_report_draws_every_figure_and_names_runs(swept, tmp_path):
     body = tex.split(r"\midrule")[1].split(r"\bottomrule")[0].strip().splitlines()
     columns = tex.split(r"\begin{tabular}{")[1].split("}")[0]
     assert len(body) == 6 and all(line.count("&") == len(columns) - 1 for line in body)
-    assert sum(r"$\pm$" in line for line in body) == 3  # the 4-rank rows have two seeds
+    assert sum(r"$\pm$" in line for line in body) == 3  # the 2-rank rows have two seeds
     # one colour per method in every figure, whatever the set of runs
     for name in ("fig05_time_to_accuracy", "fig06_inter_node_volume", "fig12_pareto"):
         svg = (out / f"{name}.svg").read_text().lower()

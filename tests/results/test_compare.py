@@ -13,7 +13,7 @@ BENCH = [sys.executable, "-m", "suite.cli"]
 
 BASE = {"status": "ok", "workload": "cnn-fmnist", "options": {}, "final_accuracy": 0.80,
         "iteration_seconds": 0.10, "time_to_target_seconds": None,
-        "inter_node_bytes_per_iteration": 1e6}  # fmt: skip
+        "inter_node_bytes_per_iteration": 1e6}
 
 
 def bench(*args):
@@ -31,7 +31,7 @@ def write_set(root, runs):
 
 
 RUNS = [{"method": "ddp", "gpus": 4}, {"method": "prunex", "gpus": 4,
-                                       "options": {"channel_keep": 0.5}}]  # fmt: skip
+                                       "options": {"channel_keep": 0.5}}]
 
 
 def test_identical_sets_pass(tmp_path):
@@ -67,7 +67,7 @@ def test_direction_aware_regressions(tmp_path, change, code):
 def test_metric_filter_unmatched_runs_and_bad_input(tmp_path):
     base = write_set(tmp_path / "a", RUNS)
     new = write_set(tmp_path / "b", [{**RUNS[0], "iteration_seconds": 1.0},
-                                     {"method": "topk", "gpus": 8}])  # fmt: skip
+                                     {"method": "topk", "gpus": 8}])
     proc = bench("compare", base, new, "--metric", "accuracy,bytes")
     assert proc.returncode == 0, proc.stdout  # the slower time is not compared
     assert "unmatched (only in baseline): prunex" in proc.stdout
@@ -120,7 +120,7 @@ def test_repeats_count_only_beyond_their_intervals(tmp_path, before, after, code
 
     base = write_set(tmp_path / "a", seeds(before))
     proc = bench("compare", base, write_set(tmp_path / "b", seeds(after)), "--metric",
-                 "accuracy", "--format", "json")  # fmt: skip
+                 "accuracy", "--format", "json")
     assert proc.returncode == code, proc.stdout
     report = json.loads(proc.stdout)
     (row,) = report["rows"]

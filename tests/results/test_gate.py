@@ -24,7 +24,7 @@ ENV = {**os.environ, "PRUNEX_PROGRESS": "0"}
 
 def bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*BENCH, *map(str, args)], capture_output=True, text=True, env=ENV,
-                          cwd=REPO)  # fmt: skip
+                          cwd=REPO)
 
 
 def copy_set(target: Path, methods: tuple[str, ...] = ("ddp", "prunex", "topk")) -> Path:
@@ -42,7 +42,7 @@ def test_machine_classes():
             "numerics": {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}
     assert machine_class(h100) == "cuda-nccl-h100-sm90"
     epyc = {"cpu_vendor": "AuthenticAMD", "cpu_family": "25", "cpu_capability": "AVX512",
-            "threads_per_rank": 2}  # fmt: skip
+            "threads_per_rank": 2}
     assert machine_class({"device": "cpu", "backend": "gloo", "hardware": epyc}) == (
         "cpu-gloo-amd25-avx512-t2")
     assert device_model("Tesla V100-SXM2-32GB") == "v100"
@@ -52,9 +52,9 @@ def test_machine_classes():
 def recorded_class(**env: str) -> str:
     """The class a run on this machine records, under ``env``."""
     code = ("import json; from suite.results.folder import hardware; "
-            "print(json.dumps(hardware()))")  # fmt: skip
+            "print(json.dumps(hardware()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, **env}, check=True).stdout  # fmt: skip
+                         env={**os.environ, **env}, check=True).stdout
     return machine_class({"device": "cpu", "backend": "gloo", "hardware": json.loads(out)})
 
 
@@ -78,7 +78,7 @@ def as_portable_kernels(data: dict) -> None:
 
 @pytest.mark.parametrize(("recorded_as", "klass"), [(as_gpu_runner, "cuda-nccl-h100-sm90"),
                                                    (as_portable_kernels,
-                                                    "cpu-gloo-amd25-default-t1")])  # fmt: skip
+                                                    "cpu-gloo-amd25-default-t1")])
 def test_a_set_of_a_class_without_reference_fails_in_one_line(tmp_path, recorded_as, klass):
     new = copy_set(tmp_path / "new")
     for manifest in new.rglob("manifest.json"):  # the same runs, as another runner records them
@@ -107,14 +107,14 @@ PERTURBATIONS = Path(__file__).resolve().parent / "data" / "kernel_perturbations
 QUALITY_GATE = ["--metric", "accuracy,train-loss,bytes",
                 "--max-accuracy-drop", str(DEFAULT_GATE["max_accuracy_drop"]),
                 "--max-loss-regression", DEFAULT_GATE["max_loss_regression"],
-                "--max-regression", DEFAULT_GATE["max_regression"]]  # fmt: skip
+                "--max-regression", DEFAULT_GATE["max_regression"]]
 
 
 @pytest.mark.parametrize("perturbed", ["default-s0", "avx2-s0", "threads2-s0"])
 def test_the_gate_passes_the_same_runs_on_other_kernels(perturbed):
     """Recorded nightlies of the same seed under other CPU kernels and threads: no alarm."""
     proc = bench("compare", PERTURBATIONS / "native-s0", PERTURBATIONS / perturbed,
-                 *QUALITY_GATE, "--format", "json")  # fmt: skip
+                 *QUALITY_GATE, "--format", "json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(proc.stdout)["rows"]
     methods = {row["method"] for row in rows}
@@ -124,18 +124,18 @@ def test_the_gate_passes_the_same_runs_on_other_kernels(perturbed):
 
 def test_the_gate_fails_a_learning_rate_off_by_ten_on_every_method():
     proc = bench("compare", PERTURBATIONS / "native-s0", PERTURBATIONS / "lr10x-s0",
-                 *QUALITY_GATE, "--format", "json")  # fmt: skip
+                 *QUALITY_GATE, "--format", "json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = json.loads(proc.stdout)["rows"]
     caught = {row["method"] for row in rows
-              if row["metric"] == "final_train_loss" and row["regression"]}  # fmt: skip
+              if row["metric"] == "final_train_loss" and row["regression"]}
     assert len(caught) == 11, caught
 
 
 # -- activity checks on real runs ------------------------------------------------------------
 TINY = ["--workload", "cnn-fmnist", "--dataset", "synthetic", "--synthetic-size", "512,128",
         "--gpus", "4", "--gpus-per-node", "2", "--iterations", "3", "--local-steps", "2",
-        "--batch-size", "16", "--eval-every", "1000"]  # fmt: skip
+        "--batch-size", "16", "--eval-every", "1000"]
 
 
 def test_a_method_that_does_not_do_its_job_fails_its_activity_check(tmp_path):
@@ -190,7 +190,7 @@ def test_trend_finds_a_planted_step_and_none_without_one(tmp_path):
     assert "prunex" in lines[0] and "inter_node_bytes_per_iteration" in lines[0]
     assert "run 7 (commit c006" in lines[0] and "(-20.0%, worse)" in lines[0]
     last = bench("trend", history_from_reference(tmp_path / "last.jsonl", 10, 9),
-                 "--fail-on-last")  # fmt: skip
+                 "--fail-on-last")
     assert last.returncode == 1 and "1 worse in the last run" in last.stdout, last.stdout
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 from tests.support.runs import TINY, bench
 
 TWO_NODES = ["--workload", "cnn-fmnist", "--gpus", "2", "--gpus-per-node", "1",
-             "--iterations", "2", "--eval-every", "1000", *TINY]  # fmt: skip
+             "--iterations", "2", "--eval-every", "1000", *TINY]
 
 
 def test_a_default_spelled_out_is_the_same_run(tmp_path):

@@ -24,7 +24,7 @@ def settle_twelve(rank: int, agree_seconds: float) -> dict:
         if agreement.due:
             settled = agreement.settle(stop=rank == 1 and it >= 5, checkpoint_due=rank == 0)
             batches.append([(s.row["iteration"], s.mean_loss, s.inter_bytes, s.intra_bytes)
-                            for s in settled.iterations])  # fmt: skip
+                            for s in settled.iterations])
             stops.append((settled.stop, settled.checkpoint_due))
     return {"batches": batches, "stops": stops, "left": len(agreement.pending)}
 

@@ -52,7 +52,7 @@ def schedule_worker(rank):
         ctx = make_context(
             rank, gpus_per_node=2, method=name, options={"local_steps": 4} if name != "ddp" else {},
             budget_steps=BUDGET, schedule=SCHEDULE, bn=True,
-        )  # fmt: skip
+        )
         method = METHODS.get(name).factory(ctx)
         rows = run_iterations(method, ctx.recorder, math.ceil(BUDGET / method.steps_per_iteration))
         out[name] = {
@@ -108,7 +108,7 @@ def drift_worker(rank):
     ctx = make_context(
         rank, gpus_per_node=2, method="prunex", options={"local_steps": 4}, bn=True,
         model_fn=cnn_fmnist_model, budget_steps=40,
-    )  # fmt: skip
+    )
     method = PruneX(ctx, hierarchical=True)
     rows = run_iterations(method, ctx.recorder, 8)
     return [r["mask_drift_fraction"] for r in rows], method.rho1[0], method.warnings
@@ -127,7 +127,7 @@ def test_oscillating_masks_are_reported_once():
     fake = SimpleNamespace(
         structured_bits=100, oscillating_rounds=0, warnings=[], rho1=[1.5e-3],
         ctx=SimpleNamespace(topology=SimpleNamespace(rank=1)),
-    )  # fmt: skip
+    )
     for drift in (90, 60, 10, 70, 80, 51, 99, 99):
         PruneX.watch_oscillation(fake, drift)
         printed.append(len(fake.warnings))
@@ -142,7 +142,7 @@ def pruning_worker(rank):
         rank, gpus_per_node=2, method="prune-retrain",
         options={"local_steps": 4, "prune_at": 0.0, "channel_keep": 0.5},
         model_fn=cnn_fmnist_model, bn=True, budget_steps=12,
-    )  # fmt: skip
+    )
     method = METHODS.get("prune-retrain").factory(ctx)
     for _ in range(4):  # one round by hand, up to the prune
         method.forward_backward()
@@ -230,7 +230,7 @@ def repeat(tmp_path, seed, accuracy, phases, run_id):
         "best_accuracy": accuracy, "epochs": 1.0, "train_seconds": 10.0 + seed,
         "iteration_seconds": 1.0, "inter_node_bytes_total": 1e6, "phase_seconds": phases,
         "steps_per_iteration": 1, "status": "ok",
-    }  # fmt: skip
+    }
     manifest = {"recipe": {"batch_size": 32, "lr": 0.05, "lr_schedule": "cosine"}}
     return Run(tmp_path / run_id, summary, manifest)
 

@@ -36,11 +36,11 @@ PRUNEX = [
     # random labels give the masks nothing to settle on; a fixed round pull keeps them still
     # (adaptive penalties halve it, the masks swap, and the oscillation warning is a 2nd line)
     "--fixed-rho",
-]  # fmt: skip
+]
 TOPK = [
     "--method", "topk", "--dataset", "synthetic", "--synthetic-size", "1024,256",
     "--gpus", "2", "--gpus-per-node", "1", "--batch-size", "16", "--checkpoint-every", "4",
-]  # fmt: skip
+]
 LONG = ["--iterations", "400"]  # far longer than any test waits: it is stopped first
 
 
@@ -57,7 +57,7 @@ def uninterrupted(tmp_path_factory):
     """The reference runs every resumed or restarted run must equal, bit for bit."""
     root = tmp_path_factory.mktemp("reference")
     for run_id, args in (("prunex", [*PRUNEX, "--iterations", "10"]),
-                         ("topk", [*TOPK, "--iterations", "14"])):  # fmt: skip
+                         ("topk", [*TOPK, "--iterations", "14"])):
         code, err = finish(start(root, run_id, *args))
         assert code == 0, err
     return root
@@ -89,7 +89,7 @@ def test_interrupt_then_resume_equals_the_uninterrupted_run(
     resumed = subprocess.run(
         [*BENCH, "run", "--resume", str(folder)], capture_output=True, text=True, env=ENV,
         timeout=180,
-    )  # fmt: skip
+    )
     assert resumed.returncode == 0, resumed.stderr
     done = summary(folder)
     assert done["status"] == "ok" and done["resumed_at_iteration"] >= 4
@@ -207,11 +207,11 @@ def test_an_existing_run_folder_is_refused_unless_overwritten(tmp_path):
     (old / "summary.json").write_text('{"status": "failed", "method": "prunex"}')
     (old / "masks.pt").write_bytes(b"stale")
     args = ["run", *TINY, *ONE_RANK, "--method", "ddp", "--iterations", "2",
-            "--results-dir", str(tmp_path), "--run-id", "same"]  # fmt: skip
+            "--results-dir", str(tmp_path), "--run-id", "same"]
     result = bench_here(*args)
     assert "already holds a run" in one_line(result) and "--overwrite" in result.stderr
     proc = subprocess.run([*BENCH, *args, "--overwrite"], capture_output=True, text=True,
-                          env=ENV, timeout=120)  # fmt: skip
+                          env=ENV, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert summary(old)["status"] == "ok" and summary(old)["method"] == "ddp"
     assert not (old / "masks.pt").exists()  # nothing of the old run is mixed in

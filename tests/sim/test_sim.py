@@ -304,7 +304,7 @@ def test_calibrate_writes_a_profile_the_simulator_runs_with(tmp_path):
         "calibrate", "--gpus", "4", "--gpus-per-node", "2", "--workload", "cnn-fmnist",
         "--batch-size", "8", "--steps", "3", "--repeats", "5", "--sizes", "65536,16777216",
         "--sync-blocks", "1,4", "--block-repeats", "2", "-o", str(out),
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     profile = json.loads(out.read_text())
     for link in ("intra", "inter"):
@@ -323,7 +323,7 @@ def test_calibrate_writes_a_profile_the_simulator_runs_with(tmp_path):
         "calibrate", "--gpus", "4", "--workload", "cnn-fmnist", "--batch-size", "8",
         "--steps", "3", "--sync-blocks", "2", "--block-repeats", "2", "--compute-only",
         "--links-from", str(out), "-o", str(again),
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     retimed = json.loads(again.read_text())
     assert retimed["links"]["inter"]["bandwidth_Bps"] == profile["links"]["inter"]["bandwidth_Bps"]
@@ -346,7 +346,7 @@ def test_simulator_sends_only_live_weights_of_resnet152(tmp_path):
     proc = bench("sim", "--method", "prunex", "--workload", "resnet152-cifar10", "--gpus", "8",
                  "--gpus-per-node", "4", "--iterations", "1", "--replay", "1", "--local-steps",
                  "1", "--batch-size", "2", "--channel-keep", "0.5", "--results-dir",
-                 str(tmp_path))  # fmt: skip
+                 str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     (run,) = tmp_path.iterdir()
     packed = pd.read_parquet(run / "iterations.parquet").packed_bytes.iloc[0]

@@ -189,10 +189,10 @@ def test_index_sets_pack_rows_and_columns_of_any_tensor():
     conv some filters and channels; unpack is exactly zero elsewhere."""
     g = torch.Generator().manual_seed(0)
     tensors = {"bn": torch.randn(6, generator=g), "fc": torch.randn(4, 6, generator=g),
-               "conv": torch.randn(5, 6, 3, 3, generator=g)}  # fmt: skip
+               "conv": torch.randn(5, 6, 3, 3, generator=g)}
     rows, cols = torch.tensor([0, 2, 5]), torch.tensor([1, 4])
     entries = [("bn", (6,), (rows, None)), ("fc", (4, 6), (None, cols)),
-               ("conv", (5, 6, 3, 3), (torch.tensor([1, 3]), cols))]  # fmt: skip
+               ("conv", (5, 6, 3, 3), (torch.tensor([1, 3]), cols))]
     layout = PackLayout(entries)
     assert layout.numel == 3 + 4 * 2 + 2 * 2 * 9
     assert [packed_numel(shape, keep) for _, shape, keep in entries] == [3, 8, 36]

@@ -33,7 +33,7 @@ def tiny_vit() -> VisionTransformer:
     """A ViT for the helpers' 1x8x8 images: 4 patches of 4x4, 2 blocks of 4 heads."""
     torch.manual_seed(0)
     return VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=4,
-                             embed_dim=WIDTH, depth=2, num_heads=HEADS, mlp_ratio=2.0)  # fmt: skip
+                             embed_dim=WIDTH, depth=2, num_heads=HEADS, mlp_ratio=2.0)
 
 
 def test_heads_and_neurons_are_traced_from_the_graph():
@@ -41,7 +41,7 @@ def test_heads_and_neurons_are_traced_from_the_graph():
     assert [(g.key, g.units) for g in groups] == [
         ("blocks.0.attn#heads", HEADS), ("blocks.0.mlp#neurons", HIDDEN),
         ("blocks.1.attn#heads", HEADS), ("blocks.1.mlp#neurons", HIDDEN),
-    ]  # fmt: skip
+    ]
     heads = groups[0]
     qkv, bias, proj = heads.slices
     width = WIDTH // HEADS
@@ -49,13 +49,13 @@ def test_heads_and_neurons_are_traced_from_the_graph():
         "blocks.0.attn.qkv.weight", 0, "blocks.0.attn.proj.weight", 1)
     # head 1: its q, k and v rows of the fused projection, and the columns that read it
     assert qkv.index[1].tolist() == [part * WIDTH + width + i for part in range(3)
-                                     for i in range(width)]  # fmt: skip
+                                     for i in range(width)]
     assert torch.equal(bias.index, qkv.index)
     assert proj.index[1].tolist() == list(range(width, 2 * width))
     mlp = groups[1]
     assert [(s.param, s.dim) for s in mlp.slices] == [
         ("blocks.0.mlp.fc1.weight", 0), ("blocks.0.mlp.fc1.bias", 0),
-        ("blocks.0.mlp.fc2.weight", 1)]  # fmt: skip
+        ("blocks.0.mlp.fc2.weight", 1)]
     from tests.support.helpers import TinyCNN
 
     assert trace_unit_groups(TinyCNN(bn=True), EXAMPLE) == []
@@ -69,7 +69,7 @@ def test_the_unit_projection_is_the_nearest_point_with_k_units(kind):
     units = min(group.units, 8)  # brute force over 8 of the neurons
     g = torch.Generator().manual_seed(1)
     original = {s.param: torch.randn(*shape, generator=g) for s, shape in
-                ((s, shape_of(s)) for s in group.slices)}  # fmt: skip
+                ((s, shape_of(s)) for s in group.slices)}
     if units < group.units:  # only the first 8 neurons are nonzero: the others tie at zero
         for part in group.slices:
             original[part.param].index_fill_(part.dim, part.index[units:].reshape(-1), 0)
@@ -123,7 +123,7 @@ def vit_worker(rank):
     from methods.prunex.method import PruneX
 
     ctx = make_context(rank, gpus_per_node=2, method="prunex", model_fn=tiny_vit,
-                       options={"head_keep": 0.5, "mlp_keep": 0.5, "local_steps": 2})  # fmt: skip
+                       options={"head_keep": 0.5, "mlp_keep": 0.5, "local_steps": 2})
     method = PruneX(ctx, hierarchical=True)
     rows = run_iterations(method, ctx.recorder, 3)
     masks = {k: m.kept.clone() for k, m in method.structure.masks.items() if "#" in k}
@@ -152,11 +152,11 @@ def test_prunex_sends_the_live_weights_of_the_agreed_heads_and_neurons():
 
 def test_a_keep_that_prunes_nothing_is_refused_before_any_rank(tmp_path):
     proc = bench("run", "--method", "prunex", "--workload", "vit-fmnist", "--results-dir",
-                 tmp_path, "--dry-run")  # fmt: skip
+                 tmp_path, "--dry-run")
     line = one_line_error(proc)
     assert proc.returncode == 2
     assert "--channel-keep 0.5 prunes nothing in vit-fmnist" in line
     assert "1 input channel" in line and "--head-keep" in line and "--mlp-keep" in line
     proc = bench("run", "--method", "gmp-hier", "--head-keep", "0.5", "--dataset", "synthetic",
-                 "--results-dir", tmp_path, "--dry-run")  # fmt: skip
+                 "--results-dir", tmp_path, "--dry-run")
     assert proc.returncode == 2 and "no attention heads" in one_line_error(proc)

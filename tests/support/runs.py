@@ -25,7 +25,7 @@ SMALL = ["--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2", "--bat
 def bench(*args, cwd=None, env: dict | None = None, timeout: float = 300):
     """``bench ARGS`` in a subprocess; the CompletedProcess."""
     return subprocess.run([*BENCH, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=env or ENV)  # fmt: skip
+                          timeout=timeout, env=env or ENV)
 
 
 def bench_here(*args):
