@@ -11,8 +11,11 @@ nox.options.sessions = ["tests"]
 
 @nox.session(python=False)
 def tests(session):
-    """The fast CPU test suite (real gloo processes)."""
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    """The fast CPU test suite (real gloo processes), two test files at a time: most of a
+    multi-rank test is waiting (for ranks to start, a timeout to pass, SLURM to schedule),
+    which the other file's work fills. ``nox -s tests -- -n 0`` runs them one by one."""
+    session.run("python", "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile",
+                *session.posargs)
 
 
 @nox.session(python=False)
@@ -147,6 +150,11 @@ def nightly(session):
     out = os.environ.get("NIGHTLY_DIR", ".nox/nightly")
     results, report = f"{out}/results", f"{out}/report"
     history = os.environ.get("NIGHTLY_HISTORY", f"{out}/history.jsonl")
+    from suite.results.reference import missing_reference
+
+    refusal = missing_reference(REFERENCE, gpus=int(NIGHTLY[NIGHTLY.index("--gpus") + 1]))
+    if refusal:  # before minutes of runs that could be compared with nothing
+        session.error(refusal)
     sweep_nightly(session, results)
     session.run("bench", "report", results, "-o", report)
     gate = thresholds(results)

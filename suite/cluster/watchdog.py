@@ -146,6 +146,8 @@ class Watchdog:
         self._stop.set()
 
     def _watch(self) -> None:
+        self._beat()  # heard from at once: a rank stopped before its first interval is not
+        # "never heard from" but silent since then, with where it was
         while not self._stop.wait(BEAT_SECONDS):
             self._beat()
             wait = self.position.wait

@@ -27,6 +27,7 @@ from suite.results.compare import (
     parse_threshold,
 )
 from suite.results.machine import class_folders
+from suite.results.reference import no_reference
 
 
 def load_baseline(baseline: str, new_classes: set[str]) -> tuple[pd.DataFrame, list[str]]:
@@ -48,12 +49,6 @@ def load_baseline(baseline: str, new_classes: set[str]) -> tuple[pd.DataFrame, l
         frames.append(frame)
         warnings += warned
     return pd.concat(frames, ignore_index=True), warnings
-
-
-def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
-    return (f"no reference for machine class {', '.join(sorted(missing))} in {baseline} (it "
-            f"holds {', '.join(sorted(held))}); record one on such a machine with "
-            "`nox -s reference` and commit it")
 
 
 def declared_activity_check(method: str):

@@ -8,8 +8,12 @@ import math
 import shutil
 from pathlib import Path
 
+import torch
+
 from suite.errors import BenchError
 from suite.results.compare import load_summaries
+from suite.results.folder import hardware, numerics
+from suite.results.machine import class_folders, machine_class
 
 
 def record_reference(staging: str | Path, root: str | Path) -> Path:
@@ -97,3 +101,30 @@ def calibrate_gate(root: str | Path, nightlies: list[str | Path]) -> Path:
     path = Path(root) / classes.pop() / GATE_FILE
     path.write_text(json.dumps(gate, indent=2) + "\n")
     return path
+
+
+def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
+    return (f"no reference for machine class {', '.join(sorted(missing))} in {baseline} (it "
+            f"holds {', '.join(sorted(held))}); record one on such a machine with "
+            "`nox -s reference` and commit it")
+
+
+def this_machine_class(gpus: int) -> str:
+    """The class a run of ``gpus`` local ranks gets here: CUDA ranks when there is a GPU per
+    rank (the local launcher's rule, suite.cluster.ranks.ranks_on_cuda), else CPU ranks of one
+    thread each."""
+    if torch.cuda.device_count() >= gpus:
+        facts = numerics(torch.device("cuda", 0))
+        return machine_class({"device": "cuda", "backend": "nccl", "numerics": facts})
+    machine = {**hardware(), "threads_per_rank": 1}
+    return machine_class({"device": "cpu", "backend": "gloo", "hardware": machine})
+
+
+def missing_reference(root: str | Path, gpus: int) -> str | None:
+    """The one-line refusal a gate gives before it runs anything when ``root`` holds per-class
+    references but none of this machine's class (None: it has one, or ``root`` is one set)."""
+    folders = class_folders(Path(root))
+    here = this_machine_class(gpus)
+    if folders and here not in folders:
+        return no_reference({here}, str(root), set(folders))
+    return None

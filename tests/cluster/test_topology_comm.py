@@ -8,7 +8,7 @@ from suite.cluster.comm import Communicator
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import build_topology, check_layout, discover_gpus_per_node
 from suite.errors import BenchError
-from tests.support.distributed import run_ranks
+from tests.support.distributed import run_each
 
 S = 4096  # bytes of a 1024-float tensor
 
@@ -27,8 +27,8 @@ def topology_worker(rank):
     }
 
 
-def test_two_nodes_of_two():
-    out = run_ranks(topology_worker, 4)
+def test_two_nodes_of_two(runs):
+    out = runs["topology"]
     assert [o["node"] for o in out] == [0, 0, 1, 1]
     assert [o["local_rank"] for o in out] == [0, 1, 0, 1]
     assert [o["is_leader"] for o in out] == [True, False, True, False]
@@ -77,8 +77,8 @@ def comm_worker(rank):
     return results
 
 
-def test_byte_accounting_matches_ring_formulas():
-    out = run_ranks(comm_worker, 4)
+def test_byte_accounting_matches_ring_formulas(runs):
+    out = runs["comm"]
     total = lambda key, link: sum(o[key][0 if link == "intra" else 1] for o in out)  # noqa: E731
     # values are right
     assert [o["ar_intra"][2] for o in out] == [3, 3, 7, 7]
@@ -109,3 +109,9 @@ def test_nodes_discovered_from_hostnames():
         discover_gpus_per_node(["a", "b", "a", "b"])
     with pytest.raises(BenchError, match="equal contiguous blocks"):
         discover_gpus_per_node(["a", "a", "a", "b"])
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Both runs this file checks, on one set of 4 ranks."""
+    return run_each(4, {"topology": (topology_worker, ()), "comm": (comm_worker, ())})

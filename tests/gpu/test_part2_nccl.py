@@ -9,47 +9,21 @@ Skipped without CUDA (every ordinary test session hides it: see tests/conftest.p
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from tests.support.runs import finish, start, summary
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA device (run with nox -s gpu)"
-    ),
-]
-
-BENCH = [sys.executable, "-m", "suite.cli"]
-ENV = {**os.environ, "PRUNEX_PROGRESS": "0", "PRUNEX_FLUSH_SECONDS": "0"}
-ALL_METHODS = (
-    "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
-    "gmp-hier,prune-retrain"
+from tests.gpu.common import (
+    ALL_METHODS,
+    ENV,
+    ON_CUDA,
+    SMALL,
+    bench,
+    folders,
+    pytestmark,  # noqa: F401 (the skip without CUDA)
 )
-#: small CUDA runs on synthetic data; SMALL adds the workload (cnn-fmnist)
-ON_CUDA = ["--dataset", "synthetic", "--synthetic-size", "2048,512", "--batch-size", "32",
-           "--local-steps", "2", "--device", "cuda"]
-SMALL = ["--workload", "cnn-fmnist", *ON_CUDA]
-
-
-def bench(*args: str, env: dict | None = None, timeout: float = 570) -> subprocess.CompletedProcess:
-    return subprocess.run([*BENCH, *args], capture_output=True, text=True,
-                          env=env or ENV, timeout=timeout)
-
-
-def folders(root: Path) -> dict[str, Path]:
-    """method -> its run folder under ``root``."""
-    found = {}
-    for path in root.rglob("summary.json"):
-        found[json.loads(path.read_text())["method"]] = path.parent
-    return found
+from tests.support.runs import finish, start, summary
 
 
 def test_one_nccl_rank_runs_every_method(tmp_path):

@@ -236,6 +236,16 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def job_of(pid: str) -> str | None:
+    """The SLURM job a process belongs to (other tests' ranks may run beside these jobs)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None  # gone meanwhile
+    found = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")]
+    return found[0] if found else None
+
+
 def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(slurm, tmp_path):
     plain = submit(tmp_path, "plain")
     signalled = submit(tmp_path, "signalled", "--checkpoint-every", "10")
@@ -256,8 +266,9 @@ def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(s
     log = "".join(p.read_text() for p in (tmp_path / "signalled" / "slurm-job").glob("*.out"))
     assert "requeued, its next start resumes" in log
     # no process of either job outlives it: node agents (submitit) and their ranks
-    left = subprocess.run(["pgrep", "-f", "submitit.core._submit|multiprocessing.spawn"],
-                          capture_output=True, text=True).stdout.split()
+    left = [pid for pid in subprocess.run(
+        ["pgrep", "-f", "submitit.core._submit|multiprocessing.spawn"], capture_output=True,
+        text=True).stdout.split() if job_of(pid) in (plain, signalled)]
     assert not left, f"processes left behind: {left}"
     a = torch.load(tmp_path / "plain" / "model.pt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "signalled" / "model.pt", map_location="cpu", weights_only=True)

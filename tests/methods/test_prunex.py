@@ -4,13 +4,14 @@ and agreement with a single-process simulation of all four workers."""
 import copy
 import math
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from methods.prunex.method import PruneX
 from suite.data.sharding import ShardedLoader
 from suite.structured.masks import StructuredMask, keep_count
-from tests.support.distributed import run_ranks
+from tests.support.distributed import run_each
 from tests.support.helpers import TinyCNN, make_context, run_iterations, tiny_data
 from tests.support.prunex_reference import reference_rounds
 
@@ -42,8 +43,8 @@ def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):
     return {"z": [t.clone() for t in method.z], "history": history, "blocks": blocks}
 
 
-def test_hierarchical_consistency_constraints_bytes_and_freeze():
-    out = run_ranks(prunex_worker, 4, OPTIONS, True)
+def test_hierarchical_consistency_constraints_bytes_and_freeze(runs):
+    out = runs["algorithm-1"]
     blocks = out[0]["blocks"]
     # z is bit-identical on every rank; z_i identical within a node
     for o in out[1:]:
@@ -86,8 +87,8 @@ def test_hierarchical_consistency_constraints_bytes_and_freeze():
     assert out[0]["history"][-1]["layout_bytes"] < dense
 
 
-def test_live_packing_zeroes_dead_slices_and_sends_only_live_ones():
-    out = run_ranks(prunex_worker, 4, OPTIONS, True)  # --pack live is the default
+def test_live_packing_zeroes_dead_slices_and_sends_only_live_ones(runs):
+    out = runs["algorithm-1"]  # --pack live is the default
     for o in out[1:]:
         assert all(torch.equal(a, b) for a, b in zip(o["z"], out[0]["z"]))
     names = [name for name, _, _ in out[0]["blocks"]]
@@ -108,10 +109,8 @@ def test_live_packing_zeroes_dead_slices_and_sends_only_live_ones():
     assert z["conv1.weight"][~dead].abs().sum() > 0
 
 
-def test_distributed_run_equals_single_process_simulation():
-    # the reference packs each conv's own mask block: today's paper packing
-    options = {**OPTIONS, "adaptive_rho": False, "pack": "dense-masks"}
-    out = run_ranks(prunex_worker, 4, options, True)
+def test_distributed_run_equals_single_process_simulation(runs):
+    out = runs["dense-masks"]
     z_ref, _ = reference_rounds(
         lambda: (torch.manual_seed(0), TinyCNN(bn=True))[1],
         lambda r: ShardedLoader(tiny_data(), r, 4, 8, 0),
@@ -131,8 +130,8 @@ def test_distributed_run_equals_single_process_simulation():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_flat_ablation_projects_after_dense_world_allreduce():
-    out = run_ranks(prunex_worker, 4, {"channel_keep": 0.5, "local_steps": 2}, False)
+def test_flat_ablation_projects_after_dense_world_allreduce(runs):
+    out = runs["flat"]
     blocks = out[0]["blocks"]
     for o in out[1:]:
         assert all(torch.equal(a, b) for a, b in zip(o["z"], out[0]["z"]))
@@ -148,10 +147,8 @@ def test_flat_ablation_projects_after_dense_world_allreduce():
     assert math.isclose(got, 2 * 1.5 * dense + 2 * 1.5 * stats_bytes)
 
 
-def test_sharded_leaders_match_single_leader_and_bf16_wire_halves_inter_bytes():
-    base = {**OPTIONS, "adaptive_rho": False}
-    single = run_ranks(prunex_worker, 4, base, True)
-    sharded = run_ranks(prunex_worker, 4, {**base, "leader_mode": "sharded"}, True)
+def test_sharded_leaders_match_single_leader_and_bf16_wire_halves_inter_bytes(runs):
+    single, sharded = runs["single-leader"], runs["sharded"]
     for got, want in zip(sharded[0]["z"], single[0]["z"]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # same inter-node bytes in total (shards are padded to a multiple of P: <= P-1 floats)
@@ -160,18 +157,15 @@ def test_sharded_leaders_match_single_leader_and_bf16_wire_halves_inter_bytes():
     assert abs(inter(sharded) - inter(single)) <= 2 * 2 * 4
     # every local rank carries inter-node traffic in sharded mode
     assert all(o["history"][k]["row"].get("t_inter_allreduce", 0) > 0 for o in sharded)
-    bf16 = run_ranks(prunex_worker, 4, {**base, "wire_dtype": "bf16"}, True)
+    bf16 = runs["bf16"]
     packed = single[0]["history"][k]["layout_bytes"]
     assert math.isclose(inter(single) - inter(bf16), 2 * packed / 2)
     for got, want in zip(bf16[0]["z"], single[0]["z"]):
         torch.testing.assert_close(got, want, rtol=0.05, atol=0.02)
 
 
-def test_patience_freezes_once_masks_stop_changing():
-    # the default penalties (a round pulls theta 80 % of the way to z_i - u): the support
-    # settles within a few rounds (with weak ones ADMM swaps near-tied channels back and forth)
-    options = {"channel_keep": 0.5, "local_steps": 8, "freeze_patience": 2}
-    history = run_ranks(prunex_worker, 4, options, True, 10)[0]["history"]
+def test_patience_freezes_once_masks_stop_changing(runs):
+    history = runs["patience"][0]["history"]
     drifts = [h["row"]["mask_drift"] for h in history]
     # frozen after the first round that closes two consecutive unchanged rounds (k >= 1)
     stable = [k for k in range(2, 10) if drifts[k] == 0 and drifts[k - 1] == 0]
@@ -227,9 +221,8 @@ def after_freeze_worker(rank, after_freeze):
     return out
 
 
-def test_after_freeze_sgd_is_masked_local_sgd_with_the_same_packed_exchange():
-    sgd = run_ranks(after_freeze_worker, 4, "sgd")
-    admm = run_ranks(after_freeze_worker, 4, "admm")
+def test_after_freeze_sgd_is_masked_local_sgd_with_the_same_packed_exchange(runs):
+    sgd, admm = runs["after-freeze-sgd"], runs["after-freeze-admm"]
     for o in sgd:
         assert o["frozen"] and o["local_equal"]  # bit for bit what plain masked SGD does
         assert torch.equal(o["theta"], o["z"])  # every rank starts the next round from z
@@ -255,8 +248,8 @@ def freeze_epoch_worker(rank):
     return {"frozen": frozen, "facts": method.summary_facts(), "steps": ctx.loader.steps_per_epoch}
 
 
-def test_freeze_epoch_freezes_at_the_end_of_the_round_that_reaches_it():
-    out = run_ranks(freeze_epoch_worker, 4)[0]
+def test_freeze_epoch_freezes_at_the_end_of_the_round_that_reaches_it(runs):
+    out = runs["freeze-epoch"][0]
     assert out["steps"] == 8  # 64 samples per rank in batches of 8
     # 0.5 epoch = 4 steps: round 1 ends at 3, round 2 at 6 >= 4
     assert out["frozen"] == [False, True, True, True]
@@ -370,15 +363,38 @@ def residual_worker(rank):
     }
 
 
-def test_residual_table_and_boyd_stopping_test():
+def test_residual_table_and_boyd_stopping_test(runs):
     """Each column of the batched residual table is its norm written out per tensor (the
     tolerances' columns only where a stopping test is asked), the round leaves the new z_i
     and z, Boyd's test gives the written-out verdict at every tolerance, and a loose one
     stops the run; hierarchical and flat."""
-    for rank in run_ranks(residual_worker, 4):
+    for rank in runs["residuals"]:
         for (_, eps), o in rank.items():
             torch.testing.assert_close(o["stats"], o["want"], rtol=1e-5, atol=1e-12)
             assert o["duals_equal"] and o["state_replaced"]
             assert o["verdicts"] == o["expected"]
             assert True in o["verdicts"] and False in o["verdicts"]  # the grid crosses it
             assert o["converged"] == (eps == 1e3)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every run this file checks, on one set of 4 ranks."""
+    base = {**OPTIONS, "adaptive_rho": False}
+    # the default penalties (a round pulls theta 80 % of the way to z_i - u): the support
+    # settles within a few rounds (with weak ones ADMM swaps near-tied channels back and forth)
+    patience = {"channel_keep": 0.5, "local_steps": 8, "freeze_patience": 2}
+    return run_each(4, {
+        "algorithm-1": (prunex_worker, (OPTIONS, True)),
+        # the reference packs each conv's own mask block: today's paper packing
+        "dense-masks": (prunex_worker, ({**base, "pack": "dense-masks"}, True)),
+        "flat": (prunex_worker, ({"channel_keep": 0.5, "local_steps": 2}, False)),
+        "single-leader": (prunex_worker, (base, True)),
+        "sharded": (prunex_worker, ({**base, "leader_mode": "sharded"}, True)),
+        "bf16": (prunex_worker, ({**base, "wire_dtype": "bf16"}, True)),
+        "patience": (prunex_worker, (patience, True, 10)),
+        "after-freeze-sgd": (after_freeze_worker, ("sgd",)),
+        "after-freeze-admm": (after_freeze_worker, ("admm",)),
+        "freeze-epoch": (freeze_epoch_worker, ()),
+        "residuals": (residual_worker, ()),
+    })

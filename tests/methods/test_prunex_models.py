@@ -5,6 +5,7 @@ of the ranks' models, and it evaluates about as well as hierarchical local SGD."
 
 from __future__ import annotations
 
+import pytest
 import torch
 from timm.models._efficientnet_blocks import SqueezeExcite
 from torch import nn
@@ -79,29 +80,52 @@ def localsgd_worker(rank):
     return accuracy(method.eval_model())
 
 
-def test_the_consensus_is_algorithm_1s():
-    options = {"channel_keep": 1.0, "local_steps": STEPS, "adaptive_rho": False,
-               "rho1": 1.5e-3, "rho2": 1.5e-4, "pack": "dense-masks",
-               "freeze_share": 1.0}
-    out = run_ranks(prunex_worker, 4, options, 2)
+REFERENCE = {"channel_keep": 1.0, "local_steps": STEPS, "adaptive_rho": False, "rho1": 1.5e-3,
+             "rho2": 1.5e-4, "pack": "dense-masks", "freeze_share": 1.0}
+UNFROZEN = {"channel_keep": 1.0, "local_steps": STEPS, "freeze_share": 1.0}
+PRUNED = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_patience": 100}
+#: name: (PruneX options, rounds); None: hierarchical local SGD
+CONFIGURATIONS = {
+    "reference": (REFERENCE, 2),
+    "own-bn": (UNFROZEN, 2),
+    "averaged-bn": ({**UNFROZEN, "consensus_bn": "averaged"}, 2),
+    "keep-1": ({"channel_keep": 1.0, "local_steps": STEPS}, ROUNDS),
+    "localsgd": None,
+    "pruned-trained": (PRUNED, ROUNDS),
+    "pruned-untrained": ({**PRUNED, "freeze_share": 1.0}, ROUNDS),
+}
+
+
+def every_configuration(rank):
+    """One set of 4 ranks runs each configuration in turn (spawning ranks costs more than
+    these runs); rank 0's results by name."""
+    return {name: localsgd_worker(rank) if spec is None else prunex_worker(rank, *spec)
+            for name, spec in CONFIGURATIONS.items()}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_ranks(every_configuration, 4)[0]
+
+
+def test_the_consensus_is_algorithm_1s(runs):
     z_ref, _ = reference_rounds(
         mobilenet, lambda r: ShardedLoader(tiny_data(), r, 4, 8, 0), nodes=2, procs=2,
         rounds=2, local_steps=STEPS, lr=LR, momentum=0.9, lam=1e-4, rho1=1.5e-3,
         rho2=1.5e-4, keeps={"channel_keep": 1.0},
     )
-    for got, want in zip(out[0]["z"], z_ref):  # depthwise, SE biases, BN affine: all blocks
+    # depthwise, SE biases, BN affine: all blocks
+    for got, want in zip(runs["reference"]["z"], z_ref):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_the_evaluated_consensus_carries_its_own_bn_statistics():
+def test_the_evaluated_consensus_carries_its_own_bn_statistics(runs):
     """The cause of the chance-level MobileNetV3: the ranks' BN statistics, averaged,
     describe the ranks' models, not the consensus z. With z's own (estimated on z), its
     eval-mode logits are close to those on the batch's own statistics, and it classifies;
     with the averaged ones they are not, and it does not (two rounds of Algorithm 1, before
     any freeze)."""
-    options = {"channel_keep": 1.0, "local_steps": STEPS, "freeze_share": 1.0}
-    own = run_ranks(prunex_worker, 4, options, 2)[0]
-    averaged = run_ranks(prunex_worker, 4, {**options, "consensus_bn": "averaged"}, 2)[0]
+    own, averaged = runs["own-bn"], runs["averaged-bn"]
 
     def mismatch(out) -> float:
         eval_mode, train_mode = out["logits"]
@@ -111,20 +135,17 @@ def test_the_evaluated_consensus_carries_its_own_bn_statistics():
     assert mismatch(averaged) > 0.5 and averaged["accuracy"] < own["accuracy"] - 0.3
 
 
-def test_it_evaluates_about_as_well_as_hierarchical_local_sgd():
-    prunex = run_ranks(prunex_worker, 4, {"channel_keep": 1.0, "local_steps": STEPS})
-    localsgd = run_ranks(localsgd_worker, 4)
-    assert localsgd[0] > 0.6  # learnable: the class sets the mean image
-    assert prunex[0]["accuracy"] >= localsgd[0] - 0.05
+def test_it_evaluates_about_as_well_as_hierarchical_local_sgd(runs):
+    localsgd = runs["localsgd"]
+    assert localsgd > 0.6  # learnable: the class sets the mean image
+    assert runs["keep-1"]["accuracy"] >= localsgd - 0.05
 
 
-def test_a_pruned_consensus_trains_on_its_support_before_it_is_evaluated():
+def test_a_pruned_consensus_trains_on_its_support_before_it_is_evaluated(runs):
     """The second cause: before the freeze the evaluated z is the projection of the ranks'
     dense models, never trained masked. --freeze-share (default 0.5) leaves it the rest of
     the run; a run that never trains it says so in its warnings."""
-    pruned = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_patience": 100}
-    trained = run_ranks(prunex_worker, 4, pruned)[0]
-    untrained = run_ranks(prunex_worker, 4, {**pruned, "freeze_share": 1.0})[0]
+    trained, untrained = runs["pruned-trained"], runs["pruned-untrained"]
     assert trained["density"] < 0.9 and not trained["warnings"]
     assert any("never trained on its support" in w for w in untrained["warnings"])
     # this task is easy enough that the untrained projection still classifies (MobileNetV3

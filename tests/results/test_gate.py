@@ -94,6 +94,29 @@ def test_a_set_of_a_class_without_reference_fails_in_one_line(tmp_path, recorded
         assert "REGRESSION" not in proc.stdout + proc.stderr
 
 
+def test_the_nightly_refuses_a_class_without_reference_before_it_runs(tmp_path):
+    """What `nox -s nightly` asks before its sweep: this machine's class, as its runs will
+    record it (in a process under ATEN_CPU_CAPABILITY=default, the portable kernels' class)."""
+    code = ("import json; from suite.results.reference import missing_reference, "
+            "this_machine_class; print(json.dumps([this_machine_class(4), "
+            f"missing_reference({str(tmp_path)!r}, 4)]))")
+
+    def ask(**env):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, **env}, check=True).stdout
+        return json.loads(out)
+
+    (tmp_path / "cpu-gloo").mkdir()
+    here, refusal = ask()
+    assert here == recorded_class(OMP_NUM_THREADS="1")  # the class its ranks record
+    assert f"no reference for machine class {here}" in refusal and "nox -s reference" in refusal
+    (tmp_path / here).mkdir()
+    assert ask() == [here, None]
+    portable, refusal = ask(ATEN_CPU_CAPABILITY="default")
+    assert portable == recorded_class(ATEN_CPU_CAPABILITY="default", OMP_NUM_THREADS="1")
+    assert (refusal is None) == (portable == here)
+
+
 def test_the_tree_of_references_is_read_for_the_runs_class(tmp_path):
     proc = bench("compare", REFERENCE.parent, copy_set(tmp_path / "new"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -134,7 +157,7 @@ def test_the_gate_fails_a_learning_rate_off_by_ten_on_every_method():
 
 # -- activity checks on real runs ------------------------------------------------------------
 TINY = ["--workload", "cnn-fmnist", "--dataset", "synthetic", "--synthetic-size", "512,128",
-        "--gpus", "4", "--gpus-per-node", "2", "--iterations", "3", "--local-steps", "2",
+        "--gpus", "2", "--gpus-per-node", "1", "--iterations", "3", "--local-steps", "2",
         "--batch-size", "16", "--eval-every", "1000"]
 
 

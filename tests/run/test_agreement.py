@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tests.support.distributed import run_ranks
+from tests.support.distributed import run_each
 
 
 def settle_twelve(rank: int, agree_seconds: float) -> dict:
@@ -29,8 +29,8 @@ def settle_twelve(rank: int, agree_seconds: float) -> dict:
     return {"batches": batches, "stops": stops, "left": len(agreement.pending)}
 
 
-def test_fast_iterations_agree_less_often_and_every_rank_settles_the_same():
-    first, second = run_ranks(settle_twelve, 2, 1.0)
+def test_fast_iterations_agree_less_often_and_every_rank_settles_the_same(runs):
+    first, second = runs["fast"]
     assert first == second  # the same iterations, means and sums, and the same intervals
     sizes = [len(batch) for batch in first["batches"]]
     assert sizes == [1, 2, 4] and first["left"] == 5  # the interval doubles: 1, 2, 4, then 8
@@ -41,8 +41,8 @@ def test_fast_iterations_agree_less_often_and_every_rank_settles_the_same():
     assert first["stops"] == [(False, True), (False, True), (True, True)]
 
 
-def test_slow_iterations_agree_every_iteration():
-    first, second = run_ranks(settle_twelve, 2, 0.0)
+def test_slow_iterations_agree_every_iteration(runs):
+    first, second = runs["slow"]
     assert first == second
     assert [len(batch) for batch in first["batches"]] == [1] * 12 and first["left"] == 0
 
@@ -60,7 +60,14 @@ def nonfinite_at_two(rank: int) -> str:
     return str(raised.value)
 
 
-def test_a_nonfinite_loss_stops_every_rank_naming_its_iteration():
-    messages = run_ranks(nonfinite_at_two, 2)
+def test_a_nonfinite_loss_stops_every_rank_naming_its_iteration(runs):
+    messages = runs["nonfinite"]
     assert messages[0] == messages[1]
     assert messages[0].startswith("non-finite loss at iteration 2 on 1 rank(s)")
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every run this file checks, on one pair of ranks."""
+    return run_each(2, {"fast": (settle_twelve, (1.0,)), "slow": (settle_twelve, (0.0,)),
+                        "nonfinite": (nonfinite_at_two, ())})
