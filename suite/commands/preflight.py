@@ -175,7 +175,6 @@ def check_structure_once(config: RunConfig, dataset: str, settings) -> None:
     this process: an untraceable model or a keep that prunes nothing is one line now, not
     a failed run after the ranks started (suite.structured.structures)."""
 
-
     key = (config.workload, dataset, tuple(settings.keeps.items()), getattr(settings, "pack", None))
     if key in _STRUCTURES_CHECKED:
         return
@@ -190,7 +189,6 @@ def check_structure_once(config: RunConfig, dataset: str, settings) -> None:
 def model_on_meta_device(config: RunConfig, dataset: str):
     """The run's model with shapes but no storage (for checks), or None if it cannot be
     built that way."""
-
 
     workload, _, _ = resolve_workload(config)
     try:
@@ -257,7 +255,6 @@ def activation_bytes(model, dataset: str, batch_size: int) -> int:
     """Bytes of every leaf module's output for one batch, from a forward pass on the meta
     device (no storage): what backward keeps of the activations, about."""
 
-
     spec = dataset_spec(dataset)
     total = 0
 
@@ -312,7 +309,6 @@ def check_gpu_memory(config: RunConfig, dataset: str, model) -> None:
     """Refuse, in one line, local CUDA ranks that cannot fit in their GPUs' free memory
     (``torch.cuda.mem_get_info``), ranks that share a GPU counted together: they would fail
     with an out-of-memory error after setup, or one by one mid-run."""
-
 
     gpus = torch.cuda.device_count()
     if not gpus:

@@ -98,7 +98,6 @@ def calibrate_to_file(flags: dict, *, echo) -> Path:
     """``bench calibrate``: plan, measure (here or on emulated links), write the profile and
     print its headline numbers; returns the profile's path."""
 
-
     workloads = [w for w in flags["workload"].split(",") if w]
     for w in workloads:
         WORKLOADS.get(w)

@@ -71,14 +71,15 @@ def as_gpu_runner(data: dict) -> None:
                 numerics={"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"})
 
 
-def as_portable_kernels(data: dict) -> None:
+def as_avx2_runner(data: dict) -> None:
+    """The issue's runner: the same CPU family, torch dispatching to AVX2 kernels (this
+    machine's references are AVX-512 and the portable kernels)."""
     data["hardware"] = {**data.get("hardware", {}), "cpu_vendor": "AuthenticAMD",
-                        "cpu_family": "25", "cpu_capability": "DEFAULT", "threads_per_rank": 1}
+                        "cpu_family": "25", "cpu_capability": "AVX2", "threads_per_rank": 1}
 
 
 @pytest.mark.parametrize(("recorded_as", "klass"), [(as_gpu_runner, "cuda-nccl-h100-sm90"),
-                                                   (as_portable_kernels,
-                                                    "cpu-gloo-amd25-default-t1")])
+                                                   (as_avx2_runner, "cpu-gloo-amd25-avx2-t1")])
 def test_a_set_of_a_class_without_reference_fails_in_one_line(tmp_path, recorded_as, klass):
     new = copy_set(tmp_path / "new")
     for manifest in new.rglob("manifest.json"):  # the same runs, as another runner records them
