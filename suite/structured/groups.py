@@ -56,27 +56,38 @@ def _plain_conv(module: nn.Module) -> bool:
     return isinstance(module, nn.Conv2d) and module.groups == 1
 
 
+def dependency_graph(model: nn.Module, example_input: torch.Tensor, roots: tuple, what: str):
+    """(a CPU copy of ``model`` in eval mode, Torch-Pruning's dependency graph of it from one
+    traced forward pass, its groups rooted at modules of the types ``roots``); the model
+    itself, its BN statistics and its device are not touched. Raises ``BenchError`` (one
+    line, naming ``what`` was traced) when Torch-Pruning cannot trace the model."""
+    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
+    import torch_pruning as tp
+
+    traced = copy.deepcopy(model).cpu().eval()
+    try:
+        graph = tp.DependencyGraph().build_dependency(
+            traced, example_inputs=example_input.detach().cpu()[:1], verbose=False
+        )
+        groups = list(graph.get_all_groups(root_module_types=list(roots)))
+    except Exception as exc:  # tracing raises anything the model's forward or TP raises
+        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise BenchError(
+            f"cannot trace {what} of {type(model).__name__} with Torch-Pruning ({why})"
+        ) from None
+    return traced, graph, groups
+
+
 def trace_channel_groups(model: nn.Module, example_input: torch.Tensor) -> list[ChannelGroup]:
     """The model's channel groups, from one traced forward pass of a CPU copy in eval mode
     (the model itself, its BN statistics and its device are not touched).
 
     Raises ``BenchError`` (one line) when Torch-Pruning cannot trace the model.
     """
-    import torch_pruning as tp  # here: its import costs a process ~1 s most runs never use
-
-    traced = copy.deepcopy(model).cpu().eval()
+    traced, graph, tp_groups = dependency_graph(
+        model, example_input, (nn.Conv2d, nn.Linear), "the channel dependencies"
+    )
     names = {module: name for name, module in traced.named_modules()}
-    try:
-        graph = tp.DependencyGraph().build_dependency(
-            traced, example_inputs=example_input.detach().cpu()[:1], verbose=False
-        )
-        tp_groups = list(graph.get_all_groups(root_module_types=[nn.Conv2d, nn.Linear]))
-    except Exception as exc:  # tracing raises anything the model's forward or TP raises
-        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise BenchError(
-            f"cannot trace the channel dependencies of {type(model).__name__} with "
-            f"Torch-Pruning ({why})"
-        ) from None
     groups = [_channel_group(group, graph, names) for group in tp_groups]
     written = {p.module for g in groups for p in g.producers}
     missing = [n for m, n in names.items() if _plain_conv(m) and n not in written]

@@ -19,7 +19,6 @@ tensor its kept rows or columns, which the live packing sends and the exporter k
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from suite.errors import BenchError
+from suite.structured.groups import dependency_graph
 from suite.structured.masks import read_masks_file, top_groups
 
 #: the kinds of unit, and the keep option that prunes each
@@ -120,22 +120,10 @@ class UnitMask:
 def trace_unit_groups(model: nn.Module, example_input: torch.Tensor) -> list[UnitGroup]:
     """The model's attention heads and MLP neurons, from Torch-Pruning's graph of a CPU copy
     in eval mode (the model itself is not touched); [] for a model that has none (a CNN)."""
-    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
-    import torch_pruning as tp
-
-    traced = copy.deepcopy(model).cpu().eval()
+    traced, graph, tp_groups = dependency_graph(
+        model, example_input, (nn.Linear,), "the heads and neurons"
+    )
     names = {module: name for name, module in traced.named_modules()}
-    try:
-        graph = tp.DependencyGraph().build_dependency(
-            traced, example_inputs=example_input.detach().cpu()[:1], verbose=False
-        )
-        tp_groups = list(graph.get_all_groups(root_module_types=[nn.Linear]))
-    except Exception as exc:  # tracing raises anything the model's forward or TP raises
-        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise BenchError(
-            f"cannot trace the heads and neurons of {type(model).__name__} with "
-            f"Torch-Pruning ({why})"
-        ) from None
     modules = dict(traced.named_modules())
     found = []
     for tp_group in tp_groups:
