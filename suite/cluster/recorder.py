@@ -127,7 +127,7 @@ class Recorder:
         end; a phase's spans count as their union). Thread-safe: comm hooks' callbacks may run
         on other threads (``list.append`` is atomic)."""
         if self._row is not None:
-            self._spans.append((phase, begin, end))
+            self._spans.append((known_phase(phase), begin, end))
 
     def add_bytes(self, link: str, nbytes: float) -> None:
         if self._row is not None:

@@ -20,7 +20,7 @@ def record_reference(staging: str | Path, root: str | Path) -> Path:
     """Move a freshly recorded result set into ``root/<its class>/``, replacing that class's
     previous reference (``nox -s reference``); returns the new folder."""
     staging, root = Path(staging), Path(root)
-    classes = set(load_summaries(staging)[0].machine_class) - {"-"}
+    classes = classes_of(staging)
     if len(classes) != 1:
         raise BenchError(f"{staging}: a reference holds runs of one machine class, found "
                          f"{sorted(classes) or 'none'}")

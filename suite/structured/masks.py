@@ -325,13 +325,6 @@ def mask_artifact(masks: dict) -> dict:
             for name, m in masks.items()}
 
 
-def density_of(masks: dict) -> float:
-    """Fraction of the masked weights' elements kept (1.0 without masks)."""
-    total = sum(math.prod(m.weight_shape) for m in masks.values())
-    kept = sum(m.density() * math.prod(m.weight_shape) for m in masks.values())
-    return kept / total if total else 1.0
-
-
 def read_masks_file(path: str, device) -> tuple[Path, dict]:
     """(the file, its contents) of a run's masks (its folder's masks.pt, or the file)."""
     file = Path(path) / "masks.pt" if Path(path).is_dir() else Path(path)
