@@ -39,10 +39,10 @@ from torch.distributed.algorithms.model_averaging.hierarchical_model_averager im
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
 from suite.api import (
-    AT_LEAST_1,
     METHODS,
     CommGroup,
     Look,
+    NodeAveragingSettings,
     RoundSettings,
     RunContext,
     SGDBaseline,
@@ -50,16 +50,13 @@ from suite.api import (
     broadcast_initial_state,
     crosses_nodes_every_round,
     nbytes,
-    option,
     phases,
 )
 
 
 @dataclass
-class LocalSGDSettings(RoundSettings):
-    intra_average_period: int = option(
-        4, "average inside each node every N local steps", check=AT_LEAST_1
-    )
+class LocalSGDSettings(RoundSettings, NodeAveragingSettings):
+    """H local steps per round, node averages every ``--intra-average-period`` of them."""
 
 
 class HierarchicalLocalSGD(SGDBaseline):
@@ -70,7 +67,7 @@ class HierarchicalLocalSGD(SGDBaseline):
         self.steps_per_iteration = ctx.local_steps_per_round()
         period = ctx.settings.intra_average_period
         levels = OrderedDict()  # averaging period -> group size, lowest level first
-        if period < self.steps_per_iteration and topo.gpus_per_node > 1:
+        if 0 < period < self.steps_per_iteration and topo.gpus_per_node > 1:
             levels[period] = topo.gpus_per_node
         levels[self.steps_per_iteration] = topo.world_size
         self.averager = HierarchicalModelAverager(levels, process_group=topo.world.pg)
@@ -124,6 +121,9 @@ class HierarchicalLocalSGD(SGDBaseline):
         if self.buffers:
             with torch.no_grad():
                 comm.all_reduce_into(self.buffers, group, phase=phase, divide_before=group.size)
+
+    def exchange_every(self) -> dict[str, int]:
+        return self.ctx.settings.exchange_every(self.steps_per_iteration)
 
     def eval_model(self) -> nn.Module:
         return self.module  # every iteration ends with a world average of parameters and BN

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import torch
 
 from suite.api import (
-    AT_LEAST_1,
     FRACTION,
     METHODS,
     Check,
     Look,
+    NodeAveragingSettings,
     PackingSettings,
     RoundSettings,
     RunContext,
@@ -55,10 +55,10 @@ UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 @dataclass
-class PruningSettings(RoundSettings, StructuredKeepSettings, PackingSettings):
-    intra_average_period: int = option(
-        4, "average inside each node every N local steps", check=AT_LEAST_1
-    )
+class PruningSettings(
+    RoundSettings, NodeAveragingSettings, StructuredKeepSettings, PackingSettings
+):
+    """PruneX's round and structure, with magnitude masks instead of ADMM."""
 
 
 @dataclass
@@ -101,7 +101,6 @@ class StructuredLocalSGD(SGDBaseline):
         settings = ctx.settings
         self.pruned_fraction = pruned_fraction
         self.steps_per_iteration = ctx.local_steps_per_round()
-        self.period = settings.intra_average_period
         self.targets = settings.keeps
         self.params = dict(self.module.named_parameters())
         self.buffers = dict((n, b) for n, b in self.module.named_buffers() if b.is_floating_point())
@@ -130,7 +129,7 @@ class StructuredLocalSGD(SGDBaseline):
         for k in range(1, steps + 1):
             loss, n = self.forward_backward()
             self.apply_update()
-            if k % self.period == 0 and k < steps:
+            if self.ctx.settings.averages_after(k, steps):
                 self.node_average()
             total += loss * n
             samples += n
@@ -145,6 +144,7 @@ class StructuredLocalSGD(SGDBaseline):
         self.exchange_between_nodes()
         self.ctx.recorder.set(
             density=self.density(),
+            prunable_density=self.structure.prunable_density,
             mask_drift=drift,
             frozen=self.frozen,
             packed_bytes=self.structure.packed_bytes,
@@ -201,6 +201,9 @@ class StructuredLocalSGD(SGDBaseline):
     # ------------------------------------------------------------------ interface
     def density(self) -> float:
         return self.structure.density()
+
+    def exchange_every(self) -> dict[str, int]:
+        return self.ctx.settings.exchange_every(self.steps_per_iteration)
 
     def eval_model(self):
         return self.module  # every round ends with the same model on every rank

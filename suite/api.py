@@ -27,6 +27,7 @@ from suite.data.workload import DatasetSpec, Recipe, TensorData, Workload
 from suite.errors import BenchError
 from suite.plugins.method import (
     Method,
+    NodeAveragingSettings,
     RoundSettings,
     RunContext,
     StepResult,
@@ -80,6 +81,7 @@ __all__ = [
     "SGDBaseline",
     "RunContext",
     "RoundSettings",
+    "NodeAveragingSettings",
     "Topology",
     "CommGroup",
     "Communicator",

@@ -162,6 +162,14 @@ def check_fair(out: str, folder: Path) -> None:
     assert list((folder / "best").iterdir()) and list((folder / "report").glob("*.png"))
 
 
+def check_families(out: str, folder: Path) -> None:
+    markdown_header(out, "arm", "seeds", "final accuracy %", "inter-node MB/epoch")
+    text = (folder / "families.md").read_text()
+    assert "### cnn-fmnist" in text
+    assert "| prunex keep 1.0 " in text and "| gmp-hier keep 0.5 " in text
+    assert "- prunex keep 1.0 - localsgd-hier: " in text
+
+
 def check_frontier(out: str, folder: Path) -> None:
     markdown_header(out, "arm", "keep", "final accuracy %", "inter-node MB/epoch")
     assert "| prunex (sgd) " in (folder / "frontier.md").read_text()
@@ -237,6 +245,7 @@ SMOKES: dict[str, Smoke] = {
     "emulated_comm.py": Smoke(lambda d, _: ["--smoke", "--out", str(d)], check_emulated,
                               skip=NEEDS_ROOT),
     "fair_comparison.py": Smoke(lambda d, _: ["--smoke", "--results-dir", str(d)], check_fair),
+    "families.py": Smoke(lambda d, _: ["--smoke", "--results-dir", str(d)], check_families),
     "frontier.py": Smoke(lambda d, _: ["--smoke", "--results-dir", str(d)], check_frontier),
     "gpu_steps.py": Smoke(lambda d, _: ["--smoke", "-o", str(d / "gpu_steps.md")],
                           check_gpu_steps, skip=None),  # decided when asked: see smoke_skip
@@ -255,6 +264,7 @@ SMOKES: dict[str, Smoke] = {
 #: longest first, so the slowest chains start at once
 ORDER = ["validate_sim.py", "checkpoint_cost.py", "fair_comparison.py", "resume_equality.py",
          "capacity_control.py", "live_weights.py", "prunex_overhead.py", "frontier.py",
+         "families.py",
          "instrumentation_tax.py", "emulated_comm.py", "paper_scaling.sh", "runs.py",
          "gpu_steps.py", "recipe_check.py"]
 

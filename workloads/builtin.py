@@ -95,6 +95,31 @@ BUILTINS: dict[str, tuple[str, str, Callable[[DatasetSpec], nn.Module], Recipe, 
         Recipe(),
         f"timm Wide ResNet-50-2 (~66.8M params; {SMALL_STEM}) on CIFAR-10; {PAPER}",
     ),
+    # CNN families PruneX was not tuned on (benchmarks/families.py), as a user would try them
+    "resnet10t-fmnist": (
+        "resnet10t", "fmnist", models.timm_family("resnet10t"), CPU_DEMO_RECIPE,
+        f"timm ResNet-10-T (~4.9M params; deep 3-conv stem, ImageNet strides) on Fashion-MNIST; "
+        f"{CPU_DEMO}",
+    ),
+    "regnetx-fmnist": (
+        "regnetx_002", "fmnist", models.timm_family("regnetx_002"), CPU_DEMO_RECIPE,
+        f"timm RegNetX-200MF (~2.3M params; grouped 3x3 convs) on Fashion-MNIST; {CPU_DEMO}",
+    ),
+    "efficientnet-fmnist": (
+        "efficientnet_b0", "fmnist", models.timm_family("efficientnet_b0"), CPU_DEMO_RECIPE,
+        f"timm EfficientNet-B0 (~4.0M params; MBConv: depthwise convs, squeeze-excitation, "
+        f"SiLU) on Fashion-MNIST; {CPU_DEMO}",
+    ),
+    "ghostnet-fmnist": (
+        "ghostnet_050", "fmnist", models.timm_family("ghostnet_050"), CPU_DEMO_RECIPE,
+        f"timm GhostNet 0.5 (~1.3M params; Ghost modules: depthwise features concatenated) on "
+        f"Fashion-MNIST; {CPU_DEMO}",
+    ),
+    "convnext-fmnist": (
+        "convnext_small_images", "fmnist", models.convnext_small_images, CPU_DEMO_RECIPE,
+        f"timm ConvNeXt at widths 16-128 (~0.27M params; depthwise 7x7, LayerNorm, inverted "
+        f"MLP; 2x2 patch stem) on Fashion-MNIST; {CPU_DEMO}",
+    ),
 }
 
 

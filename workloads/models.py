@@ -102,3 +102,37 @@ def mobilenetv3_small(spec: DatasetSpec) -> nn.Module:
 
     return timm.create_model("mobilenetv3_small_050", pretrained=False,
                              num_classes=spec.num_classes, in_chans=spec.in_chans)
+
+
+#: CNN families held out from PruneX's tuning (benchmarks/families.py): timm models as a user
+#: would create them for 1x28x28 images, native stems (ImageNet strides: the features pool
+#: to 1x1, cheap on CPU ranks), small widths
+FAMILIES = {
+    "resnet10t": {},  # ResNet-D-style deep stem, basic blocks
+    "regnetx_002": {},  # RegNetX-200MF: grouped 3x3 convs
+    "efficientnet_b0": {},  # MBConv: depthwise convs, squeeze-excitation, SiLU
+    "ghostnet_050": {},  # Ghost modules: cheap depthwise features concatenated
+}
+
+
+def timm_family(name: str):
+    """A builder of timm's ``name`` with no pretrained weights (FAMILIES)."""
+
+    def build(spec: DatasetSpec) -> nn.Module:
+        import timm  # lazy: ~1.6 s to import; only this path needs it
+
+        return timm.create_model(name, pretrained=False, num_classes=spec.num_classes,
+                                 in_chans=spec.in_chans, **FAMILIES[name])
+
+    build.__name__ = name
+    return build
+
+
+def convnext_small_images(spec: DatasetSpec) -> nn.Module:
+    """timm's ConvNeXt (depthwise 7x7, LayerNorm, inverted MLP with layer scale) at widths
+    16-128 with a 2x2 patch stem and output stride 16 (the last stage dilated), so 28x28
+    images keep 2x2 maps (ImageNet's layout pools them away before its 7x7 kernels)."""
+    from timm.models.convnext import ConvNeXt  # lazy: as above
+
+    return ConvNeXt(in_chans=spec.in_chans, num_classes=spec.num_classes, depths=(1, 1, 2, 1),
+                    dims=(16, 32, 64, 128), patch_size=2, output_stride=16)

@@ -47,6 +47,7 @@ import sys
 
 import torch
 from torch import nn
+from torch.optim.swa_utils import update_bn
 
 from methods.prunex import hsadmm
 from methods.prunex.blocks import admm_blocks, averaged_buffers
@@ -93,10 +94,15 @@ class PruneX(Method):
         self.freeze_epoch = settings.freeze_epoch
         self.freeze_share = settings.freeze_share
         self.after_freeze = settings.after_freeze
+        self.freeze_start = settings.freeze_start
         self.frozen_at: dict | None = None  # round and samples per rank at the freeze
         self.lam = ctx.recipe.weight_decay
 
         self.steps_per_iteration = ctx.local_steps_per_round()
+        # theta averaged in the node every K local steps and at the round's end, so the node
+        # enters the consensus as one ADMM worker (see average_in_node); K >= H: never
+        period = settings.intra_average_period
+        self.node_averaging = 0 < period < self.steps_per_iteration and topo.gpus_per_node > 1
 
         if hierarchical:
             self.num_nodes, self.procs = topo.num_nodes, topo.gpus_per_node
@@ -161,6 +167,8 @@ class PruneX(Method):
         if settings.masks_from is not None:  # retrain a known structure: frozen from round 0
             self.structure.use_masks(self.structure.load(settings.masks_from))
             self.freeze(rounds_done=0)
+        elif self.constrained and not self.structure.can_prune():
+            self.freeze(rounds_done=0)  # keeps that remove nothing: no structure to discover
 
     @property
     def masks(self) -> dict[str, StructuredMask]:
@@ -192,7 +200,11 @@ class PruneX(Method):
             weights = [proximal_weight(self.ctx.recipe.lr, rho) for rho in self.rho1]
         # the loss stays on the device (float64, as a Python sum would be) and is read once
         total, samples = torch.zeros((), dtype=torch.float64, device=device), 0
-        for _ in range(self.ctx.round_steps()):
+        steps = self.ctx.round_steps()
+        # flat ADMM rounds average at the round's end too (hierarchical ones derive that
+        # average from the intra-node sum that follows, see node_mean_from_sum)
+        average_at_end = self.node_averaging and proximal and not self.hierarchical
+        for step in range(1, steps + 1):
             x, y = next(self.batches)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             self.optimizer.zero_grad(set_to_none=True)
@@ -206,7 +218,41 @@ class PruneX(Method):
             self.structure.keep(self.named_params)
             total += loss.detach().double() * len(y)
             samples += len(y)
+            if self.node_averaging and (
+                self.ctx.settings.averages_after(step, steps) or (average_at_end and step == steps)
+            ):
+                self.average_in_node()
         return total / samples, samples
+
+    def average_in_node(self) -> None:
+        """theta and the BN statistics := their node mean (intra-node bytes only).
+
+        What it means for H-SADMM (eq. 6): averaging the P ranks' proximal SGD iterates every
+        K steps is local SGD on the node's joint subproblem min_theta sum_j f_ij(theta) +
+        P rho1/2 ||theta - z_i + u_i||^2, i.e. eq. (7) with the intra-node constraint
+        theta_ij = theta_i held exactly instead of through rho1. With theta equal in the node
+        at every round's end and u = 0 at the start, eq. (12) keeps u_ij = u_i replicated, so
+        the node is one ADMM worker with penalty P rho1: eq. (9)'s sum over j is
+        P (theta_i + u_i), the intra-node primal residual theta_i - z_i is the node model's
+        distance to its projection (no longer the ranks' disagreement), and the residual
+        norms summed over the world count each node P times."""
+        topo = self.ctx.topology
+        with torch.no_grad():
+            self.ctx.comm.all_reduce_into(
+                [p.detach() for p in self.params] + self.buffers,
+                topo.intra,
+                phase=phases.INTRA_ALLREDUCE,
+                divide_before=topo.gpus_per_node,
+            )
+
+    @torch.no_grad()
+    def node_mean_from_sum(self, theta_u_sum: list[torch.Tensor]) -> None:
+        """theta := sum_j (theta_ij + u_ij) / P - u_i, the node mean of theta at no cost, as
+        u is replicated in the node (see average_in_node); the same bits on every rank of
+        the node, since the sum is."""
+        mean = torch._foreach_div(theta_u_sum, self.procs)
+        torch._foreach_sub_(mean, self.u)
+        torch._foreach_copy_(self.params, mean)
 
     def consensus_sum(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """SUM over the consensus group of theta + u (of theta alone in an ``sgd`` round),
@@ -275,6 +321,9 @@ class PruneX(Method):
         with rec.phase(phases.LOCAL_COMPUTE):
             loss, samples = self.local_compute()
         theta_u_sum, buffer_mean = self.consensus_sum()
+        if self.node_averaging and self.hierarchical:
+            with rec.phase(phases.INTRA_ALLREDUCE):
+                self.node_mean_from_sum(theta_u_sum)
         with rec.phase(phases.PROJECTION), torch.no_grad():
             z_node, local_masks = self.node_update(theta_u_sum)
 
@@ -300,6 +349,7 @@ class PruneX(Method):
                 self.freeze(rounds_done=iteration + 1)
         rec.set(
             density=self.density(),
+            prunable_density=self.structure.prunable_density,
             mask_drift=drift,
             mask_drift_fraction=drift / self.structured_bits if self.structured_bits else 0.0,
             frozen=was_frozen,
@@ -325,8 +375,9 @@ class PruneX(Method):
         return by_round or by_epoch or by_share or by_patience
 
     def freeze(self, *, rounds_done: int) -> None:
-        """Fix the masks (sec. 4.5). With ``--after-freeze sgd`` every rank restarts from the
-        consensus z and trains with the recipe's weight decay from here on."""
+        """Fix the masks (sec. 4.5). With ``--after-freeze sgd`` the ranks continue on the
+        support from where ``--freeze-start`` says (see ``start_after_freeze``) and train with
+        the recipe's weight decay from here on."""
         self.frozen = True
         loader = self.ctx.loader
         self.frozen_at = {
@@ -334,13 +385,53 @@ class PruneX(Method):
             "samples_per_rank": loader.step * loader.batch_size,
             "epoch": loader.step / loader.steps_per_epoch,
         }
+        self.restrict_to_support()
         if self.after_freeze == "sgd":
-            with torch.no_grad():
-                for param, value in zip(self.params, self.z):
-                    param.copy_(value)
+            if rounds_done > 0:  # before the first round theta is z on every rank
+                self.frozen_at.update(self.start_after_freeze())
             for group in self.optimizer.param_groups:
                 group["weight_decay"] = self.lam
-        self.restrict_to_support()
+
+    def start_after_freeze(self) -> dict:
+        """Where the sgd rounds start: the consensus z (theta := z) or the ranks' own theta on
+        the support (each its node's mean with node averaging; the first sgd round's packed
+        exchange makes the world agree). Why not always z: before the freeze z is the
+        projection of a weighted mean of the ranks' theta + u, and while the ranks are far
+        apart (early rounds, a large lr) that mean can classify at chance while each rank's
+        model does not; restarting every rank from it throws their training away. ``better``
+        compares the two on the same calibration batches (z with BN statistics estimated on
+        z, each rank's theta with its own), world-averaged, and keeps z on a tie."""
+        choice = self.freeze_start
+        found = {}
+        if choice == "better":
+            losses = torch.stack([self.calibration_loss(self.eval_model(), estimate_bn=False),
+                                  self.calibration_loss(self.model, estimate_bn=True)])
+            self.ctx.comm.all_reduce(losses, self.ctx.topology.world, phase=phases.PROJECTION)
+            consensus, ranks = (losses / self.ctx.topology.world_size).tolist()
+            choice = "consensus" if consensus <= ranks else "ranks"
+            found = {"consensus_loss": consensus, "ranks_loss": ranks}
+        if choice == "consensus":
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.z)  # z is zero off the support
+        return {"start": choice, **found}
+
+    @torch.no_grad()
+    def calibration_loss(self, model: nn.Module, *, estimate_bn: bool) -> torch.Tensor:
+        """Mean cross-entropy of ``model`` (eval mode) on this rank's calibration batches;
+        ``estimate_bn``: on a copy whose BN statistics are first estimated on them."""
+        loader, device = self.ctx.loader, self.ctx.device
+        batches = loader.calibration_batches(CONSENSUS_BN_BATCHES)
+        labels = loader.calibration_labels(CONSENSUS_BN_BATCHES)
+        if estimate_bn and self.estimate_bn:
+            model = copy.deepcopy(model)
+            update_bn(batches, model, device=device)
+        was_training = model.training
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for x, y in zip(batches, labels):
+            total += self.loss_fn(model(x.to(device)), y.to(device)).double()
+        model.train(was_training)
+        return total / max(1, len(batches))
 
     def sgd_round(self) -> StepResult:
         """``--after-freeze sgd``: local SGD on the support, the node mean of theta, the same
@@ -352,6 +443,7 @@ class PruneX(Method):
         self.average_models()
         rec.set(
             density=self.density(),
+            prunable_density=self.structure.prunable_density,
             mask_drift=0,
             mask_drift_fraction=0.0,
             frozen=True,
@@ -536,6 +628,12 @@ class PruneX(Method):
 
     def resolved_settings(self) -> dict:
         return self.initial_penalties
+
+    def exchange_every(self) -> dict[str, int]:
+        schedule = self.ctx.settings.exchange_every(self.steps_per_iteration)
+        if not self.node_averaging:  # one node, or a period of a round or more
+            schedule["intra_node"] = self.steps_per_iteration
+        return schedule
 
     def summary_facts(self) -> dict:
         """The freeze point; and, at the end of the run, a warning when the evaluated

@@ -16,6 +16,7 @@ from suite.api import (
     FRACTION,
     POSITIVE,
     Check,
+    NodeAveragingSettings,
     PackingSettings,
     RoundSettings,
     StructuredKeepSettings,
@@ -24,7 +25,7 @@ from suite.api import (
 
 
 @dataclass
-class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
+class PruneXFlatSettings(RoundSettings, NodeAveragingSettings, StructuredKeepSettings):
     """Options shared by ``prunex`` and its flat-consensus ablation ``prunex-flat``."""
 
     rho1: float | None = option(
@@ -72,6 +73,13 @@ class PruneXFlatSettings(RoundSettings, StructuredKeepSettings):
         "exchange, no proximal term, no duals, the recipe's weight decay (the default: 2.4-2.7 "
         "points above admm at the same bytes, benchmarks/measured/frontier.md); admm: "
         "Algorithm 1 after the freeze (masked z_i, proximal pull, duals, rho balancing)",
+    )
+    freeze_start: Literal["better", "ranks", "consensus"] = option(
+        "better",
+        "where the ranks continue from at the freeze (--after-freeze sgd): ranks: each its own "
+        "theta (its node's mean with node averaging) on the frozen support; consensus: the "
+        "global z (theta := z); better: z if its loss on the calibration batches (z's BN "
+        "statistics estimated on z) is not above the ranks' own, else the ranks' theta",
     )
     consensus_bn: Literal["estimated", "averaged"] = option(
         "estimated",

@@ -40,7 +40,8 @@ def export_and_print(run_dir: str, output: str | None, *, data_dir: str | None, 
         ratio = record["ratios"].get(key, float("nan"))
         echo(f"{key:>12} {dense[key]:>14.4g} {small[key]:>14.4g} {ratio:>7.3f}")
     echo(f"test accuracy of the exported model: {100 * small['test_accuracy']:.2f} %  "
-         f"(max |diff| to the masked dense model {record['max_abs_diff']:.2g})")
+         f"(max |diff| to the masked dense model {record['max_abs_diff']:.2g} in fp32, "
+         f"{record['max_abs_diff_fp64']:.2g} in fp64)")
     echo(f"model: {record['model_file']}  record: {Path(run_dir) / 'export.json'}")
     return record
 
@@ -101,10 +102,11 @@ def export_run(
     )
     check = test.images[:CHECK_SAMPLES]
     try:
-        masked, exported, live_params = export_model(model, masks, check, groups)
+        masked, exported, live = export_model(model, masks, check, groups)
     except BenchError as exc:
         raise BenchError(f"{run_dir}: {exc}") from None
-    diff = max_abs_diff(exported, masked, check)
+    diff = max_abs_diff(exported, masked, check)  # fp32, as the model runs
+    diff64 = max_abs_diff(exported, masked, check, dtype=torch.float64)  # what is judged
     sample = test.images[:1]
 
     def measure(net: nn.Module) -> dict:
@@ -131,10 +133,13 @@ def export_run(
         "dataset": config["dataset"],
         "model_file": str(path),
         "max_abs_diff": diff,
-        "tolerance": TOLERANCE,
+        "max_abs_diff_fp64": diff64,
+        "tolerance": TOLERANCE,  # on max_abs_diff_fp64
         "checked_samples": len(check),
         "test_samples": len(test.labels),
-        "live_parameters": live_params,
+        "live_parameters": live.parameters,
+        "live_buffers": live.buffers,  # BN statistics
+        "live_fp32_bytes": live.fp32_bytes,  # what a frozen round packs, leader to leader
         "run_final_accuracy": summary.get("final_accuracy"),
         "threads": torch.get_num_threads(),
         "dense": dense_stats,

@@ -78,6 +78,14 @@ class ShardedLoader:
         images = self._images[:n] if self.device is not None else self._images[self._shard[:n]]
         return list(images.reshape(count, self.batch_size, *images.shape[1:]).unbind())
 
+    def calibration_labels(self, count: int) -> list[torch.Tensor]:
+        """The labels of ``calibration_batches(count)``, batch for batch (a loss on the
+        calibration batches compares models on the same images, e.g. at PruneX's freeze)."""
+        count = min(count, self.steps_per_epoch)
+        n = count * self.batch_size
+        labels = self._labels[:n] if self.device is not None else self._labels[self._shard[:n]]
+        return list(labels.reshape(count, self.batch_size).unbind())
+
     def state_dict(self) -> dict:
         """The position in the stream of batches (for checkpoints)."""
         return {"step": self.step, "epoch": self.epoch, "generator": self._generator.get_state()}

@@ -20,11 +20,12 @@ from suite.data.schedule import LRSchedule
 from suite.data.sharding import ShardedLoader
 from suite.data.workload import DatasetSpec, Recipe, Workload, example_input
 from suite.errors import BenchError
-from suite.plugins.options import AT_LEAST_1, POSITIVE, option
+from suite.plugins.options import AT_LEAST_1, POSITIVE, at_least, option
 
 __all__ = [
     "DEFAULT_MAX_LOCAL_STEPS",
     "Method",
+    "NodeAveragingSettings",
     "RoundSettings",
     "RunContext",
     "StepResult",
@@ -71,6 +72,45 @@ class RoundSettings:
         if h < 1:
             raise BenchError(f"--local-steps/--local-epochs give {h} local steps; need at least 1")
         return h
+
+
+@dataclass
+class NodeAveragingSettings:
+    """The option of round-based methods that average their models inside each node during a
+    round (hierarchical local SGD, the pruning baselines, PruneX), declared once so that the
+    flag means one thing and methods paired at one value run one schedule.
+
+    Example::
+
+        @dataclass
+        class MySettings(RoundSettings, NodeAveragingSettings):
+            ...
+
+        if settings.averages_after(k, steps):  # after local step k of a round of ``steps``
+            ctx.comm.all_reduce_into(tensors, topo.intra, phase=phases.INTRA_ALLREDUCE,
+                                     divide_before=topo.gpus_per_node)
+    """
+
+    intra_average_period: int = option(
+        4,
+        "average the models inside each node after every N local steps of a round (0: only "
+        "where the round ends; PruneX's paper reading: the node exchanges once per round)",
+        check=at_least(0),
+    )
+
+    def exchange_every(self, round_steps: int) -> dict[str, int]:
+        """``Method.exchange_every`` of a method that averages the node every
+        ``--intra-average-period`` steps and crosses nodes once per round of ``round_steps``."""
+        period = self.intra_average_period
+        intra = period if 0 < period < round_steps else round_steps
+        return {"intra_node": intra, "inter_node": round_steps}
+
+    def averages_after(self, step: int, round_steps: int) -> bool:
+        """Whether the node averages after local step ``step`` (1-based) of a round of
+        ``round_steps`` steps; never after the last one, where the round's own exchange
+        follows."""
+        period = self.intra_average_period
+        return period > 0 and step % period == 0 and step < round_steps
 
 
 @dataclass
@@ -254,6 +294,17 @@ class Method:
         """What the method did that a reader of summary.json needs (PruneX: the round and
         sample count at which its masks froze); added to the summary at the end."""
         return {}
+
+    def exchange_every(self) -> dict[str, int]:
+        """Local steps between the method's exchanges inside a node and across nodes (DDP:
+        1 and 1; hierarchical local SGD: ``--intra-average-period`` and H), shown next to its
+        numbers by reports and ``bench compare``: methods that exchange on different
+        schedules are not compared like for like. Default: one of each per iteration.
+
+        Returns:
+            ``{"intra_node": n, "inter_node": m}``, in local steps.
+        """
+        return {"intra_node": self.steps_per_iteration, "inter_node": self.steps_per_iteration}
 
     def process_groups(self) -> list:
         """Process groups the method created itself (beside the topology's), this rank's

@@ -48,6 +48,11 @@ HOSTS = "hosts"
 ITERATIONS = "iterations"
 ITERATIONS_RECORDED = "iterations_recorded"
 STEPS_PER_ITERATION = "steps_per_iteration"
+#: local steps between a method's exchanges: {EXCHANGE_INTRA: n, EXCHANGE_INTER: m}, where
+#: ``inter_node`` counts any exchange that crosses nodes (a flat ring included)
+EXCHANGE_EVERY = "exchange_every"
+EXCHANGE_INTRA = "intra_node"
+EXCHANGE_INTER = "inter_node"
 EPOCHS = "epochs"
 SAMPLES_PER_RANK = "samples_per_rank"
 FINAL_ACCURACY = "final_accuracy"
@@ -98,6 +103,8 @@ SAMPLES = "samples"
 EPOCH = "epoch"
 LR = "lr"
 DENSITY = "density"
+#: density of the tensors the keeps can prune (what a keep is judged against; suite.structured)
+PRUNABLE_DENSITY = "prunable_density"
 #: the links bytes are attributed to
 LINKS = ("intra", "inter")
 BYTES_INTRA = "bytes_intra"

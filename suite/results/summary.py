@@ -57,6 +57,7 @@ def summarize(
         schema.GPUS_PER_NODE: topo["gpus_per_node"],
         schema.ITERATIONS: iterations_done,
         schema.STEPS_PER_ITERATION: manifest["steps_per_iteration"],
+        schema.EXCHANGE_EVERY: manifest.get(schema.EXCHANGE_EVERY),  # None: recorded before
         schema.EPOCHS: local_steps / manifest["steps_per_epoch"],
         schema.SAMPLES_PER_RANK: local_steps * batch,
         schema.FINAL_ACCURACY: None,

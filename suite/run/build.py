@@ -22,6 +22,7 @@ from suite.errors import BenchError
 from suite.plugins.method import Method, RunContext
 from suite.plugins.options import resolve_settings, settings_dict
 from suite.plugins.registry import METHODS, WORKLOADS
+from suite.results import schema
 from suite.results.folder import git_revision, versions
 
 #: RunConfig fields that override the workload's recipe
@@ -135,6 +136,7 @@ def make_manifest(
             "samples_per_rank": ctx.budget_steps * ctx.loader.batch_size,
         },  # the schedule over it is the recipe's (lr_schedule, warmup_epochs)
         "steps_per_iteration": method.steps_per_iteration,
+        schema.EXCHANGE_EVERY: method.exchange_every(),
         "overlapped_phases": list(method.overlapped_phases),
         "steps_per_epoch": ctx.loader.steps_per_epoch,
         "train_samples": train_samples,

@@ -37,6 +37,12 @@ class SimLoader:
         self.step += 1
         return self.images, self.labels
 
+    def calibration_batches(self, count: int) -> list[torch.Tensor]:
+        return [self.images] * min(count, self.steps_per_epoch)
+
+    def calibration_labels(self, count: int) -> list[torch.Tensor]:
+        return [self.labels] * min(count, self.steps_per_epoch)
+
 
 def sim_topology(world_size: int, gpus_per_node: int, rank: int, pg=None) -> Topology:
     """The topology rank ``rank`` would build, with every group backed by ``pg``."""

@@ -40,6 +40,14 @@ class ChannelGroup:
     something without a structured mask writes / reads them as well (the model input, a linear
     layer, an op Torch-Pruning maps not one-to-one), so a channel is never dead for lack of it.
     ``linear_readers``: linear layers that read the channels one-to-one (their input columns).
+    ``depthwise``: convs with one filter per channel (groups = in = out channels), which
+    Torch-Pruning couples in and out into the group: channel k passes through filter k, so
+    the filter lives and dies with the group's channel, neither writing nor reading it of its
+    own (its bias, like a BN shift, would otherwise send a constant onward).
+    ``whole``: no channel of the group can be removed exactly, so all of them stay live: a
+    norm layer that mixes channels reads them all (LayerNorm, GroupNorm: removing one changes
+    the statistics of the rest), or a member writes them not one-to-one (GhostNet's
+    concatenated features, where removing one channel removes another one with it).
     """
 
     size: int
@@ -48,12 +56,26 @@ class ChannelGroup:
     shared_followers: list[Member] = field(default_factory=list)
     consumers: list[Member] = field(default_factory=list)
     linear_readers: list[Member] = field(default_factory=list)
+    depthwise: list[Member] = field(default_factory=list)
     open_write: bool = False
     open_read: bool = False
+    whole: bool = False
 
 
 def _plain_conv(module: nn.Module) -> bool:
     return isinstance(module, nn.Conv2d) and module.groups == 1
+
+
+#: norm layers whose statistics span the channels (a channel cannot leave them exactly)
+CHANNEL_MIXING_NORMS = tuple(
+    cls for cls in (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None)) if cls is not None
+)
+
+
+def _depthwise_conv(module: nn.Module) -> bool:
+    """One filter per channel, in and out channels alike (no channel multiplier)."""
+    return (isinstance(module, nn.Conv2d) and module.groups > 1
+            and module.groups == module.in_channels == module.out_channels)
 
 
 def dependency_graph(model: nn.Module, example_input: torch.Tensor, roots: tuple, what: str):
@@ -89,8 +111,9 @@ def trace_channel_groups(model: nn.Module, example_input: torch.Tensor) -> list[
     )
     names = {module: name for name, module in traced.named_modules()}
     groups = [_channel_group(group, graph, names) for group in tp_groups]
-    written = {p.module for g in groups for p in g.producers}
-    missing = [n for m, n in names.items() if _plain_conv(m) and n not in written]
+    # a conv in the graph whose filters map onto no group one-to-one (GhostNet's concatenated
+    # and sliced features) keeps its mask's own block: it opens the groups it writes
+    missing = [n for m, n in names.items() if _plain_conv(m) and m not in graph.module2node]
     if missing:
         raise BenchError(
             f"cannot trace the channel dependencies of {type(model).__name__}: conv "
@@ -112,6 +135,8 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
         one_to_one = len(idxs) == group.size
         member = Member(names[module], torch.as_tensor([int(i) for i in idxs], dtype=torch.long))
         writes = graph.is_out_channel_pruning_fn(dep.handler)
+        if isinstance(module, CHANNEL_MIXING_NORMS) or (writes and not one_to_one):
+            group.whole = True
         if _plain_conv(module) and one_to_one:
             (group.producers if writes else group.consumers).append(member)
         elif isinstance(module, nn.modules.batchnorm._BatchNorm) and one_to_one:
@@ -120,6 +145,8 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
                 group.shared_followers.append(member)
             else:
                 group.followers.setdefault(owner, []).append(member)
+        elif _depthwise_conv(module) and one_to_one:
+            group.depthwise.append(member)
         elif isinstance(module, nn.Linear) and not writes and one_to_one:
             group.linear_readers.append(member)
             group.open_read = True

@@ -14,7 +14,13 @@ reading it dead. Dead slices are neither sent between nodes (:mod:`.packing`) no
     a linear layer, an unmasked op) and something reads it (a live input channel, a linear
     layer, the model output); a dead channel kills every filter, BN entry and input channel
     of its group at that index. Residual streams end in the classifier, so they stay whole
-    unless every writer prunes a channel.
+    unless every writer prunes a channel;
+  * a depthwise conv (one filter per channel) passes its group's channel through: its filter
+    and bias live and die with the channel, as a BN entry does (ConvMixer's and MobileNet's
+    depthwise blocks);
+  * every channel of a ``whole`` group is live (a LayerNorm or GroupNorm over the channels,
+    or channels that Torch-Pruning ties to one another through a concatenation): removing
+    one would change the others.
 
 The projection is unchanged (the paper's eq. 10); zeroing the dead slices afterwards changes
 no output of the masked model, except for the BN entries of filters that the mask prunes.
@@ -110,11 +116,15 @@ def live_slices(
             for norm in group.followers.get(producer.module, []):
                 entries = torch.zeros(modules[norm.module].num_features, dtype=torch.bool)
                 entries[norm.index] = filters[producer.module][producer.index]
-                _rows_of_norm(rows, norm.module, entries, modules)
+                _rows_of(rows, norm.module, NORM_TENSORS, entries, modules)
         for norm in group.shared_followers:
             entries = torch.zeros(modules[norm.module].num_features, dtype=torch.bool)
             entries[norm.index] = live
-            _rows_of_norm(rows, norm.module, entries, modules)
+            _rows_of(rows, norm.module, NORM_TENSORS, entries, modules)
+        for conv in group.depthwise:
+            entries = torch.zeros(modules[conv.module].out_channels, dtype=torch.bool)
+            entries[conv.index] = live
+            _rows_of(rows, conv.module, DEPTHWISE_TENSORS, entries, modules)
         for linear in group.linear_readers:  # a linear after a concat reads several groups
             key = f"{linear.module}.weight"
             read = torch.ones(modules[linear.module].in_features, dtype=torch.bool)
@@ -142,8 +152,8 @@ def _settle(
                 changed = True
         channels = []
         for group in groups:
-            written = torch.full((group.size,), group.open_write)
-            read = torch.full((group.size,), group.open_read)
+            written = torch.full((group.size,), group.open_write or group.whole)
+            read = torch.full((group.size,), group.open_read or group.whole)
             for p in group.producers:
                 written |= filters[p.module][p.index]
             for c in group.consumers:
@@ -164,16 +174,20 @@ def _settle(
             return channels
 
 
-def _rows_of_norm(rows: dict, norm: str, entries: torch.Tensor, modules: dict) -> None:
-    """A BN layer's live entries for its weight, bias and running statistics (several
-    groups may set disjoint parts: keep the union)."""
+def _rows_of(rows: dict, module: str, tensors: tuple[str, ...], entries: torch.Tensor,
+             modules: dict) -> None:
+    """The live entries of a BN layer (weight, bias, running statistics) or a depthwise
+    conv (weight, bias) along dim 0; several groups may set disjoint parts: keep the union."""
     index = entries.nonzero().flatten()
-    module = modules[norm]
-    for tensor in ("weight", "bias", "running_mean", "running_var"):
-        if getattr(module, tensor, None) is None:
+    for tensor in tensors:
+        if getattr(modules[module], tensor, None) is None:
             continue
-        key = f"{norm}.{tensor}"
+        key = f"{module}.{tensor}" if module else tensor
         rows[key] = index if key not in rows else torch.unique(torch.cat([rows[key], index]))
+
+
+NORM_TENSORS = ("weight", "bias", "running_mean", "running_var")
+DEPTHWISE_TENSORS = ("weight", "bias")
 
 
 def _kept_at(index: torch.Tensor | None, n: int, device="cpu") -> torch.Tensor:

@@ -17,6 +17,7 @@ its weight's name, a group's under its key (``blocks.0.attn#heads``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -30,6 +31,7 @@ from suite.structured.masks import (
     CONV_KEEPS,
     StructuredMask,
     conv_shapes,
+    keep_count,
     load_masks,
     mask_artifact,
     mask_drift,
@@ -131,6 +133,7 @@ class StructuredRound:
         # read once per mask change (a host sync each), not every round
         self.densities = {n: m.density() for n, m in masks.items()}
         self.overall_density = self._density()
+        self.prunable_density = self._prunable_density()
         self.layout: PackLayout | None = None
         self.fixed_buffers: list[torch.Tensor] | None = None
         self.live: LiveSlices | None = None
@@ -155,6 +158,38 @@ class StructuredRound:
                 n = self.group(name).numel(self.param_shapes)
             total += n
             kept += self.densities[name] * n
+        return kept / total if total else 1.0
+
+    @functools.cached_property
+    def prunable(self) -> dict[str, bool]:
+        """Per mask, whether this run's keeps can remove one of its groups (their sizes never
+        change). A 1-channel stem's channel set, a depthwise conv's (one input channel per
+        filter) or a keep that rounds to every group cannot: those stay dense whatever the
+        method does."""
+        found = {}
+        for name, mask in self.masks.items():
+            if isinstance(mask, StructuredMask):
+                sets = zip(mask.set_sizes(), (self.keeps.get(k) for k in CONV_KEEPS))
+            else:
+                sets = [(mask.set_sizes()[0], self.keeps.get(self.group(name).keep_option))]
+            found[name] = any(keep is not None and keep_count(n, keep) < n for n, keep in sets)
+        return found
+
+    def can_prune(self) -> bool:
+        """Whether the keeps remove anything at all (keep 1.0 removes nothing)."""
+        return any(self.prunable.values())
+
+    def _prunable_density(self) -> float:
+        """Fraction of the elements kept in the tensors the keeps can prune (``prunable``):
+        what a keep is judged against (``reaches_keep``); 1.0 where none can be pruned."""
+        total = kept = 0.0
+        for name, prunable in self.prunable.items():
+            if prunable:
+                mask = self.masks[name]
+                n = (math.prod(mask.weight_shape) if isinstance(mask, StructuredMask)
+                     else self.group(name).numel(self.param_shapes))
+                total += n
+                kept += self.densities[name] * n
         return kept / total if total else 1.0
 
     def group(self, key: str) -> UnitGroup:

@@ -214,6 +214,6 @@ def test_run_id_is_one_safe_folder_name(tmp_path, run_id):
 def test_help_shows_the_workloads_true_recipe():
     out = bench_here("run", "--help").stdout
     flat = " ".join(out.split())
-    assert "0.05 (cnn-fmnist, mobilenet-fmnist, resnet18-fmnist)" in flat
+    assert "0.05 (cnn-fmnist, convnext-fmnist, " in flat and "resnet18-fmnist)" in flat
     assert "0.001 (mobilenet-cifar10, resnet152-cifar10" in flat and "0.01 (vit-fmnist)" in flat
-    assert "32 (cnn-fmnist, mobilenet-fmnist, resnet18-fmnist, vit-fmnist)" in flat
+    assert "32 (cnn-fmnist, convnext-fmnist, " in flat and "resnet18-fmnist, vit-fmnist)" in flat

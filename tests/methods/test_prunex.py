@@ -16,6 +16,7 @@ from tests.support.helpers import TinyCNN, make_context, run_iterations, tiny_da
 from tests.support.prunex_reference import reference_rounds
 
 ROUNDS, FREEZE, STEPS = 5, 3, 3
+AVERAGE_PERIOD = 2  # --intra-average-period below H = STEPS
 # Algorithm 1 as its box writes it, also after the freeze (--after-freeze admm)
 OPTIONS = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_round": FREEZE, "rho1": 1.5e-3,
            "rho2": 1.5e-4, "after_freeze": "admm"}
@@ -33,6 +34,8 @@ def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):
         history.append(
             {
                 "row": row,
+                "theta": [p.detach().clone() for p in method.params],
+                "u": [t.clone() for t in method.u],
                 "masks": {i: m.to_bits().clone() for i, m in method.masks.items()},
                 "z_node": [t.clone() for t in method.z_node],
                 "frozen": method.frozen,
@@ -128,6 +131,56 @@ def test_distributed_run_equals_single_process_simulation(runs):
     )
     for got, want in zip(out[0]["z"], z_ref):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_node_averaging_is_one_admm_worker_per_node_with_intra_node_bytes_only(runs):
+    """--intra-average-period K < H: theta and the BN statistics averaged in the node after
+    every K-th local step, and theta at the round's end (derived from the intra-node sum), so
+    the node is one ADMM worker: theta and u bit-identical in the node, z the single-process
+    simulation's, the averages' bytes on intra-node links only."""
+    out, off = runs["node-average"], runs["dense-masks"]
+    blocks = out[0]["blocks"]
+    for k in range(ROUNDS):
+        for a, b in ((0, 1), (2, 3)):
+            ha, hb = out[a]["history"][k], out[b]["history"][k]
+            assert all(torch.equal(x, y) for x, y in zip(ha["theta"], hb["theta"]))
+            assert all(torch.equal(x, y) for x, y in zip(ha["u"], hb["u"]))
+        assert not all(torch.equal(x, y) for x, y in
+                       zip(out[0]["history"][k]["theta"], out[2]["history"][k]["theta"]))
+    z_ref, _ = reference_rounds(
+        lambda: (torch.manual_seed(0), TinyCNN(bn=True))[1],
+        lambda r: ShardedLoader(tiny_data(), r, 4, 8, 0),
+        nodes=2, procs=2, rounds=ROUNDS, local_steps=STEPS, lr=0.05, momentum=0.9, lam=1e-4,
+        rho1=1.5e-3, rho2=1.5e-4, keeps={"channel_keep": 0.5}, freeze_round=FREEZE,
+        average_period=AVERAGE_PERIOD,
+    )
+    for got, want in zip(out[0]["z"], z_ref):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert not all(torch.equal(a, b) for a, b in zip(out[0]["z"], off[0]["z"]))
+    # bytes per round, summed over the 4 ranks: the averages add intra-node bytes only
+    model_bytes = sum(math.prod(s) for _, s, _ in blocks) * 4 + (6 + 6 + 8 + 8) * 4
+    stats_bytes = len(blocks) * 9 * 8
+    averages = (STEPS - 1) // AVERAGE_PERIOD
+    for k in range(ROUNDS):
+        h = out[0]["history"][k]
+        bits = sum(b.numel() for b in h["masks"].values())
+        mask_bytes = 0 if h["row"]["frozen"] else bits
+        # consensus sum and averages (a 2-rank ring: each rank sends the buffer once), the
+        # leaders' mask and packed-bucket broadcasts, the residual table's intra ring edges
+        intra = (4 * model_bytes * (1 + averages) + 2 * mask_bytes + 2 * h["layout_bytes"]
+                 + 2 * 1.5 * stats_bytes)
+        inter = 2 * h["layout_bytes"] + 2 * mask_bytes + 2 * 1.5 * stats_bytes
+        assert math.isclose(sum(o["history"][k]["row"]["bytes_intra"] for o in out), intra), k
+        assert math.isclose(sum(o["history"][k]["row"]["bytes_inter"] for o in out), inter), k
+
+
+def test_a_period_of_a_whole_round_is_the_paper_schedule_bit_for_bit(runs):
+    """K >= H averages nothing inside a round: the same bits as --intra-average-period 0."""
+    whole, never = runs["period-H"], runs["period-0"]
+    for a, b in zip(whole, never):
+        assert all(torch.equal(x, y) for x, y in zip(a["z"], b["z"]))
+        assert [h["row"]["bytes_intra"] for h in a["history"]] == [
+            h["row"]["bytes_intra"] for h in b["history"]]
 
 
 def test_flat_ablation_projects_after_dense_world_allreduce(runs):
@@ -229,12 +282,48 @@ def test_after_freeze_sgd_is_masked_local_sgd_with_the_same_packed_exchange(runs
         assert torch.equal(o["z"], sgd[0]["z"])
         # z is the packed average of the nodes' mean models: the mean of the 4 local models
         torch.testing.assert_close(o["z"], o["mean_of_local_models"], rtol=1e-5, atol=1e-6)
-    assert sgd[0]["frozen_at"] == admm[0]["frozen_at"] == {
-        "round": FREEZE, "samples_per_rank": FREEZE * STEPS * 8, "epoch": FREEZE * STEPS / 8,
-    }
+    point = {"round": FREEZE, "samples_per_rank": FREEZE * STEPS * 8, "epoch": FREEZE * STEPS / 8}
+    assert admm[0]["frozen_at"] == point
+    assert {k: sgd[0]["frozen_at"][k] for k in point} == point
+    assert sgd[0]["frozen_at"]["start"] in ("consensus", "ranks")  # --freeze-start better
     assert sgd[0]["packed_bytes"] == admm[0]["packed_bytes"] > 0  # the same bytes per round
     # residual and rho rows stop at the freeze in sgd, go on in admm
     assert sgd[0]["layer_rows"] < admm[0]["layer_rows"]
+
+
+def freeze_start_worker(rank, start, broken):
+    """Four ADMM rounds, then ``broken`` ("consensus" or "ranks") zeroed, which classifies
+    at chance (constant logits), and the freeze with ``--freeze-start start``."""
+    options = {**OPTIONS, "freeze_round": 99, "after_freeze": "sgd", "freeze_start": start}
+    ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True)
+    method = PruneX(ctx, hierarchical=True)
+    run_iterations(method, ctx.recorder, 4)
+    with torch.no_grad():
+        for t in method.z if broken == "consensus" else method.params:
+            t.zero_()
+    method.adopt_consensus(method.z, method.buffers)
+    method.freeze(rounds_done=4)
+    return {
+        "frozen_at": method.frozen_at,
+        "loss": method.calibration_loss(method.model, estimate_bn=True).item(),
+        "theta_is_z": all(torch.equal(p, z) for p, z in zip(method.params, method.z)),
+    }
+
+
+def test_the_freeze_does_not_restart_from_a_consensus_at_chance(runs):
+    chance = math.log(4)  # 4 classes, constant logits
+    for o in runs["start-better-bad-z"]:
+        at = o["frozen_at"]
+        assert at["start"] == "ranks" and not o["theta_is_z"]
+        assert math.isclose(at["consensus_loss"], chance, rel_tol=1e-6)
+        assert at["ranks_loss"] < chance - 0.1 and o["loss"] < chance - 0.1
+    for o in runs["start-consensus-bad-z"]:  # the old rule restarts every rank at chance
+        assert o["frozen_at"]["start"] == "consensus" and o["theta_is_z"]
+        assert math.isclose(o["loss"], chance, rel_tol=1e-6)
+    for o in runs["start-better-bad-ranks"]:  # a good consensus is kept
+        at = o["frozen_at"]
+        assert at["start"] == "consensus" and o["theta_is_z"]
+        assert at["consensus_loss"] < chance - 0.1 < at["ranks_loss"]
 
 
 def freeze_epoch_worker(rank):
@@ -253,7 +342,8 @@ def test_freeze_epoch_freezes_at_the_end_of_the_round_that_reaches_it(runs):
     assert out["steps"] == 8  # 64 samples per rank in batches of 8
     # 0.5 epoch = 4 steps: round 1 ends at 3, round 2 at 6 >= 4
     assert out["frozen"] == [False, True, True, True]
-    assert out["facts"] == {"masks_frozen_at": {"round": 2, "samples_per_rank": 48, "epoch": 0.75}}
+    point = {"round": 2, "samples_per_rank": 48, "epoch": 0.75}
+    assert {k: out["facts"]["masks_frozen_at"][k] for k in point} == point
 
 
 # ---------------------------------------------------------------------- residuals and stopping
@@ -388,6 +478,10 @@ def runs():
         "algorithm-1": (prunex_worker, (OPTIONS, True)),
         # the reference packs each conv's own mask block: today's paper packing
         "dense-masks": (prunex_worker, ({**base, "pack": "dense-masks"}, True)),
+        "node-average": (prunex_worker, (
+            {**base, "pack": "dense-masks", "intra_average_period": AVERAGE_PERIOD}, True)),
+        "period-H": (prunex_worker, ({**base, "intra_average_period": STEPS}, True, 3)),
+        "period-0": (prunex_worker, ({**base, "intra_average_period": 0}, True, 3)),
         "flat": (prunex_worker, ({"channel_keep": 0.5, "local_steps": 2}, False)),
         "single-leader": (prunex_worker, (base, True)),
         "sharded": (prunex_worker, ({**base, "leader_mode": "sharded"}, True)),
@@ -396,5 +490,8 @@ def runs():
         "after-freeze-sgd": (after_freeze_worker, ("sgd",)),
         "after-freeze-admm": (after_freeze_worker, ("admm",)),
         "freeze-epoch": (freeze_epoch_worker, ()),
+        "start-better-bad-z": (freeze_start_worker, ("better", "consensus")),
+        "start-consensus-bad-z": (freeze_start_worker, ("consensus", "consensus")),
+        "start-better-bad-ranks": (freeze_start_worker, ("better", "ranks")),
         "residuals": (residual_worker, ()),
     })

@@ -80,9 +80,11 @@ def localsgd_worker(rank):
     return accuracy(method.eval_model())
 
 
+# keep 1.0 prunes nothing, so its masks freeze at once; --after-freeze admm keeps every round
+# Algorithm 1's (masking by all-ones changes nothing)
 REFERENCE = {"channel_keep": 1.0, "local_steps": STEPS, "adaptive_rho": False, "rho1": 1.5e-3,
-             "rho2": 1.5e-4, "pack": "dense-masks", "freeze_share": 1.0}
-UNFROZEN = {"channel_keep": 1.0, "local_steps": STEPS, "freeze_share": 1.0}
+             "rho2": 1.5e-4, "pack": "dense-masks", "after_freeze": "admm"}
+UNFROZEN = {"channel_keep": 1.0, "local_steps": STEPS, "after_freeze": "admm"}
 PRUNED = {"channel_keep": 0.5, "local_steps": STEPS, "freeze_patience": 100}
 #: name: (PruneX options, rounds); None: hierarchical local SGD
 CONFIGURATIONS = {

@@ -181,7 +181,7 @@ def test_a_method_that_does_not_do_its_job_fails_its_activity_check(tmp_path):
 
     failing = bench("compare", keep_all, keep_all)
     assert failing.returncode == 1, failing.stdout
-    assert "REGRESSION: prunex density of the pruned layers ended at 1.000" in failing.stdout
+    assert "REGRESSION: prunex density of the prunable layers ended at 1.000" in failing.stdout
     passing = bench("compare", done, done)
     assert passing.returncode == 0, passing.stdout
     assert "REGRESSION" not in passing.stdout and "prunex did its job" in passing.stdout

@@ -1,6 +1,8 @@
 """Channel groups (Torch-Pruning's dependency graph) and the live-slice rule, against
 hand-checked expectations on cnn-fmnist and timm's ResNet-18; export of the smaller model."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -165,6 +167,99 @@ def test_export_resnet18_random_masks():
     for name in readers:
         assert modules[name].in_channels == int(read.sum())
     assert count_parameters(exported) < 0.6 * count_parameters(model)
+
+
+def convmixer(dim: int = 64, depth: int = 4) -> nn.Module:
+    """timm's ConvMixer on 1x28x28 images: a patch stem, then residual depthwise blocks
+    (depthwise conv, GELU, BN, + input) each followed by a pointwise conv, GELU, BN."""
+    from timm.models.convmixer import ConvMixer
+
+    return ConvMixer(dim, depth, kernel_size=5, patch_size=2, in_chans=1, num_classes=10)
+
+
+def test_residual_depthwise_blocks_pack_exactly_what_export_keeps():
+    """A channel no pointwise conv reads any more is dead through the depthwise conv that
+    passes it on: the packed live slices (parameters and BN statistics) equal the exported
+    model's tensors, not 31 % more (the depthwise filters used to be sent whole)."""
+    torch.manual_seed(0)
+    model = convmixer().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2)
+    masks = random_structured_masks(model, torch.Generator().manual_seed(0), channel_keep=0.5)
+    live, exported, diff = export_check(model, torch.zeros(1, 1, 28, 28), masks)
+    assert diff <= 1e-5
+    packed = {n: packed_numel(t.shape, live.of(n)) for n, t in
+              [*model.named_parameters(), *model.named_buffers()] if t.is_floating_point()}
+    kept = {n: t.numel() for n, t in [*exported.named_parameters(), *exported.named_buffers()]
+            if t.is_floating_point()}
+    assert packed == kept
+    depthwise = "blocks.0.0.fn.0.weight"  # 64 filters of one 5x5 channel each
+    assert live.of(depthwise)[0].numel() == kept[depthwise] // 25 < 64
+
+
+def ghostnet() -> nn.Module:
+    """timm's GhostNet 0.5: Ghost modules concatenate a conv's features with their cheap
+    depthwise copies and slice the result, so one filter feeds two channels."""
+    import timm
+
+    return timm.create_model("ghostnet_050", pretrained=False, in_chans=1, num_classes=10)
+
+
+def convnext() -> nn.Module:
+    """A small timm ConvNeXt: LayerNorm over the channels after the stem, in every block and
+    before every downsampling conv."""
+    from timm.models.convnext import ConvNeXt
+
+    return ConvNeXt(in_chans=1, num_classes=10, depths=(1, 1, 1, 1), dims=(8, 16, 16, 16),
+                    patch_size=2, output_stride=16)
+
+
+def realistic_norms(model: nn.Module) -> nn.Module:
+    """BN statistics, scales and shifts as after training (and conv biases), in place."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+            elif isinstance(m, nn.Conv2d) and m.bias is not None:
+                m.bias.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+@pytest.mark.parametrize("build", [convmixer, ghostnet, convnext])
+def test_dead_slices_change_no_output_and_export_is_exact(build):
+    """What liveness calls dead (and the mask keeps) can be anything without changing an
+    output, and removing the dead channels changes none either (float64: fp32 rounding
+    differs once channels leave a sum). LayerNorm groups and GhostNet's concatenated
+    features keep every channel: removing one would change the others."""
+    torch.manual_seed(0)
+    model = realistic_norms(build())
+    g = torch.Generator().manual_seed(1)
+    masks = random_structured_masks(model, g, channel_keep=0.5)
+    x = torch.randn(4, 1, 28, 28, generator=g, dtype=torch.float64)
+    groups = trace_channel_groups(model, x[:1].float())
+    live = live_slices(model, groups, masks)
+    masked = masked_dense_model(model, masks, live).double()
+    with torch.no_grad():
+        want = masked(x)
+        shapes = {n: p.shape for n, p in masked.named_parameters()}
+        for name, keep in live.partial_masks(shapes).items():
+            dead = ~keep & (masks[name].dense() if name in masks else True)
+            if dead.any():
+                noised = copy.deepcopy(masked)
+                dict(noised.named_parameters())[name][dead] = 1.0
+                assert (noised(x) - want).abs().max() <= 1e-9, name
+    exported = remove_dead_channels(masked.float(), groups, live, x[:1].float()).double()
+    with torch.no_grad():
+        assert (exported(x) - want).abs().max() <= 1e-9
+    if build is not convmixer:  # LayerNorm or concatenated features: such groups stay whole
+        assert any(group.whole for group in groups)
+    assert all(alive.all() for group, alive in zip(groups, live.channels) if group.whole)
 
 
 class NoAutograd(nn.Module):

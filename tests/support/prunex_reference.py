@@ -32,8 +32,13 @@ def reference_rounds(
     rho2,
     keeps,
     freeze_round=None,
+    average_period=None,
 ):
-    """Returns the global z (list, in block order) after ``rounds`` rounds (fixed rho)."""
+    """Returns the global z (list, in block order) after ``rounds`` rounds (fixed rho).
+
+    ``average_period`` K: the node's models (parameters and BN statistics) are averaged
+    after every K-th local step of a round and theta after its last one (the node mean),
+    as ``--intra-average-period`` does."""
     workers = nodes * procs
     models = [make_model() for _ in range(workers)]
     blocks = admm_blocks(models[0])
@@ -47,22 +52,38 @@ def reference_rounds(
     v = [[torch.zeros_like(t) for t in z] for _ in range(nodes)]
     masks = {i: StructuredMask.full(b.shape) for i, b in enumerate(blocks) if b.constrained}
     frozen = False
+    averaging = average_period is not None and 0 < average_period < local_steps
+
+    def node_mean(names_of, node):
+        """The node's workers' tensors := their mean (``names_of(w)``: a worker's tensors)."""
+        ranks = range(node * procs, (node + 1) * procs)
+        for tensors in zip(*(names_of(w) for w in ranks)):
+            mean = sum(tensors) / procs
+            for t in tensors:
+                t.copy_(mean)
+
     for k in range(rounds):
-        for w in range(workers):
-            node = w // procs
-            anchors = [zi - uu for zi, uu in zip(z_node[node], u[w])]
-            for _ in range(local_steps):
+        anchors = [[zi - uu for zi, uu in zip(z_node[w // procs], u[w])] for w in range(workers)]
+        for step in range(1, local_steps + 1):
+            for w in range(workers):
                 x, y = next(loaders[w])
                 opts[w].zero_grad()
                 nn.functional.cross_entropy(models[w](x), y).backward()
                 opts[w].step()
                 with torch.no_grad():  # the exact proximal step of rho1/2 ||p - a||^2
-                    for p, a in zip(params[w], anchors):
+                    for p, a in zip(params[w], anchors[w]):
                         p.copy_((p + lr * rho1 * a) / (1 + lr * rho1))
                 if frozen:  # retraining on the fixed support
                     with torch.no_grad():
                         for b_idx, m in masks.items():
                             params[w][b_idx].mul_(m.dense())
+            if averaging and (step % average_period == 0 or step == local_steps):
+                with torch.no_grad():
+                    for node in range(nodes):
+                        node_mean(lambda w: [p.data for p in params[w]], node)
+                        if step < local_steps:  # the round's end averages BN statistics anyway
+                            node_mean(lambda w: [dict(models[w].named_buffers())[n]
+                                                 for n in buffer_names], node)
         with torch.no_grad():
             new_node, local_masks = [], []
             for i in range(nodes):
