@@ -30,6 +30,7 @@ from suite.api import (
     SGDBaseline,
     StepResult,
     crosses_nodes_every_round,
+    ddp_local_buffers,
     option,
     phases,
     sends_fraction_of_dense,
@@ -100,13 +101,18 @@ class DDPMethod(SGDBaseline):
             ctx.model,
             device_ids=device_ids,
             process_group=ctx.topology.world.pg,
-            forward_sync_buffers=False,  # BN statistics stay local; averaged only to evaluate
+            **ddp_local_buffers(),  # BN statistics stay local; averaged only to evaluate
             **kwargs,
         )
         model.register_comm_hook(
             state, hook or instrumented_allreduce_hook(ctx.comm, ctx.topology.world)
         )
         super().__init__(ctx, model)
+
+    def one_off_iterations(self, first: int) -> set[int]:
+        """DDP rebuilds its buckets in the order the first backward produced gradients, once,
+        in the forward of its second iteration."""
+        return {first + 1}
 
     def step(self, iteration: int) -> StepResult:
         loss, samples = self.forward_backward()  # buckets are averaged during backward

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from suite import compat
 from suite.cluster.phases import known_phase
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
@@ -209,10 +210,10 @@ class Communicator:
         if n > 1 and flat.is_cuda and dist.get_backend(group.pg) == "gloo":
             # shared GPUs (see suite.cluster.ranks.backend_for): gloo gathers host tensors only
             host = torch.empty(n * flat.numel(), dtype=tensor.dtype)
-            self._timed(phase, lambda: dist.all_gather_single(host, flat.cpu(), group=group.pg))
+            self._timed(phase, lambda: compat.all_gather_single(host, flat.cpu(), group.pg))
             out.copy_(host)
         elif n > 1:
-            self._timed(phase, lambda: dist.all_gather_single(out, flat, group=group.pg))
+            self._timed(phase, lambda: compat.all_gather_single(out, flat, group.pg))
         else:
             out.copy_(flat)
         return out.view(n, *tensor.shape)
