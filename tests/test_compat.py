@@ -128,7 +128,10 @@ def test_every_torch_api_the_code_names_was_checked_against_the_floor():
                    if leaf.strip()}
     used = set(tool.without_prefixes(tool.uses(tool.source_files())))
     assert used - listed == set(), "check these under torch 2.11, then list them in suite.compat"
-    assert tool.check(tool.uses(tool.source_files())) == []  # and this torch has them all
+    # and this torch has them all, but for the newer ones suite.compat detects
+    outside = [line for line in tool.check(tool.uses(tool.source_files()))
+               if not line.endswith(f"(used in {tool.COMPAT})")]
+    assert outside == []
 
 
 def test_ci_and_the_readme_install_through_the_constraints():
