@@ -208,8 +208,17 @@ def has_ddp_forward_sync_buffers() -> bool:
 
 def ddp_local_buffers() -> dict:
     """DistributedDataParallel's keyword that keeps buffers (BN statistics) rank-local in the
-    forward: ``forward_sync_buffers=False`` where torch has it (``broadcast_buffers`` is
-    deprecated there), else ``broadcast_buffers=False``."""
+    forward, on every supported torch: ``forward_sync_buffers=False`` where torch has it
+    (``broadcast_buffers`` is deprecated there), else ``broadcast_buffers=False``.
+
+    Returns:
+        Keyword arguments for ``DistributedDataParallel``.
+
+    Example::
+
+        model = DistributedDataParallel(ctx.model, process_group=ctx.topology.world.pg,
+                                        **ddp_local_buffers())
+    """
     if has_ddp_forward_sync_buffers():
         return {"forward_sync_buffers": False}
     return {"broadcast_buffers": False}
