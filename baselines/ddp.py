@@ -97,13 +97,15 @@ class DDPMethod(SGDBaseline):
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         bucket_cap_mb = ctx.settings.bucket_cap_mb
         kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}
-        model = DistributedDataParallel(
-            ctx.model,
-            device_ids=device_ids,
-            process_group=ctx.topology.world.pg,
-            **ddp_local_buffers(),  # BN statistics stay local; averaged only to evaluate
-            **kwargs,
-        )
+        # the constructor checks the parameters' shapes and broadcasts rank 0's state
+        with ctx.comm.watching("broadcast", "DDP's construction"):
+            model = DistributedDataParallel(
+                ctx.model,
+                device_ids=device_ids,
+                process_group=ctx.topology.world.pg,
+                **ddp_local_buffers(),  # BN statistics stay local; averaged only to evaluate
+                **kwargs,
+            )
         model.register_comm_hook(
             state, hook or instrumented_allreduce_hook(ctx.comm, ctx.topology.world)
         )

@@ -100,10 +100,12 @@ import dataclasses
 import inspect
 import os
 import re
+import sys
 from functools import cache
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 #: the oldest torch release the suite supports (pyproject.toml's ``torch>=`` says the same)
 FLOOR = (2, 11)
@@ -133,8 +135,6 @@ def require_supported_torch() -> None:
     exit 2, not a TypeError from deep inside a rank."""
     line = unsupported_torch()
     if line is not None:
-        import sys
-
         print(f"Error: {line}", file=sys.stderr)
         sys.exit(2)
 
@@ -169,6 +169,7 @@ def set_timeout(timeout, group=None) -> None:
     if has_set_timeout():
         dist.set_timeout(timeout, group)
     else:
+        # the floor's private name, read only where the public one is missing
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
         _set_pg_timeout(timeout, group)
@@ -178,6 +179,7 @@ def set_timeout(timeout, group=None) -> None:
 @cache
 def has_launch_shutdown_timeout() -> bool:
     """Whether torch elastic's ``LaunchConfig`` takes ``shutdown_timeout`` (2.12)."""
+    # lazy: ~0.1 s to import; only the local launcher needs it
     from torch.distributed.launcher.api import LaunchConfig
 
     return any(f.name == "shutdown_timeout" and f.init for f in dataclasses.fields(LaunchConfig))
@@ -188,6 +190,7 @@ def elastic_launch_config(*, shutdown_timeout: int, **settings):
     agent gives stopped ranks before SIGKILL) where torch takes it (2.12); on 2.11 the agent's
     fixed 30 s applies (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` is set too, for a release that
     reads the variable but lacks the field)."""
+    # lazy: ~0.1 s to import; only the local launcher needs it
     from torch.distributed.launcher.api import LaunchConfig
 
     if has_launch_shutdown_timeout():
@@ -201,8 +204,6 @@ def elastic_launch_config(*, shutdown_timeout: int, **settings):
 @cache
 def has_ddp_forward_sync_buffers() -> bool:
     """Whether DistributedDataParallel takes ``forward_sync_buffers`` (after 2.11)."""
-    from torch.nn.parallel import DistributedDataParallel
-
     return "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
 
 

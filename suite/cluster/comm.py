@@ -15,7 +15,8 @@ over M nodes moves M * 2(n-1)/n * S bytes across them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -23,9 +24,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from suite import compat
 from suite.cluster.phases import known_phase
-from suite.cluster.recorder import Recorder
+from suite.cluster.recorder import Recorder, synchronize
 from suite.cluster.topology import CommGroup, Topology
-from suite.cluster.watchdog import POSITION
+from suite.cluster.watchdog import POSITION, watched
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -148,6 +149,27 @@ class Communicator:
         begin = self.recorder.mark()
         fn()
         self.recorder.add_span(phase, begin, self.recorder.mark())
+
+    @contextmanager
+    def watching(self, collective: str, what: str) -> Iterator[None]:
+        """A block that issues collectives of the world past this communicator (a torch
+        constructor's: DDP checks the parameters' shapes and broadcasts rank 0's state),
+        known to the rank's watchdog until they have completed (the block ends with a
+        synchronize). Setup, not an iteration's traffic: no bytes are recorded.
+
+        Args:
+            collective: the kind the block issues (``broadcast``, ``all_gather``, ...).
+            what: what it is for, for a stall's report.
+
+        Example::
+
+            with ctx.comm.watching("broadcast", "DDP's construction"):
+                model = DistributedDataParallel(ctx.model, process_group=ctx.topology.world.pg)
+        """
+        world = self.topology.world
+        with watched(collective, f"{world.name} ({what})", world.ranks):
+            yield
+            synchronize(self.device)
 
     # -- collectives ------------------------------------------------------------------
     def all_reduce(

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from suite.cluster.comm import Communicator
 from suite.cluster.netemu import INTERFACE
 from suite.cluster.ranks import connect_groups, gpu_sharing
-from suite.cluster.recorder import Recorder, synchronize
+from suite.cluster.recorder import Recorder
 from suite.cluster.topology import Topology, build_topology
 from suite.cluster.watchdog import store_client, watched
 from suite.cluster.wire import WireCounters
@@ -135,14 +135,13 @@ def setup(
         train_data, rank, world_size, recipe.batch_size, config.seed, device=resident
     )
     comm = Communicator(topology, recorder, device)
-    # building a method is collective (DDP's constructor checks shapes and broadcasts rank
-    # 0's state, PruneX broadcasts its initial state): watched until it has completed
-    with watched("broadcast", "world (the method's construction)"):
-        ctx, method, iterations = build_method(
-            config, topology=topology, comm=comm, recorder=recorder, workload=workload,
-            recipe=recipe, spec=spec, loader=loader, device=device,
-        )
-        synchronize(device)
+    # the collectives of a method's construction are watched where they are issued (DDP's
+    # constructor: ctx.comm.watching; broadcast_initial_state), not its whole build, which
+    # may trace a large model for longer than --collective-timeout
+    ctx, method, iterations = build_method(
+        config, topology=topology, comm=comm, recorder=recorder, workload=workload,
+        recipe=recipe, spec=spec, loader=loader, device=device,
+    )
     groups = run_groups(topology, method)
     connect = connect_groups(list(groups.values()), device)
     warmup = warm_up(ctx.model, train_data, loader, recipe, groups, device)
