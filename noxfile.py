@@ -26,50 +26,22 @@ def benchmarks(session):
                 "tests/test_benchmarks.py", *session.posargs)
 
 
-#: ``nox -s gpu -- --part N``: the GPU checks in parts that each fit a short GPU job (a borrowed
-#: machine's 10-minute command, a CI job's limit), run in this order; ``nox -s gpu`` runs all.
-#: The minutes are estimates for one H100 (process start, CUDA init and data on each run).
-GPU_PARTS = {
-    "1": ("tests: every method on CUDA (2 x 2 sharing the GPUs), a hook span that ends at its "
-          "collective's completion, Top-K replicas, a GPU folder read without CUDA", 6),
-    "2": ("tests: every method on one NCCL rank, checkpoint and resume on CUDA, DDP's "
-          "all-reduce time against calibrated bandwidth (4 GPUs)", 7),
-    "3": ("measure: every method, one rank per GPU on NCCL -> benchmarks/measured/", 6),
-    "4": ("measure: every method, 2 x 2 ranks sharing the GPUs -> benchmarks/measured/", 6),
-}
-
-
 @nox.session(python=False)
 def gpu(session):
-    """Everything that needs a GPU, in parts (``nox -s gpu -- --part 1``; see GPU_PARTS):
-    the tests under tests/gpu/ (part 1 and 2), then a short measurement of every method per
-    layout (part 3: NCCL, one rank per GPU; part 4: 2 x 2 sharing the GPUs) written to
-    benchmarks/measured/gpu_steps_<device>_<layout>.md (GPU_OUT names another folder)."""
-    import torch
-
+    """Everything that needs a GPU, in parts that each fit one 10-minute job on one H100
+    (``nox -s gpu -- --part 1``; ``nox -s gpu`` runs 1-4): part 0 a smoke that also runs
+    without a GPU, 1 and 2 the tests under tests/gpu/, 3 and 4 a short measurement of every
+    method per layout (NCCL, one rank per GPU; 2 x 2 sharing the GPUs) written to
+    benchmarks/measured/gpu_steps_<device>_<layout>.md (GPU_OUT or $OUT names another
+    folder). The parts are tools/gpu/parts.py's, which ``tools/gpu/run PART`` runs on a GPU
+    machine without network; arguments after the part go to pytest."""
     args = list(session.posargs)
-    parts = list(GPU_PARTS)
+    parts = ["1", "2", "3", "4"]
     if "--part" in args:
         at = args.index("--part")
         parts, args = [args[at + 1]], args[:at] + args[at + 2 :]
-        if parts[0] not in GPU_PARTS:
-            session.error(f"--part takes one of {', '.join(GPU_PARTS)}")
-    if not torch.cuda.is_available():
-        session.error("nox -s gpu needs a CUDA device")
-    device = torch.cuda.get_device_name(0).lower().replace(" ", "-")
-    out = os.environ.get("GPU_OUT", "benchmarks/measured")
-    env = {"PRUNEX_GPU_TESTS": "1"}
     for part in parts:
-        session.log(f"part {part}: {GPU_PARTS[part][0]} (about {GPU_PARTS[part][1]} min)")
-        if part in ("1", "2"):
-            tests = {"1": "tests/gpu/test_part1_every_method.py",
-                     "2": "tests/gpu/test_part2_nccl.py"}[part]
-            session.run("python", "-m", "pytest", "-q", "-m", "gpu", "-rs", tests, *args,
-                        env=env)
-        else:
-            layout = {"3": "nccl", "4": "shared"}[part]
-            session.run("python", "benchmarks/gpu_steps.py", "--layout", layout, "-o",
-                        f"{out}/gpu_steps_{device}_{layout}.md", env=env)
+        session.run("python", "tools/gpu/parts.py", part, "--", *args)
 
 
 @nox.session(python=False)

@@ -30,6 +30,7 @@ from suite.api import (
     SGDBaseline,
     StepResult,
     crosses_nodes_every_round,
+    ddp_local_buffers,
     option,
     phases,
     sends_fraction_of_dense,
@@ -96,17 +97,24 @@ class DDPMethod(SGDBaseline):
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         bucket_cap_mb = ctx.settings.bucket_cap_mb
         kwargs = {"bucket_cap_mb": bucket_cap_mb} if bucket_cap_mb is not None else {}
-        model = DistributedDataParallel(
-            ctx.model,
-            device_ids=device_ids,
-            process_group=ctx.topology.world.pg,
-            forward_sync_buffers=False,  # BN statistics stay local; averaged only to evaluate
-            **kwargs,
-        )
+        # the constructor checks the parameters' shapes and broadcasts rank 0's state
+        with ctx.comm.watching("broadcast", "DDP's construction"):
+            model = DistributedDataParallel(
+                ctx.model,
+                device_ids=device_ids,
+                process_group=ctx.topology.world.pg,
+                **ddp_local_buffers(),  # BN statistics stay local; averaged only to evaluate
+                **kwargs,
+            )
         model.register_comm_hook(
             state, hook or instrumented_allreduce_hook(ctx.comm, ctx.topology.world)
         )
         super().__init__(ctx, model)
+
+    def one_off_iterations(self, first: int) -> set[int]:
+        """DDP rebuilds its buckets in the order the first backward produced gradients, once,
+        in the forward of its second iteration."""
+        return {first + 1}
 
     def step(self, iteration: int) -> StepResult:
         loss, samples = self.forward_backward()  # buckets are averaged during backward

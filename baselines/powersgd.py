@@ -86,6 +86,12 @@ class PowerSGD(DDPMethod):
         )
         super().__init__(ctx, recorded_powersgd_hook(ctx.comm, world), self.powersgd)
 
+    def one_off_iterations(self, first: int) -> set[int]:
+        """DDP's, and the first compressed step: it classifies the buckets' tensors and
+        allocates P, Q and the error feedback (from ``--start-powersgd-iter`` on)."""
+        return {*super().one_off_iterations(first),
+                max(first, self.powersgd.start_powerSGD_iter)}
+
     def state_dict(self) -> dict:
         state = self.powersgd
         return {

@@ -94,6 +94,9 @@ def main() -> None:
         "4",
         "--eval-every",
         "100000",
+        # PowerSGD compresses within the run (its default starts at iteration 10)
+        "--start-powersgd-iter",
+        "2",
         *(SMOKE_DATA if args.smoke else []),
     ]
     layouts = {}

@@ -22,6 +22,7 @@ from suite.cluster.comm import Communicator, flatten, nbytes, unflatten, unflatt
 from suite.cluster.phases import declare_phase
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
+from suite.compat import ddp_local_buffers
 from suite.data.datasets import DATASETS
 from suite.data.workload import DatasetSpec, Recipe, TensorData, Workload
 from suite.errors import BenchError
@@ -95,6 +96,8 @@ __all__ = [
     "unflatten",
     "unflatten_into",
     "nbytes",
+    # one code on every supported torch release
+    "ddp_local_buffers",
     # structured sparsity
     "StructuredRound",
     "StructuredMask",

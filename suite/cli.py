@@ -30,6 +30,7 @@ from suite.commands.flags import (
 )
 from suite.commands.listing import entries_text, options_markdown, options_text
 from suite.commands.trend import run_trend
+from suite.compat import require_supported_torch
 from suite.errors import BenchError
 from suite.results.recover import recover
 from suite.sim.calibrate import calibrate_to_file
@@ -44,6 +45,7 @@ def main(strict_plugins: bool) -> None:
 
     Exit codes: 0 ok, 1 a run or a regression check failed, 2 bad usage or input.
     """
+    require_supported_torch()
     if strict_plugins:
         os.environ["PRUNEX_STRICT_PLUGINS"] = "1"  # the ranks read it too
 

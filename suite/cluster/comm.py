@@ -15,16 +15,18 @@ over M nodes moves M * 2(n-1)/n * S bytes across them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from suite import compat
 from suite.cluster.phases import known_phase
-from suite.cluster.recorder import Recorder
+from suite.cluster.recorder import Recorder, synchronize
 from suite.cluster.topology import CommGroup, Topology
-from suite.cluster.watchdog import POSITION
+from suite.cluster.watchdog import POSITION, watched
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -148,6 +150,27 @@ class Communicator:
         fn()
         self.recorder.add_span(phase, begin, self.recorder.mark())
 
+    @contextmanager
+    def watching(self, collective: str, what: str) -> Iterator[None]:
+        """A block that issues collectives of the world past this communicator (a torch
+        constructor's: DDP checks the parameters' shapes and broadcasts rank 0's state),
+        known to the rank's watchdog until they have completed (the block ends with a
+        synchronize). Setup, not an iteration's traffic: no bytes are recorded.
+
+        Args:
+            collective: the kind the block issues (``broadcast``, ``all_gather``, ...).
+            what: what it is for, for a stall's report.
+
+        Example::
+
+            with ctx.comm.watching("broadcast", "DDP's construction"):
+                model = DistributedDataParallel(ctx.model, process_group=ctx.topology.world.pg)
+        """
+        world = self.topology.world
+        with watched(collective, f"{world.name} ({what})", world.ranks):
+            yield
+            synchronize(self.device)
+
     # -- collectives ------------------------------------------------------------------
     def all_reduce(
         self, tensor: torch.Tensor, group: CommGroup, *, phase: str, op=dist.ReduceOp.SUM
@@ -209,10 +232,10 @@ class Communicator:
         if n > 1 and flat.is_cuda and dist.get_backend(group.pg) == "gloo":
             # shared GPUs (see suite.cluster.ranks.backend_for): gloo gathers host tensors only
             host = torch.empty(n * flat.numel(), dtype=tensor.dtype)
-            self._timed(phase, lambda: dist.all_gather_single(host, flat.cpu(), group=group.pg))
+            self._timed(phase, lambda: compat.all_gather_single(host, flat.cpu(), group.pg))
             out.copy_(host)
         elif n > 1:
-            self._timed(phase, lambda: dist.all_gather_single(out, flat, group=group.pg))
+            self._timed(phase, lambda: compat.all_gather_single(out, flat, group.pg))
         else:
             out.copy_(flat)
         return out.view(n, *tensor.shape)

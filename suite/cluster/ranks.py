@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
+from suite import compat
 from suite.cluster.recorder import synchronize
 from suite.cluster.watchdog import backend_timeout, watched
 from suite.errors import BenchError
@@ -42,9 +43,8 @@ def elastic_launch_config(
     flush and checkpoint before SIGKILL. Its logs go to ``log_dir``, which the caller removes."""
     # lazy: ~0.1 s to import; only this path needs it
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig
 
-    return LaunchConfig(
+    return compat.elastic_launch_config(
         min_nodes=nodes,
         max_nodes=nodes,
         nproc_per_node=nproc,
@@ -83,10 +83,14 @@ def ranks_per_gpu(local_ranks: int, gpus: int) -> int:
     return -(-local_ranks // max(gpus, 1))
 
 
-def backend_for(device: torch.device, local_ranks: int, gpus: int) -> str:
-    """NCCL when every rank has a GPU of its own; gloo on CPU ranks and on shared GPUs (NCCL
-    refuses two ranks on one device; gloo moves CUDA tensors through the host)."""
-    if device.type == "cuda" and ranks_per_gpu(local_ranks, gpus) == 1:
+#: how many ranks of this host use this rank's GPU (1: its own), decided when the rank joins
+_sharing = 1
+
+
+def backend_for(device: torch.device, sharing: int) -> str:
+    """NCCL when the rank's GPU is its own (``sharing`` 1); gloo on CPU ranks and on shared
+    GPUs (NCCL refuses two ranks on one device; gloo moves CUDA tensors through the host)."""
+    if device.type == "cuda" and sharing == 1:
         return "nccl"
     return "gloo"
 
@@ -96,11 +100,9 @@ def gpu_sharing(device: torch.device, backend: str) -> dict | None:
     gloo make timings unrepresentative of a real cluster; the record says so."""
     if device.type != "cuda":
         return None
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = torch.cuda.device_count()
-    shared = ranks_per_gpu(local, gpus) > 1
-    return {"local_ranks": local, "gpus": gpus, "ranks_per_gpu": ranks_per_gpu(local, gpus),
-            "backend": backend, "timings_representative": not shared}
+    return {"local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            "gpus": torch.cuda.device_count(), "ranks_per_gpu": _sharing, "backend": backend,
+            "timings_representative": _sharing == 1}
 
 
 def join_process_group(
@@ -108,24 +110,31 @@ def join_process_group(
 ) -> torch.device:
     """Pick the device, then join the job's default process group on it: NCCL on CUDA,
     gloo on CPU ranks, which get ``OMP_NUM_THREADS`` threads (1 unless set), and on GPUs
-    shared round-robin by more ranks than there are GPUs (the local launcher's choice; in a
-    cluster job, ``shared_gpus_ok`` False, ranks sharing a GPU are refused in one line before
-    NCCL would abort on them). Collectives of every group, gloo and NCCL alike, time out a
-    margin after ``timeout_seconds`` (the rank's watchdog reports the stall first; default 10
-    minutes)."""
-    global _timeout
+    shared round-robin by more ranks than there are GPUs (the local launcher's choice). In a
+    cluster job (``shared_gpus_ok`` False) every rank must own its GPU: ranks of one host on
+    one device (by UUID, exchanged through the job's store before the process group forms)
+    are refused in one line before NCCL would abort on them; how many devices each rank sees
+    does not matter (``srun --gpus-per-task=1`` shows each task one). Collectives of every
+    group, gloo and NCCL alike, time out a margin after ``timeout_seconds`` (the rank's
+    watchdog reports the stall first; default 10 minutes)."""
+    global _timeout, _sharing
     if timeout_seconds is not None:
         _timeout = backend_timeout(timeout_seconds)
     device = pick_device(preference)
+    store = None
+    _sharing = 1
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        if shared_gpus_ok:  # the local launcher placed its ranks round-robin
+            local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            _sharing = ranks_per_gpu(local_ranks, torch.cuda.device_count())
+        elif "MASTER_ADDR" in os.environ:
+            store = job_store()
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            own_device_or_refuse(store, socket.gethostname(), uuid)
     else:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    if device.type == "cuda" and not shared_gpus_ok:
-        refuse_shared_gpus(device, local_ranks, gpus)
-    backend = backend_for(device, local_ranks, gpus)
+    backend = backend_for(device, _sharing)
     # Groups torch creates for us without a timeout argument (HierarchicalModelAverager's
     # subgroups) take the module's default, gloo's 30 minutes: make it ours.
 
@@ -135,55 +144,51 @@ def join_process_group(
     # NCCL: a timed-out or failed collective aborts its communicator and ends the process
     # (torch's documented mode 1), after the watchdog has written the rank's record
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-    # NCCL with device_id forms the world's communicator now and splits subgroups from it;
-    # every path (algorithm, protocol) is connected then too, not at its first message
+    # NCCL with device_id forms the world's communicator now and splits subgroups from it
     bound = {"device_id": device} if backend == "nccl" else {}
-    if backend == "nccl":
-        os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
-    dist.init_process_group(backend, timeout=_timeout, **bound, **attempt_store())
+    dist.init_process_group(backend, timeout=_timeout, **bound, **group_store(store))
     return device
 
 
-def refuse_shared_gpus(device: torch.device, local_ranks: int, gpus: int) -> None:
-    """In a cluster job every rank needs a GPU of its own (NCCL aborts on two ranks of one
-    GPU with its duplicate-GPU error): more ranks on this host than visible GPUs, or two
-    ranks of this host on one device (by UUID, published to the job's store before the
-    process group forms, where a torch elastic agent holds one), is one line here."""
-    host = socket.gethostname()
-    if local_ranks > gpus:
-        raise BenchError(
-            f"{local_ranks} ranks run on {host} but it has {gpus} visible GPU(s): ranks would "
-            "share a GPU, which NCCL refuses; start one task per GPU (srun --ntasks-per-node, "
-            "--gpus-per-node) or use --device cpu"
-        )
-    others = peer_devices(f"{host} {torch.cuda.get_device_properties(device).uuid}")
-    if not others:
-        return
-    mine = others[int(os.environ["RANK"])]
-    twins = sorted(rank for rank, seen in others.items() if seen == mine)
+def job_store():
+    """The store the job's ranks meet at (``MASTER_ADDR:MASTER_PORT``): the elastic agent's
+    where one hosts it (torchrun, the SLURM launcher's agents), else rank 0's (plain srun),
+    as ``init_process_group``'s env:// rendezvous would make it."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                         is_master=rank == 0 and not agent_hosts, timeout=_timeout)
+
+
+def own_device_or_refuse(store, host: str, uuid: str, *, rank: int | None = None) -> None:
+    """Every rank publishes "host uuid" to ``store`` and reads every other's: a device that
+    two ranks of one host use is one line here (NCCL would abort on it with its duplicate-GPU
+    error), naming the ranks. A rank that sees one device it owns runs. ``rank`` defaults to
+    ``RANK``."""
+    rank = int(os.environ["RANK"]) if rank is None else rank
+    world = int(os.environ["WORLD_SIZE"])
+    devices = exchange_devices(store, rank, world, f"{host} {uuid}")
+    twins = ranks_sharing(devices, rank)
     if len(twins) > 1:
         raise BenchError(
-            f"ranks {', '.join(map(str, twins))} share GPU {mine.split()[1]} on {host} (the "
-            "job binds them to one device); give each task its own GPU"
+            f"ranks {', '.join(map(str, twins))} share GPU {uuid} on {host} (the job binds them "
+            "to one device); give each task its own GPU (srun --gpus-per-task=1, or one task "
+            "per visible GPU with LOCAL_RANK choosing it)"
         )
 
 
-def peer_devices(mine: str) -> dict[int, str]:
-    """Rank -> "host uuid" of every rank, exchanged through the elastic agent's store
-    before the process group forms; {} where the job has no agent store (plain srun)."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
-        return {}
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def exchange_devices(store, rank: int, world: int, mine: str) -> dict[int, str]:
+    """Rank -> "host uuid" of every rank, through ``store`` (under this attempt's prefix)."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(
-        f"prunex-devices-{restart}/",
-        dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                      is_master=False, timeout=_timeout),
-    )
-    store.set(str(rank), mine)
-    keys = [str(r) for r in range(world)]
-    store.wait(keys)
-    return {r: store.get(str(r)).decode() for r in range(world)}
+    devices = dist.PrefixStore(f"prunex-devices-{restart}/", store)
+    devices.set(str(rank), mine)
+    devices.wait([str(r) for r in range(world)])
+    return {r: devices.get(str(r)).decode() for r in range(world)}
+
+
+def ranks_sharing(devices: dict[int, str], rank: int) -> list[int]:
+    """The ranks (``rank`` among them) whose "host uuid" is ``rank``'s."""
+    return sorted(r for r, seen in devices.items() if seen == devices[rank])
 
 
 def connect_groups(groups: list, device: torch.device) -> float:
@@ -199,22 +204,17 @@ def connect_groups(groups: list, device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-def attempt_store() -> dict:
-    """After torch elastic restarts the ranks, the rendezvous store still holds the dead
-    attempt's keys (gloo's peer addresses among them: the new ranks would dial dead ports),
-    so a restarted attempt joins under a prefix of its own. The first attempt joins as
-    usual."""
+def group_store(store=None) -> dict:
+    """What ``init_process_group`` meets the other ranks through: env:// (``{}``) on a first
+    attempt that made no store of its own; ``store`` (``job_store``) when it did. After torch
+    elastic restarts the ranks, the rendezvous store still holds the dead attempt's keys
+    (gloo's peer addresses among them: the new ranks would dial dead ports), so a restarted
+    attempt joins under a prefix of its own."""
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if not restart:
+    if not restart and store is None:
         return {}
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
-        is_master=rank == 0 and not agent_hosts,
-        timeout=_timeout,
-    )
-    return {"store": dist.PrefixStore(f"prunex-attempt-{restart}", store), "rank": rank,
-            "world_size": world}
+    store = store if store is not None else job_store()
+    if restart:
+        store = dist.PrefixStore(f"prunex-attempt-{restart}", store)
+    return {"store": store, "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"])}

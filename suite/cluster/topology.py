@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from suite.cluster.ranks import collective_timeout
+from suite.cluster.watchdog import watched
 from suite.errors import BenchError
 
 
@@ -166,18 +167,21 @@ def build_topology(gpus_per_node: int | None) -> Topology:
     """Collective: every rank must call this, in the same order, after init_process_group."""
     rank, world = dist.get_rank(), dist.get_world_size()
     hostnames: list[str | None] = [None] * world
-    dist.all_gather_object(hostnames, socket.gethostname())
+    # all_gather_object reads its result back: the wait ends when the collective completes
+    with watched("all_gather_object", "world (hostnames, for the topology)"):
+        dist.all_gather_object(hostnames, socket.gethostname())
     per_host = ranks_per_host([str(h) for h in hostnames])
     gpn = gpus_per_node if gpus_per_node is not None else discover_gpus_per_node(hostnames)
     # --gpus-per-node emulates nodes where it does not match the real hosts (one machine)
     emulated = gpn != per_host
-    return lay_out(
-        rank, world, gpn,
-        world_pg=dist.group.WORLD,
-        new_group=lambda ranks: dist.new_group(ranks, timeout=collective_timeout()),
-        emulated=emulated,
-        hostnames=[str(h) for h in hostnames],
-    )
+    with watched("new_group", "world (the topology's groups)"):  # every rank makes each one
+        return lay_out(
+            rank, world, gpn,
+            world_pg=dist.group.WORLD,
+            new_group=lambda ranks: dist.new_group(ranks, timeout=collective_timeout()),
+            emulated=emulated,
+            hostnames=[str(h) for h in hostnames],
+        )
 
 
 def lay_out(

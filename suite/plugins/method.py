@@ -306,6 +306,20 @@ class Method:
         """
         return {"intra_node": self.steps_per_iteration, "inter_node": self.steps_per_iteration}
 
+    def one_off_iterations(self, first: int) -> set[int]:
+        """Iterations of an attempt that starts at ``first`` whose time holds a one-off cost of
+        the method beyond the untimed warm-up (DDP's bucket rebuild at its second iteration,
+        PowerSGD's first compressed step). The loop marks them, with ``first`` itself, in
+        the ``one_off`` column; the summary's means leave them out, the table keeps them.
+
+        Args:
+            first: the attempt's first iteration (0, or where a resumed run continues).
+
+        Returns:
+            Iteration indices (``first`` need not be among them).
+        """
+        return set()
+
     def process_groups(self) -> list:
         """Process groups the method created itself (beside the topology's), this rank's
         membership only: they are connected before the first timed iteration, so no method's
@@ -398,3 +412,4 @@ def recalibrate_batchnorm(
     with watched("all_reduce", "world (BN recalibration)", world.ranks):
         dist.all_reduce(flat, group=world.pg)
         unflatten_into(stats, flat.div_(world.size))
+        synchronize(device)  # NCCL returns once queued: the wait ends at its completion

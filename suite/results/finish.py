@@ -23,10 +23,12 @@ def finish_folder(
     converged: bool,
     extra: dict | None = None,
     evaluated: bool = True,
+    attempt_start: int | None = None,
 ) -> dict:
     """Save ``artifacts`` (file name -> object for torch.save, as CPU tensors), summarize the
     folder's iterations and evaluations (none for a simulated run, ``evaluated`` False), add
-    ``extra`` and write ``summary.json``; returns it."""
+    ``extra`` and write ``summary.json``; returns it. ``attempt_start``: the finishing
+    attempt's first iteration (``summarize``)."""
     for name, obj in artifacts.items():
         write_torch(folder.path / name, on_cpu(obj))
     summary = summarize(
@@ -39,6 +41,7 @@ def finish_folder(
         wall_seconds=wall_seconds,
         time_to_target=time_to_target,
         converged=converged,
+        attempt_start=attempt_start,
     )
     summary.update(extra or {})
     folder.write_summary(summary)

@@ -35,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from suite import compat
 from suite.results import schema
 from suite.results.schema import ENDED, Status
 
@@ -174,6 +175,8 @@ def versions() -> dict:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "nccl": nccl_version(),
+        # the APIs newer than the supported floor that this torch lacks (suite.compat)
+        "torch_fallbacks": compat.fallbacks(),
     }
 
 

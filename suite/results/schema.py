@@ -109,6 +109,10 @@ PRUNABLE_DENSITY = "prunable_density"
 LINKS = ("intra", "inter")
 BYTES_INTRA = "bytes_intra"
 BYTES_INTER = "bytes_inter"
+#: True where the iteration's time holds a one-off cost of its attempt (its first iteration,
+#: DDP's bucket rebuild, PowerSGD's first compressed step: Method.one_off_iterations); the
+#: summary's means leave these rows out
+ONE_OFF = "one_off"
 #: a phase's seconds are the column ``t_<phase>`` (suite.cluster.phases names them)
 PHASE_PREFIX = "t_"
 

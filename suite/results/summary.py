@@ -9,8 +9,19 @@ from suite.results import schema
 from suite.results.schema import Status
 
 
+def steady(iterations: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose time holds no one-off cost (``one_off`` False): what the means are
+    taken over; all of them where none is marked steady (a run of one-off iterations only,
+    or recorded before the column existed)."""
+    if schema.ONE_OFF not in iterations:
+        return iterations
+    kept = iterations[~iterations[schema.ONE_OFF].fillna(False).astype(bool)]
+    return kept if len(kept) else iterations
+
+
 def phase_means(iterations: pd.DataFrame) -> dict[str, float]:
-    """Phase -> mean seconds per iteration, averaged over ranks (the paper's fig. 8)."""
+    """Phase -> mean seconds per steady iteration, averaged over ranks (the paper's fig. 8)."""
+    iterations = steady(iterations)
     cols = schema.phase_columns(iterations.columns)
     prefix = len(schema.PHASE_PREFIX)
     return {c[prefix:]: float(iterations[c].fillna(0.0).mean()) for c in cols}
@@ -38,7 +49,11 @@ def summarize(
     time_to_target: float | None,
     converged: bool,
     status: str = Status.OK,
+    attempt_start: int | None = None,
 ) -> dict:
+    """summary.json's numbers from the run's merged tables. ``attempt_start``: the first
+    iteration of the attempt that finished (where a resumed or restarted run continued),
+    whose time is ``first_iteration_seconds``; None: the table's first."""
     topo = manifest["topology"]
     budget = manifest.get("budget") or {}
     local_steps = iterations_done * manifest["steps_per_iteration"]
@@ -79,9 +94,13 @@ def summarize(
             schema.INTRA_NODE_BYTES_TOTAL: float(iterations[schema.BYTES_INTRA].sum()),
             schema.INTER_NODE_BYTES_PER_ITERATION: inter / iterations_done,
             schema.TRAIN_SECONDS: float(slowest.sum()),
-            schema.ITERATION_SECONDS: float(slowest.mean()),
-            # the first of the attempt, after the untimed warm-up (suite.run.warmup)
-            schema.FIRST_ITERATION_SECONDS: float(slowest.iloc[0]),
+            # over the steady iterations: one-off costs (suite.results.schema.ONE_OFF) out
+            schema.ITERATION_SECONDS: float(
+                steady(iterations).groupby(schema.ITERATION)[schema.T_ITERATION].max().mean()),
+            # the first of this attempt, after the untimed warm-up (suite.run.warmup)
+            schema.FIRST_ITERATION_SECONDS: float(
+                slowest.get(attempt_start, slowest.iloc[0]) if attempt_start is not None
+                else slowest.iloc[0]),
             schema.PHASE_SECONDS: phase_means(iterations),
             schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
         })

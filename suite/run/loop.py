@@ -134,6 +134,9 @@ class TrainingLoop:
         self.progress = progress_bar(run)
         self.live = TensorBoardLog(run.folder.path, result.done) if live_logging(run) else None
         self.wall_start = time.perf_counter() - result.wall_seconds
+        # this attempt's first iteration and the method's own one-off iterations: marked in
+        # the table, left out of the summary's means (suite.results.schema.ONE_OFF)
+        self.one_offs = {result.done, *run.method.one_off_iterations(result.done)}
         self.last_checkpoint = time.monotonic()
         self.accuracy: float | None = None
 
@@ -167,6 +170,7 @@ class TrainingLoop:
             schema.LOSS: loss,
             schema.SAMPLES: int(done.samples),
             schema.EPOCH: run.loader.step / run.loader.steps_per_epoch,
+            schema.ONE_OFF: iteration in self.one_offs,
         })
         result.train_seconds += row[schema.T_ITERATION]
         result.done = iteration + 1
@@ -341,6 +345,7 @@ def finish(run: Run, result: LoopResult) -> None:
                 time_to_target=result.time_to_target,
                 converged=result.converged,
                 extra=summary_extra(run, result),
+                attempt_start=(run.attempt or {}).get(schema.RESUMED_AT_ITERATION) or 0,
             )
         shutil.rmtree(checkpoint_root(run.folder.path), ignore_errors=True)
     wait_for_rank0(run)

@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 
 import torch
@@ -19,7 +20,7 @@ from suite.cluster.netemu import INTERFACE
 from suite.cluster.ranks import connect_groups, gpu_sharing
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import Topology, build_topology
-from suite.cluster.watchdog import watched
+from suite.cluster.watchdog import store_client, watched
 from suite.cluster.wire import WireCounters
 from suite.config import RunConfig
 from suite.data.datasets import load_data
@@ -71,25 +72,44 @@ class Run:
 DOWNLOAD_SECONDS = 3600.0
 
 
-def load_data_once(load: Callable, *, download: bool):
+def load_data_once(load: Callable, *, download: bool, key: str = "data"):
     """``load(download=...)`` on every rank, each decoding the data once. With ``--download``
     rank 0 fetches and prepares the files first while the others wait (one download, not one
     per rank into the same folder), then they read what it wrote; its failure is every rank's
-    one-line error. The folder must be shared by the nodes, as clusters' data folders are."""
+    one-line error. The folder must be shared by the nodes, as clusters' data folders are.
+
+    The others wait on the job's store (``key`` names the wait), up to ``DOWNLOAD_SECONDS``
+    and watched for that long: a collective would be cut at the backend's timeout
+    (``--collective-timeout`` and its margin), minutes before a large download ends."""
     if not download:
         return load(download=False)
-    outcome: list = [None]
+    outcome = None
     if dist.get_rank() == 0:
         try:
             data = load(download=True)
         except Exception as exc:  # any failure, so the others never wait for nothing
             text = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
-            outcome = [(text.strip().splitlines() or [type(exc).__name__])[0]]
-    with watched("broadcast", "world (rank 0 downloads the data)", timeout=DOWNLOAD_SECONDS):
-        dist.broadcast_object_list(outcome, src=0)  # the others wait here for rank 0
-    if outcome[0] is not None:
-        raise BenchError(outcome[0])
+            outcome = (text.strip().splitlines() or [type(exc).__name__])[0]
+    outcome = rank0_outcome(outcome, f"prunex-download/{key}")
+    if outcome is not None:
+        raise BenchError(outcome)
     return data if dist.get_rank() == 0 else load(download=False)
+
+
+def rank0_outcome(outcome: str | None, key: str) -> str | None:
+    """Rank 0's ``outcome`` (None: it went well) on every rank: through the job's store where
+    there is one, waited on for ``DOWNLOAD_SECONDS``; else by a broadcast."""
+    store = store_client(DOWNLOAD_SECONDS)
+    with watched("wait", "world (rank 0 downloads the data)", timeout=DOWNLOAD_SECONDS):
+        if store is None:  # no job store (a process group made by hand): the world waits
+            shared = [outcome]
+            dist.broadcast_object_list(shared, src=0)
+            return shared[0]
+        if dist.get_rank() == 0:
+            store.set(key, json.dumps(outcome))
+            return outcome
+        store.wait([key], timedelta(seconds=DOWNLOAD_SECONDS))
+        return json.loads(store.get(key))
 
 
 def setup(
@@ -108,13 +128,16 @@ def setup(
     train_data, test_data, spec = load_data_once(
         partial(load_data, dataset, data_dir=config.data_dir, seed=config.seed,
                 synthetic_size=config.synthetic_size),
-        download=config.download,
+        download=config.download, key=config.run_id,
     )
     resident = device if device.type == "cuda" else None  # the shard lives on the GPU
     loader = ShardedLoader(
         train_data, rank, world_size, recipe.batch_size, config.seed, device=resident
     )
     comm = Communicator(topology, recorder, device)
+    # the collectives of a method's construction are watched where they are issued (DDP's
+    # constructor: ctx.comm.watching; broadcast_initial_state), not its whole build, which
+    # may trace a large model for longer than --collective-timeout
     ctx, method, iterations = build_method(
         config, topology=topology, comm=comm, recorder=recorder, workload=workload,
         recipe=recipe, spec=spec, loader=loader, device=device,
@@ -133,7 +156,8 @@ def setup(
         hardware=hardware(), simulated=False, network=network_description(folder, config),
     )
     processes: list = [None] * world_size
-    dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
+    with watched("all_gather_object", "world (the ranks' processes)"):
+        dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
     if rank == 0:
         folder.write_manifest(manifest)
         folder.write_summary(

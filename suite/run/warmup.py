@@ -11,10 +11,16 @@ So before iteration 0 each rank runs, untimed: a forward, backward and SGD step 
 its model on the first batch of its own shard (the model, the loader and every RNG are left as
 they were, so results stay bit-identical), and on CUDA, on every process group it uses, the
 kinds of collective the methods issue (all-reduce, broadcast, all-gather) at a small and a
-model-sized message. NCCL is also asked to connect every path at communicator creation
-(``NCCL_RUNTIME_CONNECT=0``, :func:`suite.cluster.ranks.join_process_group`). The seconds go
-to the summary as ``warmup_seconds``; iteration 0's own time stays in the table and as
-``first_iteration_seconds``.
+model-sized message (NCCL connects the paths those sizes take at their first use, here). The
+seconds go to the summary as ``warmup_seconds``; the attempt's first iteration keeps its own
+time in the table and as ``first_iteration_seconds``.
+
+What this warm-up does not reach is the method itself: DDP's reducer and comm hook (its
+bucket rebuild in its second iteration), PowerSGD's first compressed step. Rather than step
+the method on a snapshot it restores (every method would have to restore all of its state
+bit for bit, DDP's rebuilt buckets included, and a PruneX round costs H local steps), those
+iterations are marked ``one_off`` in the table and the summary's means start where the
+one-off costs end (``Method.one_off_iterations``, :mod:`suite.results.summary`).
 """
 
 from __future__ import annotations

@@ -72,6 +72,8 @@ def baselines_worker(rank):
             "buffers": [b.clone() for b in method.module.buffers()],
             "rows": rows,
             "steps_per_iteration": method.steps_per_iteration,
+            # from a first attempt, and from one resumed at iteration 5
+            "one_offs": [sorted(method.one_off_iterations(first)) for first in (0, 5)],
         }
         if name == "powersgd":
             state = method.powersgd
@@ -214,6 +216,16 @@ def test_powersgd_bytes_are_the_vanilla_then_uncompressed_p_and_q_allreduces(run
         assert inter == [0, sent, 0, sent]
         assert intra == [sent, 0, sent, 0]
         assert all(o["powersgd"]["rows"][it]["t_allreduce"] > 0 for o in runs)
+
+
+def test_one_off_iterations_are_ddps_bucket_rebuild_and_powersgds_first_compression(runs):
+    """What the summary's means leave out beside each attempt's first iteration: DDP
+    rebuilds its buckets in its second iteration, PowerSGD also allocates its factors at its
+    first compressed step (iteration 2 here, or the resumed attempt's first)."""
+    one_offs = {name: runs[0][name]["one_offs"] for name in SCENARIOS}
+    assert one_offs["ddp"] == one_offs["ddp-bf16"] == [[1], [6]]
+    assert one_offs["powersgd"] == [[1, POWERSGD_START], [5, 6]]
+    assert one_offs["topk"] == one_offs["localsgd-hier"] == [[], []]
 
 
 def test_localsgd_averages_in_nodes_then_over_the_world_each_round(runs):

@@ -29,6 +29,9 @@ ALL_METHODS = (
 ON_CUDA = ["--dataset", "synthetic", "--synthetic-size", "2048,512", "--batch-size", "32",
            "--local-steps", "2", "--device", "cuda"]
 SMALL = ["--workload", "cnn-fmnist", *ON_CUDA]
+#: PowerSGD compresses from iteration 2 (torch's earliest with error feedback), so runs of 3-6
+#: iterations hold compressed steps, not only its vanilla all-reduce warm-up (default 10)
+COMPRESSING = ["--start-powersgd-iter", "2"]
 
 
 def bench(*args: str, env: dict | None = None, timeout: float = 570) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ import torch
 
 from tests.gpu.common import (
     ALL_METHODS,
+    COMPRESSING,
     ENV,
     SMALL,
     bench,
@@ -32,8 +33,8 @@ def shared_gpu_runs(tmp_path_factory) -> Path:
     """Every method, 2 nodes x 2 ranks placed round-robin on the visible GPUs (gloo where
     ranks share one)."""
     root = tmp_path_factory.mktemp("cuda")
-    proc = bench("sweep", "--method", ALL_METHODS, *SMALL, "--gpus", "4", "--gpus-per-node",
-                 "2", "--iterations", "4", "--results-dir", str(root))
+    proc = bench("sweep", "--method", ALL_METHODS, *SMALL, *COMPRESSING, "--gpus", "4",
+                 "--gpus-per-node", "2", "--iterations", "4", "--results-dir", str(root))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return root
 
@@ -49,6 +50,16 @@ def test_every_method_runs_on_cuda(shared_gpu_runs):
         assert manifest["numerics"]["device_name"]
         rows = pd.read_parquet(run / "iterations.parquet")
         assert (rows["t_local_compute"] > 0).all(), method
+
+
+def test_powersgd_compresses_within_the_run(shared_gpu_runs):
+    """From --start-powersgd-iter 2 on, PowerSGD's rank-2 factors are a small part of DDP's
+    bytes; before it, its vanilla all-reduce sends as much."""
+    runs = folders(shared_gpu_runs)
+    sent = {m: pd.read_parquet(runs[m] / "iterations.parquet").groupby("iteration")[
+        ["bytes_inter", "bytes_intra"]].sum().sum(axis=1) for m in ("ddp", "powersgd")}
+    assert (sent["powersgd"].loc[2:] < 0.5 * sent["ddp"].loc[2:]).all(), sent
+    assert (sent["powersgd"].loc[:1] >= 0.9 * sent["ddp"].loc[:1]).all(), sent
 
 
 def topk_worker(rank):
@@ -85,9 +96,12 @@ def test_a_gpu_run_is_read_without_cuda(shared_gpu_runs, tmp_path):
 
 
 def test_a_hook_span_ends_when_its_collective_completes():
-    """A comm hook that queues a 50 ms GPU sleep and then a world-1 NCCL all-reduce: the
-    recorded span (CUDA events, the end recorded in the future's callback) holds the sleep.
-    A span timed on the host would end at the enqueue, microseconds after its start."""
+    """A comm hook whose world-1 NCCL all-reduce waits for a ~50 ms GPU sleep queued on a side
+    stream: the recorded span (CUDA events, the end recorded in the future's callback) holds
+    the sleep, timed itself with events. The span's own stream never waits for the side
+    stream, so an end marked at the launch would give about 0 (checked too: the probe can
+    tell the two apart). NCCL is formed before (device_id, one untimed all-reduce), so its
+    communicator's creation is not in the span."""
     import torch.distributed as dist
 
     from baselines.ddp import timed_hook
@@ -97,29 +111,46 @@ def test_a_hook_span_ends_when_its_collective_completes():
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=device)
     try:
+        dist.all_reduce(torch.ones(1024, device=device))  # untimed: NCCL formed and connected
+        torch.cuda.synchronize(device)
         topology = lay_out(0, 1, 1, world_pg=dist.group.WORLD, new_group=dist.new_group,
                            emulated=False, hostnames=["here"])
         recorder = Recorder(0, device)
         comm = Communicator(topology, recorder, device)
         cycles = sleep_cycles(0.05, device)
+        side = torch.cuda.Stream(device)
+        slept = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        buffer = torch.ones(1024, device=device)
 
         def sleeping_allreduce(_state, bucket):
-            torch.cuda._sleep(cycles)
-            return comm.all_reduce_async(bucket.buffer(), topology.world, phase="allreduce")
+            side.wait_stream(torch.cuda.current_stream(device))  # the buffer is ready
+            with torch.cuda.stream(side):  # NCCL waits for the stream it is launched from
+                slept[0].record()
+                torch.cuda._sleep(cycles)
+                slept[1].record()
+                return comm.all_reduce_async(bucket.buffer(), topology.world, phase="allreduce")
 
         class Bucket:
             def buffer(self):
-                return torch.ones(1024, device=device)
+                return buffer
 
         recorder.begin_iteration(0)
-        timed_hook(sleeping_allreduce, recorder, phase="compress")(None, Bucket()).wait()
+        before = recorder.mark()
+        future = timed_hook(sleeping_allreduce, recorder, phase="compress")(None, Bucket())
+        launched = recorder.mark()  # where an end marked at the launch would fall
+        future.wait()
         row = recorder.end_iteration()
+        torch.cuda.synchronize(device)
+        sleep = slept[0].elapsed_time(slept[1]) / 1000
+        at_launch = before.until(launched)
     finally:
         dist.destroy_process_group()
-    assert row["t_compress"] >= 0.04, row  # the hook's span: launch to completion
-    assert row["t_allreduce"] >= 0.0
+    assert sleep >= 0.02, sleep  # the sleep ran
+    assert row["t_compress"] >= 0.9 * sleep, (row, sleep)  # launch to completion
+    assert at_launch < 0.1 * sleep, (at_launch, sleep)  # an end at launch would fail above
 
 
 def sleep_cycles(seconds: float, device: torch.device) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from tests.gpu.common import (
     ALL_METHODS,
+    COMPRESSING,
     ENV,
     ON_CUDA,
     SMALL,
@@ -29,15 +30,19 @@ from tests.support.runs import finish, start, summary
 def test_one_nccl_rank_runs_every_method(tmp_path):
     """One rank on NCCL: every collective and comm hook goes through NCCL's path (futures
     that complete at enqueue, event-timed spans)."""
-    proc = bench("sweep", "--method", ALL_METHODS, *SMALL, "--gpus", "1", "--iterations", "3",
-                 "--results-dir", str(tmp_path))
+    proc = bench("sweep", "--method", ALL_METHODS, *SMALL, *COMPRESSING, "--gpus", "1",
+                 "--iterations", "3", "--results-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for method, run in folders(tmp_path).items():
         manifest = json.loads((run / "manifest.json").read_text())
         assert set(manifest["group_backends"].values()) == {"nccl"}, method
         assert summary(run)["status"] == "ok", method
+    # one rank sends nothing (NCCL's all-reduce of a world of 1 is a no-op, so its span says
+    # nothing of completion: part 1's hook-span probe checks that); the spans are resolved
+    # from their CUDA events and lie within their iteration
     ddp = pd.read_parquet(folders(tmp_path)["ddp"] / "iterations.parquet")
-    assert (ddp["t_allreduce"] > 0).all()  # the hook's span, read from its CUDA events
+    assert (ddp["bytes_inter"] + ddp["bytes_intra"] == 0).all()
+    assert ddp["t_allreduce"].between(0, ddp["t_iteration"]).all(), ddp
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="2 nodes x 2 on NCCL need 4 GPUs")
@@ -62,8 +67,10 @@ def test_ddp_allreduce_time_matches_its_bytes_over_nccl(tmp_path):
 
 
 def test_checkpoint_and_resume_on_cuda(tmp_path):
+    # --fixed-rho: adaptive rho follows residuals that cuDNN's rounding moves, so masks could
+    # swap between the two runs (the CPU twin in tests/run needs it too)
     args = ["--method", "prunex", *SMALL, "--gpus", "2", "--gpus-per-node", "1",
-            "--checkpoint-every", "2", "--freeze-round", "4"]
+            "--checkpoint-every", "2", "--freeze-round", "4", "--fixed-rho"]
     code, err = finish(start(tmp_path, "full", *args, "--iterations", "8"), timeout=300)
     assert code == 0, err
     stop = {**ENV, "PRUNEX_STOP_AFTER_ITERATION": "3"}  # every rank stops there, no race

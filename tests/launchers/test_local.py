@@ -10,17 +10,73 @@ import textwrap
 import pytest
 import torch
 
-from suite.cluster.ranks import backend_for, gpu_sharing, ranks_per_gpu
+from suite.cluster.ranks import (
+    backend_for,
+    gpu_sharing,
+    own_device_or_refuse,
+    ranks_per_gpu,
+    ranks_sharing,
+)
+from suite.errors import BenchError
 
 
 def test_more_ranks_than_gpus_share_them_on_gloo():
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert [ranks_per_gpu(n, 1) for n in (1, 2, 4)] == [1, 2, 4]
     assert ranks_per_gpu(4, 8) == 1 and ranks_per_gpu(5, 2) == 3
-    assert backend_for(cuda, 4, 4) == "nccl"  # a GPU per rank
-    assert backend_for(cuda, 4, 1) == "gloo"  # NCCL refuses two ranks on one GPU
-    assert backend_for(cpu, 4, 0) == "gloo"
+    assert backend_for(cuda, ranks_per_gpu(4, 4)) == "nccl"  # a GPU per rank
+    assert backend_for(cuda, ranks_per_gpu(4, 1)) == "gloo"  # NCCL refuses two on one GPU
+    assert backend_for(cpu, 1) == "gloo"
     assert gpu_sharing(cpu, "gloo") is None  # nothing to say on CPU ranks
+
+
+def cluster_ranks(devices: list[str], monkeypatch) -> list[str | None]:
+    """Each "rank" (a thread with its own client of one real TCPStore) checks that it owns
+    its device, as 8 srun tasks of one host would: LOCAL_WORLD_SIZE 8, one device visible to
+    each. Returns each rank's refusal, or None."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    world = len(devices)
+    master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    outcome: list[str | None] = [None] * world
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world))
+
+    def rank_thread(rank: int) -> None:
+        client = dist.TCPStore("127.0.0.1", master.port, world, is_master=False,
+                               timeout=timedelta(seconds=30))
+        try:
+            own_device_or_refuse(client, "node1", devices[rank], rank=rank)
+        except BenchError as exc:
+            outcome[rank] = str(exc)
+
+    threads = [threading.Thread(target=rank_thread, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return outcome
+
+
+def test_ranks_that_each_own_a_gpu_run_however_many_they_see(monkeypatch):
+    """srun --ntasks-per-node=8 --gpus-per-task=1: 8 local ranks, one visible GPU each, all
+    different: decided by UUID only, none is refused (the old count rule refused all)."""
+    devices = [f"GPU-{i:08x}-uuid" for i in range(8)]
+    assert cluster_ranks(devices, monkeypatch) == [None] * 8
+
+
+def test_two_ranks_on_one_gpu_are_refused_by_uuid(monkeypatch):
+    devices = ["GPU-a", "GPU-b", "GPU-a", "GPU-c"]
+    outcome = cluster_ranks(devices, monkeypatch)
+    assert outcome[1] is None and outcome[3] is None
+    for rank in (0, 2):
+        assert outcome[rank].startswith("ranks 0, 2 share GPU GPU-a on node1"), outcome[rank]
+    assert ranks_sharing({0: "h a", 1: "h b", 2: "h a"}, 2) == [0, 2]
+    assert ranks_sharing({0: "h1 a", 1: "h2 a"}, 0) == [0]  # one UUID on two hosts: two GPUs
 
 
 def test_cuda_without_a_gpu_is_one_line(tmp_path):

@@ -279,13 +279,20 @@ def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(s
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
-def download_worker(rank, network: str, data_dir: str):
+def download_worker(rank, network: str, data_dir: str, seconds: float = 1.0,
+                    backend_seconds: float | None = None):
     """``--download`` with a local folder standing in for the network: rank 0's download
-    copies the files from it (slowly), the others must wait and then read what it wrote."""
+    copies the files from it (slowly: ``seconds``), the others must wait and then read what
+    it wrote. ``backend_seconds``: the process group's own timeout, for the wait to outlast."""
+    from datetime import timedelta
+
+    from suite.compat import set_timeout
     from suite.data.datasets import load_data
     from suite.errors import BenchError
     from suite.run.setup import load_data_once
 
+    if backend_seconds is not None:
+        set_timeout(timedelta(seconds=backend_seconds))
     calls = []
 
     def load(download: bool):
@@ -293,7 +300,7 @@ def download_worker(rank, network: str, data_dir: str):
         if download:
             if not Path(network).is_dir():
                 raise BenchError(f"download from {network} failed: unreachable")
-            time.sleep(1.0)  # a slow network: the others would find nothing if they ran now
+            time.sleep(seconds)  # a slow network: the others would find nothing if they ran now
             shutil.copytree(network, data_dir, dirs_exist_ok=True)
         return load_data("fmnist", data_dir=data_dir)
 
@@ -315,3 +322,14 @@ def test_download_happens_once_on_rank_0_and_each_rank_decodes_once(tmp_path):
     assert all(o["error"] == f"download from {tmp_path / 'offline'} failed: unreachable"
                for o in failed)
     assert [o["calls"] for o in failed] == [[True], [], []]
+
+
+@pytest.mark.skipif(not FMNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
+def test_the_download_wait_outlasts_the_backend_timeout(tmp_path):
+    """The others wait on the job's store with the download's own limit: a download longer
+    than the process group's timeout (2 s here; --collective-timeout's 375 s in a run) is no
+    collective timeout."""
+    from tests.support.distributed import run_ranks
+
+    out = run_ranks(download_worker, 2, str(FMNIST), str(tmp_path / "data"), 5.0, 2.0)
+    assert all(o.get("samples") == 60000 for o in out), out

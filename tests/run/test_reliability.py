@@ -99,6 +99,13 @@ def test_interrupt_then_resume_equals_the_uninterrupted_run(
     full = pd.read_parquet(uninterrupted / reference / "iterations.parquet")
     assert rows[["iteration", "rank"]].equals(full[["iteration", "rank"]])  # no gap, no repeat
     assert rows["loss"].tolist() == full["loss"].tolist()
+    # each attempt's first iteration is a one-off, out of the means; the summary's first
+    # iteration is this attempt's, not iteration 0 of the interrupted one
+    start_at = done["resumed_at_iteration"]
+    assert set(rows.loc[rows["one_off"], "iteration"]) == {0, start_at}
+    slowest = rows.groupby("iteration")["t_iteration"].max()
+    assert done["first_iteration_seconds"] == slowest[start_at]
+    assert done["iteration_seconds"] == pytest.approx(slowest.drop([0, start_at]).mean())
     if reference == "prunex":
         assert rows["frozen"].any() and not rows["frozen"].all()  # froze inside the run
         assert rows["density"].tolist() == full["density"].tolist()

@@ -1,0 +1,112 @@
+"""tools/gpu: the list of wheels prepare carries to the GPU machine covers everything the
+code imports that the GPU image lacks, and part 0 (the smoke) runs where there is no GPU."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.support.runs import ENV, REPO
+
+sys.path.insert(0, str(REPO / "tools" / "gpu"))
+import wheels  # noqa: E402
+
+#: the code that runs on the GPU machine
+RUN_THERE = ("suite", "methods", "baselines", "workloads", "benchmarks", "tests", "tools",
+             "noxfile.py")
+FIRST_PARTY = {"suite", "methods", "baselines", "workloads", "tests", "tools", "wheels",
+               "runs", "prunex_overhead", "plugin_example_methods", "plugin_example_workloads"}
+
+
+def imported_modules() -> set[str]:
+    """Top-level names the code imports, the standard library's and the project's left out."""
+    stdlib = set(sys.stdlib_module_names)
+    found = set()
+    for name in RUN_THERE:
+        path = REPO / name
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            for node in ast.walk(ast.parse(file.read_text())):
+                if isinstance(node, ast.Import):
+                    found |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    found.add(node.module.split(".")[0])
+    local = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
+    return {m for m in found if m not in stdlib and m not in FIRST_PARTY | local
+            and not m.startswith("_")}
+
+
+def test_every_import_is_in_the_image_or_carried():
+    """A module the code imports comes from a distribution that the GPU image has, or that
+    pyproject declares, so that prepare derives it; an undeclared one the image lacks (or one
+    declared nowhere) fails here."""
+    image = wheels.image_packages()
+    declared = {canonicalize_name(r.name) for r in wheels.project_requirements()}
+    owners = importlib.metadata.packages_distributions()
+    lacking = {}
+    for module in sorted(imported_modules()):
+        dists = {canonicalize_name(d) for d in owners.get(module, [])}
+        if not dists:
+            lacking[module] = "no installed distribution provides it"
+        elif not dists & (image | declared):
+            lacking[module] = f"{sorted(dists)}: neither in the GPU image nor in pyproject"
+    assert lacking == {}
+
+
+def test_prepare_carries_every_dependency_the_image_lacks():
+    image = wheels.image_packages()
+    roots = {canonicalize_name(r.name) for r in wheels.missing_requirements()}
+    for requirement in wheels.project_requirements():
+        name = canonicalize_name(requirement.name)
+        assert (name in image) != (name in roots), name  # one or the other
+    # what the image lacks today (KINDS.md, 2026-11-17)
+    assert {"torch-pruning", "submitit", "tueplots", "ruptures", "nox"} <= roots
+    assert not roots & {"torch", "torchvision", "timm", "pandas", "pytest", "click"}
+
+
+def test_a_wheels_own_requirements_are_read_for_the_target_python(tmp_path):
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    metadata = "\n".join([
+        "Metadata-Version: 2.1", "Name: demo", "Version: 1.0",
+        "Requires-Dist: numpy", "Requires-Dist: tomli>=1.1; python_version < '3.11'",
+        "Requires-Dist: virtualenv>=21; python_version >= '3.12'",
+        "Requires-Dist: pytest; extra == 'test'", "Requires-Dist: pywin32; sys_platform == 'win32'",
+    ])
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("demo-1.0.dist-info/METADATA", metadata)
+    names = lambda version: [r.name for r in wheels.wheel_requirements(wheel, version)]  # noqa: E731
+    assert names("3.12") == ["numpy", "virtualenv"]
+    assert names("3.10") == ["numpy", "tomli"]
+
+
+def test_a_pin_is_this_machines_version_where_it_fits():
+    here = importlib.metadata.version("click")
+    assert wheels.pinned(Requirement("click")) == f"click=={here}"
+    assert wheels.pinned(Requirement("click<1")) == "click<1"
+
+
+@pytest.mark.slow
+def test_part_0_runs_without_a_gpu(tmp_path):
+    """tools/gpu/run's part 0 where there is no GPU: the torch API check and 3 iterations of
+    ddp, topk and prunex on CPU ranks, a table headed by the device and versions in $OUT."""
+    env = {**ENV, "OUT": str(tmp_path), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), ENV.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "tools/gpu/parts.py", "0"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = (tmp_path / "part0.md").read_text()
+    assert table.splitlines()[2].startswith("cpu (no CUDA device); torch ")
+    assert sum(line.count("| ok ") for line in table.splitlines()) == 3
+    facts = json.loads((tmp_path / "environment.json").read_text())
+    assert facts["python"] == platform.python_version() and facts["torch_fallbacks"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["environment.json", "part0.log",
+                                                          "part0.md"]
