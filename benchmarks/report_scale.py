@@ -39,6 +39,8 @@ DEFAULT_OUT = REPO / "benchmarks" / "measured" / "report_scale.md"
 COMMANDS = ("report", "compare", "trend")
 #: --smoke: two small sets, every command once each
 SMOKE_RUNS = "12,24"
+#: what follows this line in the output file is kept when the table is measured again
+NOTES = "<!-- notes: kept as they are when report_scale.py writes the table again -->"
 
 
 @dataclass
@@ -121,12 +123,20 @@ def measure(runs: int, root: Path, scratch: Path, reference: Path, commands) -> 
     return timings
 
 
+def commit() -> str:
+    """The checkout's commit (``-`` outside git)."""
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+                          capture_output=True)
+    return proc.stdout.strip() or "-"
+
+
 def table(timings: list[Timing], argv: list[str]) -> str:
     """The Markdown note: every timing, and each command's growth between the two largest N."""
     lines = [
         "# `bench report`, `bench compare`, `bench trend --add` against the runs in a set",
         "",
-        f"`python benchmarks/report_scale.py {' '.join(argv)}` on {platform.node()} "
+        f"`{' '.join(['python benchmarks/report_scale.py', *argv])}` at commit {commit()} "
+        f"on {platform.node()} "
         f"({os.cpu_count()} CPUs, Python {platform.python_version()}), "
         f"{time.strftime('%Y-%m-%d %H:%M')}. Copies of the committed reference runs "
         "(distinct run ids and seeds); each command once, in a fresh interpreter; `load` is "
@@ -196,7 +206,8 @@ def main() -> None:
             shutil.rmtree(scratch, ignore_errors=True)
     note = table(timings, sys.argv[1:])
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(note)
+    kept = output.read_text().partition(NOTES)[2] if output.exists() else ""
+    output.write_text(note + (f"\n{NOTES}{kept}" if kept else ""))
     print(note)
 
 
