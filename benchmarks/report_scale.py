@@ -188,6 +188,8 @@ def main() -> None:
     sources = reference_runs(reference)
     work = Path(args.work or tempfile.mkdtemp(prefix="report-scale-"))
     root, scratch = work / "runs", work / "outputs"
+    if root.exists():
+        parser.error(f"{root} exists (copies of an earlier measurement?); give another --work")
     scratch.mkdir(parents=True, exist_ok=True)
     output = Path(args.output) if args.output else (
         work / "report_scale.md" if args.smoke else DEFAULT_OUT)
@@ -208,6 +210,8 @@ def main() -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     kept = output.read_text().partition(NOTES)[2] if output.exists() else ""
     output.write_text(note + (f"\n{NOTES}{kept}" if kept else ""))
+    if args.work is None and not args.keep and not any(work.iterdir()):
+        work.rmdir()  # the temporary folder this run made, now empty
     print(note)
 
 
