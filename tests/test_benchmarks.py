@@ -209,6 +209,17 @@ def check_resume(out: str, folder: Path) -> None:
     assert row["bitwise"] and row["losses_equal"], row  # on CPU ranks, as documented
 
 
+def check_report_scale(out: str, folder: Path) -> None:
+    markdown_header(out, "runs", "command", "wall (s)", "peak memory (MB)", "exit", "load")
+    for runs in ("12", "24"):
+        for command in ("report", "compare", "trend"):
+            assert re.search(rf"^\| {runs} \| `bench {command}` \| [0-9.]+ \| [0-9]+ \| 0 \|",
+                             out, re.M), out
+    assert "Growth of the wall time from 12 to 24 runs" in out
+    assert (folder / "report_scale.md").read_text() + "\n" == out
+    assert not (folder / "runs").exists()  # the copies are deleted
+
+
 def check_runs(out: str, folder: Path) -> None:
     markdown_header(out, "method", "seed", "lr", "accuracy", "inter_MB_per_epoch")
     assert "| prunex " in out, out  # fair_comparison.py's run (and its copy in best/: once)
@@ -254,6 +265,7 @@ SMOKES: dict[str, Smoke] = {
     "prunex_overhead.py": Smoke(lambda d, _: ["--smoke", "-o", str(d / "overhead.md")],
                                 check_overhead),
     "recipe_check.py": Smoke(lambda d, _: ["--smoke"], check_recipe),
+    "report_scale.py": Smoke(lambda d, _: ["--smoke", "--work", str(d)], check_report_scale),
     "resume_equality.py": Smoke(lambda d, _: ["--smoke"], check_resume),
     "runs.py": Smoke(lambda d, deps: ["--smoke", str(deps["fair_comparison.py"])], check_runs,
                      needs=("fair_comparison.py",)),
@@ -264,9 +276,8 @@ SMOKES: dict[str, Smoke] = {
 #: longest first, so the slowest chains start at once
 ORDER = ["validate_sim.py", "checkpoint_cost.py", "fair_comparison.py", "resume_equality.py",
          "capacity_control.py", "live_weights.py", "prunex_overhead.py", "frontier.py",
-         "families.py",
-         "instrumentation_tax.py", "emulated_comm.py", "paper_scaling.sh", "runs.py",
-         "gpu_steps.py", "recipe_check.py"]
+         "families.py", "report_scale.py", "instrumentation_tax.py", "emulated_comm.py",
+         "paper_scaling.sh", "runs.py", "gpu_steps.py", "recipe_check.py"]
 
 
 def smoke_skip(name: str) -> str | None:

@@ -1,10 +1,13 @@
 """One function per figure of the paper's evaluation, each drawn from run folders only.
 
-A function returns a ``Figure`` (files written, the table it plots, the run ids it used) or a
-``Skipped`` with the reason its data is missing; it never raises for missing data. Repeats of a
-configuration (runs that differ only in the seed) are always drawn as their mean with a 95 %
-interval, never as separate points; colours, markers, sizes and fonts come from
-``suite.report.style``.
+A function is given the result set read once (suite.report.load: the runs' frame with their
+labels, and the table columns figures draw) and returns a ``Figure`` (files written, the table
+it plots, the run ids it used) or a ``Skipped`` with the reason its data is missing; it never
+raises for missing data. Its data are frame operations over all runs at once (a groupby per
+table, never a pass per run), so a figure of 10,000 runs costs what one of 100 does plus the
+rows. Repeats of a configuration (runs that differ only in the seed) are always drawn as their
+mean with a 95 % interval, never as separate points; colours, markers, sizes and fonts come
+from ``suite.report.style``.
 """
 
 from __future__ import annotations
@@ -17,23 +20,32 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from suite.cluster.phases import is_communication, phase_color  # noqa: E402
-from suite.report.load import Run, final_density_of  # noqa: E402
+from suite.cluster.phases import phase_color  # noqa: E402
+from suite.report.labels import LABEL, display, label_table, line_table, ranks_word  # noqa: E402
+from suite.report.load import FINAL_DENSITY, is_comm_column, parts_of  # noqa: E402
 from suite.report.style import (  # noqa: E402
     legend_outside,
     log_scale,
-    method_style,
-    options_text,
     paper_figure,
     save,
     series_styles,
 )
+from suite.results import schema  # noqa: E402
+from suite.results.resultset import (  # noqa: E402
+    DEVICE,
+    OVERLAPPED_PHASES,
+    RUN_INDEX,
+    VIEW,
+    ResultSet,
+    column,
+)
 from suite.results.stats import mean_ci  # noqa: E402
-from suite.results.view import first_line  # noqa: E402
+from suite.results.view import RunView, first_line  # noqa: E402
 
 
 @dataclass
@@ -53,68 +65,44 @@ class Skipped:
     reason: str
 
 
-def _epoch_seconds(run: Run) -> float | None:
-    s = run.summary
-    if not s.get("epochs") or s.get("train_seconds") is None:
+def epoch_seconds(epochs, train_seconds) -> float | None:
+    """Training seconds per epoch (None without both)."""
+    if not epochs or train_seconds is None:
         return None
-    return s["train_seconds"] / s["epochs"]
+    return train_seconds / epochs
 
 
-def labels_of(runs: list[Run]) -> dict[str, str]:
-    """run id -> the label of its configuration: repeats share it, and two configurations
-    never do (the recipe values that differ are added when needed)."""
-    base = {r.run_id: short_label(r, runs) for r in runs}
-    recipes: dict[str, set] = {}
-    for r in runs:
-        recipes.setdefault(base[r.run_id], set()).add(_recipe_key(r))
-    labels = {}
-    for r in runs:
-        label = base[r.run_id]
-        if len(recipes[label]) > 1:
-            recipe = r.manifest.get("recipe") or {}
-            label += ", " + ", ".join(f"{k} {recipe.get(k)}" for k in ("lr", "batch_size"))
-            label += f", {r.summary.get('epochs', 0):.3g} epochs"
-        labels[r.run_id] = label
-    return labels
+def run_display(runs: ResultSet, position: int) -> str:
+    """The full label of the run at ``position`` (a figure of one run names it whole)."""
+    return display(parts_of(runs.runs).iloc[position])
 
 
-def short_label(run: Run, runs: list[Run]) -> str:
-    """``run.display`` without the pieces every run shares (the rank count of a one-size
-    comparison says nothing), plus the workload when there are several."""
-    shared = {key for key in ("ranks", "setting")
-              if len({r.display_parts[key] for r in runs}) == 1}
-    parts = {k: v for k, v in run.display_parts.items() if k not in shared}
-    setting = parts.pop("setting", "")
-    if len({r.summary["workload"] for r in runs}) > 1:
-        parts["workload"] = run.summary["workload"]
-    return ", ".join(p for p in parts.values() if p) + setting
+def sums_per_run(values: pd.Series, run_index: pd.Series) -> dict[int, float]:
+    """run index -> the sum of its ``values`` (each run's rows contiguous, in order), summed
+    as ``Series.sum`` sums one run's rows, so the numbers equal those of a pass per run."""
+    index = run_index.to_numpy()
+    array = values.to_numpy(dtype=float)
+    starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]]) if len(index) else []
+    ends = [*starts[1:], len(index)]
+    return {int(index[a]): float(np.nansum(array[a:b])) for a, b in zip(starts, ends)}
 
 
-def _recipe_key(run: Run) -> tuple:
-    recipe = run.manifest.get("recipe") or {}
-    epochs = round(run.summary.get("epochs") or 0, 3)
-    return recipe.get("lr"), recipe.get("batch_size"), epochs, run.summary.get("dataset")
-
-
-def scaling(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 9: speedup and parallel efficiency vs ranks on log-log axes, relative to each
     line's smallest configuration, from training seconds per epoch (median over repeats)."""
     name, title = "fig09_scaling", "Strong scaling: speedup and parallel efficiency"
-    workloads = {r.summary["workload"] for r in runs}
+    runs_frame = runs.runs
     rows = []
-    for run in runs:
-        seconds = _epoch_seconds(run)
+    for line, method, workload, gpus, epochs, train, run_id, device in zip(
+        line_table(runs_frame, parts_of(runs_frame)), runs_frame[schema.METHOD],
+        runs_frame[schema.WORKLOAD], runs_frame[schema.GPUS], column(runs_frame, schema.EPOCHS),
+        column(runs_frame, schema.TRAIN_SECONDS), runs_frame[schema.RUN_ID],
+        column(runs_frame, DEVICE),
+    ):
+        seconds = epoch_seconds(epochs, train)
         if seconds:
-            line = ", ".join(
-                p
-                for p in (method_style(run.method).name, options_text(run.options))
-                if p
-            )
-            workload = f", {run.summary['workload']}" if len(workloads) > 1 else ""
-            line += run.setting_suffix + workload
-            rows.append({"series": line, "method": run.method, "workload": run.summary["workload"],
-                         "gpus": run.summary["gpus"], "epoch_seconds": seconds,
-                         "run_id": run.run_id, "word": run.ranks_word})
+            rows.append({"series": line, "method": method, "workload": workload, "gpus": gpus,
+                         "epoch_seconds": seconds, "run_id": run_id, "word": ranks_word(device)})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
@@ -126,7 +114,7 @@ def scaling(runs: list[Run], out: Path, width: str | None = None) -> Figure | Sk
         return Skipped(name, title, "every method has runs at one GPU count only; need two")
     base = lines.loc[lines.groupby(["workload", "series"]).gpus.idxmin()]
     base = base.set_index(["workload", "series"])[["gpus", "epoch_seconds"]]
-    lines = lines.join(base, on=["workload", "series"], rsuffix="_base")
+    lines = lines.join(base, on=["workload", "series"], suffixes=("", "_base"))
     lines["speedup"] = lines.epoch_seconds_base / lines.epoch_seconds
     lines["efficiency"] = lines.speedup / (lines.gpus / lines.gpus_base)
     styles = series_styles(zip(lines.series, lines.method))
@@ -167,19 +155,23 @@ def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
     return front
 
 
-def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 12: final accuracy vs the inter-node traffic spent to reach it, and vs the
     density of the pruned layers, per workload, with the Pareto frontier."""
     name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
-    labels = labels_of(runs)
-    dense_gflops = {r.summary["workload"]: r.export["dense"]["flops"] / 1e9 for r in runs
-                    if r.export}
+    frame = runs.runs
+    views = list(frame[VIEW])
+    dense_gflops = {view.summary["workload"]: view.export["dense"]["flops"] / 1e9
+                    for view in views if view.export}
     rows = [
-        {"workload": r.summary["workload"], "label": labels[r.run_id], "method": r.method,
-         "density": final_density_of(r), "accuracy": 100 * r.summary["final_accuracy"],
-         "inter_gb": (r.summary.get("inter_node_bytes_total") or 0) / 1e9,
-         "gflops": exported_gflops(r, dense_gflops), "run_id": r.run_id}
-        for r in runs if r.summary.get("final_accuracy") is not None
+        {"workload": workload, "label": label, "method": method, "density": density,
+         "accuracy": 100 * accuracy, "inter_gb": (inter or 0) / 1e9,
+         "gflops": exported_gflops(view, density, dense_gflops), "run_id": run_id}
+        for workload, label, method, density, accuracy, inter, view, run_id in zip(
+            frame[schema.WORKLOAD], frame[LABEL], frame[schema.METHOD], frame[FINAL_DENSITY],
+            column(frame, schema.FINAL_ACCURACY), column(frame, schema.INTER_NODE_BYTES_TOTAL),
+            views, frame[schema.RUN_ID])
+        if accuracy is not None
     ]
     per_run = pd.DataFrame(rows)
     if per_run.empty:
@@ -220,12 +212,13 @@ def pareto(runs: list[Run], out: Path, width: str | None = None) -> Figure | Ski
                   "(or density, or exported GFLOPs) and more accuracy")
 
 
-def exported_gflops(run: Run, dense_gflops: dict[str, float]) -> float:
+def exported_gflops(run: RunView, density: float, dense_gflops: dict[str, float]) -> float:
     """GFLOPs per image of the model a run deploys: its ``bench export``, or for a dense
-    method the dense model's (from any export of the workload); NaN otherwise."""
+    method (final ``density`` 1) the dense model's (from any export of the workload); NaN
+    otherwise."""
     if run.export:
         return run.export["exported"]["flops"] / 1e9
-    if final_density_of(run) == 1.0 and not (run.folder / "masks.pt").exists():
+    if density == 1.0 and not (run.folder / "masks.pt").exists():
         return dense_gflops.get(run.summary["workload"], math.nan)
     return math.nan
 
@@ -248,21 +241,20 @@ def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def time_to_accuracy(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 5: test accuracy vs training time and vs cumulative inter-node traffic; repeats
     as their mean curve with the 95 % band."""
     name, title = "fig05_time_to_accuracy", "Accuracy vs training time and inter-node GB"
-    labels = labels_of(runs)
-    parts = []
-    for run in runs:
-        evals = run.table("evals")
-        if evals is not None and len(evals) and not run.simulated:
-            parts.append(evals.assign(run=labels[run.run_id], method=run.method,
-                                      run_id=run.run_id, accuracy_pct=100 * evals.accuracy,
-                                      inter_gb=evals.inter_node_bytes / 1e9))
-    if not parts:
+    evals = runs.table("evals")
+    real = np.array([not s for s in column(runs.runs, schema.SIMULATED)], dtype=bool)
+    evals = evals[real[evals[RUN_INDEX].to_numpy()]] if len(evals) else evals
+    if evals.empty:
         return Skipped(name, title, "no real run has evaluations")
-    frame = pd.concat(parts, ignore_index=True)
+    owner = evals[RUN_INDEX].to_numpy()
+    frame = evals.drop(columns=RUN_INDEX).reset_index(drop=True).assign(
+        run=runs.runs[LABEL].to_numpy()[owner], method=runs.runs[schema.METHOD].to_numpy()[owner],
+        run_id=runs.runs[schema.RUN_ID].to_numpy()[owner])
+    frame = frame.assign(accuracy_pct=100 * frame.accuracy, inter_gb=frame.inter_node_bytes / 1e9)
     styles = series_styles(zip(frame.run, frame.method))
     with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
         for label, curve in frame.groupby("run", sort=False):
@@ -289,30 +281,47 @@ def time_to_accuracy(runs: list[Run], out: Path, width: str | None = None) -> Fi
     return Figure(name, title, files, table, sorted(frame.run_id.unique()), note)
 
 
-def _comm_columns(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame.columns if c.startswith("t_") and is_communication(c[2:])]
+def comm_seconds_per_step(runs: ResultSet) -> pd.DataFrame:
+    """Per run and iteration (``RUN_INDEX``, ``iteration``, ``per_step``): the slowest rank's
+    communication seconds over the iteration's local steps. A row's communication is the sum
+    of its run's own communication columns, in its file's order (runs that recorded the same
+    columns are summed together), so every number is that of the run alone."""
+    rows = runs.table("iterations")
+    recorded = runs.columns.get("iterations", pd.Series(dtype=object))
+    signatures: dict[tuple, list[int]] = {}
+    for position, columns in enumerate(recorded):
+        comm = tuple(c for c in columns or () if is_comm_column(c))
+        if comm:
+            signatures.setdefault(comm, []).append(position)
+    steps = pd.Series([s or 1 for s in column(runs.runs, schema.STEPS_PER_ITERATION)],
+                      index=runs.runs.index)
+    parts = []
+    for comm, positions in signatures.items():
+        part = rows[rows[RUN_INDEX].isin(positions)]
+        seconds = part[list(comm)].fillna(0).sum(axis=1)
+        slowest = seconds.groupby([part[RUN_INDEX], part[schema.ITERATION]]).max()
+        parts.append(slowest.rename("per_step").reset_index())
+    if not parts:
+        return pd.DataFrame(columns=[RUN_INDEX, schema.ITERATION, "per_step"])
+    frame = pd.concat(parts, ignore_index=True).sort_values(RUN_INDEX, kind="stable")
+    frame["per_step"] = frame["per_step"] / steps.to_numpy()[frame[RUN_INDEX].to_numpy()]
+    return frame.reset_index(drop=True)
 
 
-def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 7: communication seconds per local step (an iteration's, slowest rank, over its
     local steps), as box plots over iterations and repeats: step- and round-based methods
     on one axis."""
     name, title = "fig07_comm_latency", "Communication time per local step"
-    labels = labels_of(runs)
-    parts = []
-    for run in runs:
-        frame = run.table("iterations")
-        if frame is None or not _comm_columns(frame):
-            continue
-        steps = run.summary.get("steps_per_iteration") or 1
-        comm = frame[_comm_columns(frame)].fillna(0).sum(axis=1)
-        per_step = comm.groupby(frame.iteration).max() / steps
-        parts.append(pd.DataFrame({"iteration": per_step.index, "comm_ms": 1e3 * per_step.values,
-                                   "run": labels[run.run_id], "method": run.method,
-                                   "run_id": run.run_id}))
-    if not parts:
+    per_step = comm_seconds_per_step(runs)
+    if per_step.empty:
         return Skipped(name, title, "no run recorded communication phases")
-    frame = pd.concat(parts, ignore_index=True)
+    owner = per_step[RUN_INDEX].to_numpy()
+    frame = pd.DataFrame({"iteration": per_step[schema.ITERATION].to_numpy(),
+                          "comm_ms": 1e3 * per_step["per_step"].to_numpy(),
+                          "run": runs.runs[LABEL].to_numpy()[owner],
+                          "method": runs.runs[schema.METHOD].to_numpy()[owner],
+                          "run_id": runs.runs[schema.RUN_ID].to_numpy()[owner]})
     order = frame.groupby("run", sort=False).comm_ms.median().sort_values().index.tolist()
     styles = series_styles(zip(frame.run, frame.method))
     with paper_figure(width or "two", height=0.3 * len(order) + 0.5) as (fig, axes):
@@ -336,22 +345,25 @@ def comm_latency(runs: list[Run], out: Path, width: str | None = None) -> Figure
                   "slowest rank over its local steps (DDP: 1; PruneX, local SGD: H)")
 
 
-def phase_breakdown(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 8: mean seconds per local step in each phase (mean over ranks and repeats),
     stacked in the order they run; phases that overlap local_compute (DDP's all-reduce
     during backward) are drawn hatched inside it, not stacked on top."""
     name, title = "fig08_phase_breakdown", "Phase breakdown per local step"
-    labels = labels_of(runs)
+    frame = runs.runs
     rows, overlapped, methods = [], set(), {}
-    for run in runs:
-        phases = run.summary.get("phase_seconds") or {}
+    for label, run_id, method, phases, steps, overlaps in zip(
+        frame[LABEL], frame[schema.RUN_ID], frame[schema.METHOD],
+        column(frame, schema.PHASE_SECONDS), column(frame, schema.STEPS_PER_ITERATION),
+        frame[OVERLAPPED_PHASES],
+    ):
+        phases = phases or {}
         if phases:
-            steps = run.summary.get("steps_per_iteration") or 1
-            label = labels[run.run_id]
-            rows.append({"run": label, "run_id": run.run_id,
+            steps = steps or 1
+            rows.append({"run": label, "run_id": run_id,
                          **{k: v / steps for k, v in phases.items()}})
-            overlapped |= {(label, p) for p in run.overlapped_phases if p in phases}
-            methods[label] = run.method
+            overlapped |= {(label, p) for p in overlaps if p in phases}
+            methods[label] = method
     if not rows:
         return Skipped(name, title, "no run recorded phase timings")
     per_run = pd.DataFrame(rows).fillna(0.0)
@@ -395,29 +407,33 @@ def phase_breakdown(runs: list[Run], out: Path, width: str | None = None) -> Fig
     return Figure(name, title, files, table, run_ids, note)
 
 
-def message_volume(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 6: inter-node traffic per epoch (mean and 95 % interval over repeats), and per
     local step over training, so step- and round-based methods compare."""
     name, title = "fig06_inter_node_volume", "Inter-node message size and volume"
-    labels = labels_of(runs)
-    parts, totals = [], []
-    for run in runs:
-        frame = run.table("iterations")
-        if frame is None or "bytes_inter" not in frame:
-            continue
-        steps = run.summary.get("steps_per_iteration") or 1
-        per_iter = frame.groupby("iteration").agg(inter=("bytes_inter", "sum"),
-                                                  epoch=("epoch", "max"))
-        label = labels[run.run_id]
-        parts.append(pd.DataFrame({"epoch": per_iter.epoch, "run": label, "method": run.method,
-                                   "mb_per_step": per_iter.inter / 1e6 / steps}))
-        epochs = run.summary.get("epochs") or math.nan
-        totals.append({"run": label, "method": run.method, "run_id": run.run_id,
-                       "inter_gb_total": per_iter.inter.sum() / 1e9,
-                       "inter_gb_per_epoch": per_iter.inter.sum() / 1e9 / epochs})
-    if not parts:
+    rows = runs.table("iterations")
+    recorded = runs.columns.get("iterations", pd.Series(dtype=object))
+    has_bytes = np.array([schema.BYTES_INTER in (c or ()) for c in recorded], dtype=bool)
+    rows = rows[has_bytes[rows[RUN_INDEX].to_numpy()]] if len(rows) else rows
+    if rows.empty:
         return Skipped(name, title, "no run recorded inter-node bytes")
-    frame, per_run = pd.concat(parts, ignore_index=True), pd.DataFrame(totals)
+    per_iter = rows.groupby([RUN_INDEX, schema.ITERATION]).agg(
+        inter=(schema.BYTES_INTER, "sum"), epoch=(schema.EPOCH, "max")).reset_index()
+    runs_frame = runs.runs
+    owner = per_iter[RUN_INDEX].to_numpy()
+    steps = np.array([s or 1 for s in column(runs_frame, schema.STEPS_PER_ITERATION)],
+                     dtype=object)
+    labels, methods = runs_frame[LABEL].to_numpy(), runs_frame[schema.METHOD].to_numpy()
+    frame = pd.DataFrame({"epoch": per_iter.epoch, "run": labels[owner], "method": methods[owner],
+                          "mb_per_step": per_iter.inter / 1e6 / steps[owner].astype(float)})
+    inter = sums_per_run(per_iter.inter, per_iter[RUN_INDEX])
+    epochs = column(runs_frame, schema.EPOCHS)
+    per_run = pd.DataFrame([
+        {"run": labels[i], "method": methods[i], "run_id": runs_frame[schema.RUN_ID].iat[i],
+         "inter_gb_total": total / 1e9,
+         "inter_gb_per_epoch": total / 1e9 / (epochs.iat[i] or math.nan)}
+        for i, total in inter.items()
+    ])
     total = repeats_reduced(per_run, ["run", "method"], "inter_gb_per_epoch")
     total = total.sort_values("inter_gb_per_epoch").reset_index(drop=True)
     styles = series_styles(zip(total.run, total.method))
@@ -451,25 +467,20 @@ def round_axis(ax, rounds: pd.Series) -> None:
         ax.set_xlim(rounds.iloc[0] - 1, rounds.iloc[0] + 1)
 
 
-def _layer_runs(runs: list[Run]) -> list[Run]:
-    return [r for r in runs if r.table("layers") is not None and len(r.table("layers"))]
-
-
 def residuals(
-    runs: list[Run], out: Path, layers_shown: int = 4, width: str | None = None
+    runs: ResultSet, out: Path, layers_shown: int = 4, width: str | None = None
 ) -> Figure | Skipped:
     """Figs. 10: intra- and inter-node primal residuals of a few layers over rounds."""
     name, title = "fig10_residuals", "Primal residuals per layer"
-    chosen = _layer_runs(runs)
-    if not chosen:
+    all_layers = runs.table("layers")
+    if all_layers.empty:
         return Skipped(name, title, "no PruneX run with layers.parquet")
-
-    def preference(r: Run) -> tuple:  # the largest run with a few rounds (one has no curve)
-        rounds = r.table("layers").iteration.nunique()
-        return rounds >= 3, r.summary["gpus"], rounds
-
-    run = max(chosen, key=preference)
-    layers = run.table("layers")
+    rounds = all_layers.groupby(RUN_INDEX, sort=False)[schema.ITERATION].nunique()
+    gpus = runs.runs[schema.GPUS]
+    # the largest run with a few rounds (one round has no curve)
+    run = max(rounds.index, key=lambda i: (rounds[i] >= 3, gpus.iat[i], rounds[i]))
+    layers = all_layers[all_layers[RUN_INDEX] == run].drop(columns=RUN_INDEX)
+    layers = layers.reset_index(drop=True)
     constrained = layers[layers.constrained]
     names = list(dict.fromkeys(constrained.layer))
     picked = names[:: max(1, len(names) // layers_shown)][:layers_shown]
@@ -492,25 +503,28 @@ def residuals(
         log_scale(ax, "y")
         round_axis(ax, part.iteration)
         ax.set_ylabel("primal residual (L2)")
-        ax.set_title(run.display)
+        ax.set_title(run_display(runs, run))
         legend_outside(fig, axes, ncol=2)
         files = save(fig, out, name)
-    return Figure(name, title, files, part, [run.run_id])
+    return Figure(name, title, files, part, [runs.runs[schema.RUN_ID].iat[run]])
 
 
-def penalties(runs: list[Run], out: Path, width: str | None = None) -> Figure | Skipped:
+def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 11: rho1 and rho2 (mean over layers) over rounds, per PruneX configuration."""
     name, title = "fig11_rho", "Adaptive penalties over rounds"
-    chosen = _layer_runs(runs)
-    if not chosen:
+    layers = runs.table("layers")
+    if layers.empty:
         return Skipped(name, title, "no PruneX run with layers.parquet")
-    labels = labels_of(chosen)
-    parts = []
-    for run in chosen:
-        means = run.table("layers").groupby("iteration")[["rho1", "rho2"]].mean().reset_index()
-        parts.append(means.melt(id_vars="iteration", var_name="penalty").assign(
-            run=labels[run.run_id], method=run.method, run_id=run.run_id))
-    frame = pd.concat(parts, ignore_index=True)
+    chosen = layers[RUN_INDEX].unique()
+    # what the PruneX runs share is judged among them (their labels may leave out ranks)
+    labels = pd.Series(label_table(runs.runs.iloc[chosen]).to_numpy(), index=chosen)
+    means = layers.groupby([RUN_INDEX, schema.ITERATION])[["rho1", "rho2"]].mean().reset_index()
+    frame = means.melt(id_vars=[RUN_INDEX, schema.ITERATION], var_name="penalty")
+    frame = frame.sort_values(RUN_INDEX, kind="stable").reset_index(drop=True)
+    owner = frame.pop(RUN_INDEX).to_numpy()
+    frame = frame.assign(run=labels[owner].to_numpy(),
+                         method=runs.runs[schema.METHOD].to_numpy()[owner],
+                         run_id=runs.runs[schema.RUN_ID].to_numpy()[owner])
     frame = frame[frame.value > 0]
     styles = series_styles(zip(frame.run, frame.method))
     with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
@@ -529,7 +543,7 @@ def penalties(runs: list[Run], out: Path, width: str | None = None) -> Figure | 
     return Figure(name, title, files, frame, sorted(frame.run_id.unique()))
 
 
-def read_masks(run: Run) -> dict | None:
+def read_masks(run: RunView) -> dict | None:
     """A run's masks.pt as {layer: {"dense": tensor, ...}, group: {"units": tensor}}, or None
     (noted on the run)."""
     path = run.folder / "masks.pt"
@@ -576,21 +590,23 @@ def short_name(layer: str, width: int = 22) -> str:
     return "\n".join(textwrap.wrap(layer.replace(".", ". "), width)).replace(". ", ".")
 
 
-def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) -> Figure | Skipped:
+def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) -> Figure | Skipped:
     """Fig. 13: the learned structured masks: the largest conv layers' filter x channel masks,
     and a ViT's kept heads and MLP neurons per block."""
     name, title = "fig13_masks", "Learned structured masks (filters x channels, heads, neurons)"
-    candidates = [r for r in runs if (r.folder / "masks.pt").exists()]
+    views = runs.runs[VIEW]
+    candidates = [i for i, view in enumerate(views) if (view.folder / "masks.pt").exists()]
     if not candidates:
         return Skipped(name, title, "no run folder has masks.pt (PruneX runs save it)")
-    saved, run = None, None
+    saved, position = None, None
     # PruneX's learned masks first (the paper's figure), then those of the pruning baselines
-    learned = sorted(candidates, key=lambda r: (not r.method.startswith("prunex"),
-                                                -r.summary["gpus"]))
-    for run in learned:
-        saved = read_masks(run)
+    learned = sorted(candidates, key=lambda i: (not views.iat[i].method.startswith("prunex"),
+                                                -views.iat[i].summary["gpus"]))
+    for position in learned:
+        saved = read_masks(views.iat[position])
         if saved is not None:
             break
+    run = views.iat[position]
     if saved is None:
         return Skipped(name, title, "every masks.pt is unreadable (listed above)")
     panels = mask_panels(saved, shown)
@@ -612,7 +628,7 @@ def masks(runs: list[Run], out: Path, shown: int = 4, width: str | None = None) 
             ax.set_ylabel(ylabel)
             ax.grid(False)
             rows.append({"layer": layer, "shape": tuple(keep.shape), "density": density})
-        fig.suptitle(run.display, fontsize=8)
+        fig.suptitle(run_display(runs, position), fontsize=8)
         files = save(fig, out, name)
     return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept")
 

@@ -1,116 +1,109 @@
-"""The finished runs under a results directory, as the report's figures and tables draw them."""
+"""The finished runs under a results directory, as the report's figures and tables draw them:
+one result set (suite.results.resultset), read once with only the table columns the figures
+draw, and the columns every figure shares (labels, display parts, final density) added once."""
 
 from __future__ import annotations
 
-import json
-from functools import cached_property
+from collections.abc import Iterable
 from pathlib import Path
+
+import pandas as pd
 
 from suite.cluster import phases
 from suite.errors import BenchError
 from suite.plugins.registry import METHODS
+from suite.report.labels import LABEL, PARTS, label_table, parts_table
 from suite.results import schema
-from suite.results.schema import Status
-from suite.results.view import RunView, run_folders
+from suite.results.resultset import (
+    OVERLAPPED_PHASES,
+    RUN_INDEX,
+    ResultSet,
+    read_result_set,
+    result_set,
+)
+from suite.results.view import RunView
+
+#: the columns of ``evals.parquet`` and ``layers.parquet`` the figures draw
+EVAL_COLUMNS = (schema.ITERATION, schema.EPOCH, "train_seconds", schema.ACCURACY,
+                schema.INTER_NODE_BYTES)
+LAYER_COLUMNS = (schema.ITERATION, "layer", "constrained", "r_intra", "r_inter", "rho1", "rho2")
+#: the runs frame's columns of the display parts (suite.report.labels.PARTS): ``part_method``
+PART_PREFIX = "part_"
+#: the runs frame's column of the density of the pruned layers at the end (1.0: dense)
+FINAL_DENSITY = "final_density"
 
 
-class Run(RunView):
-    """A finished run as a figure draws it: a :class:`RunView` with its labels."""
-
-    @property
-    def setting_suffix(self) -> str:
-        """Where the run's times come from, unless a plain run: `` (sim PROFILE)`` or
-        `` (emulated RATE)``. Runs of different settings never share a line or a label."""
-        return "" if self.setting == "real" else f" ({self.setting})"
-
-    @cached_property
-    def declared(self) -> dict | None:
-        """The method's option defaults as installed here (None: not installed)."""
-
-        return METHODS.defaults(self.method)
-
-    @property
-    def options(self) -> dict:
-        """The options that set this run apart, as labels show them: its configuration less
-        defaults and what the method derived (a default spelled out is no difference)."""
-        return self.shown_options(self.declared)
-
-    @property
-    def label(self) -> str:
-        """method, GPUs, the options that were set, and the setting."""
-        s = self.summary
-        options = ",".join(f"{k.replace('_', '-')}={v}" for k, v in self.options.items())
-        text = f"{s[schema.METHOD]} {s[schema.GPUS]}g" + (f" [{options}]" if options else "")
-        return text + self.setting_suffix
-
-    @property
-    def ranks_word(self) -> str:
-        """ "GPUs" when the ranks ran on CUDA devices, else "ranks"."""
-        return "GPUs" if str(self.manifest.get("device", "")).startswith("cuda") else "ranks"
-
-    @property
-    def display_parts(self) -> dict[str, str]:
-        """The pieces of a figure label: method, options, ranks, setting."""
-        # lazy: suite.report.style costs ~0.4 s to import; only this path needs it
-        from suite.report.style import method_style, options_text
-
-        return {
-            "method": method_style(self.method).name,
-            "options": options_text(self.options),
-            "ranks": f"{self.summary[schema.GPUS]} {self.ranks_word}",
-            "setting": self.setting_suffix,
-        }
-
-    @property
-    def display(self) -> str:
-        """The figure label: ``PruneX, channel keep 0.5, 4 ranks (emulated 1gbit)``."""
-        parts = self.display_parts
-        setting = parts.pop("setting")
-        return ", ".join(p for p in parts.values() if p) + setting
-
-    @property
-    def overlapped_phases(self) -> tuple[str, ...]:
-        """Phases that ran during local_compute (DDP's comm hooks); runs recorded before the
-        manifest said so: the DDP-based methods' all-reduce."""
-        if "overlapped_phases" in self.manifest:
-            return tuple(self.manifest["overlapped_phases"])
-        ddp_based = self.method.startswith("ddp") or self.method == "powersgd"
-        return (phases.ALLREDUCE,) if ddp_based else ()
-
-    @property
-    def series(self) -> str:
-        """The line a run belongs to in scaling plots: everything but the GPU count."""
-        options = json.dumps(self.configuration(self.declared), sort_keys=True)
-        return f"{self.method} {options if options != '{}' else ''}".strip() + (
-            self.setting_suffix
-        )
+def is_comm_column(column: str) -> bool:
+    """A communication phase's seconds (``t_inter_allreduce``)."""
+    prefix = schema.PHASE_PREFIX
+    return column.startswith(prefix) and phases.is_communication(column[len(prefix):])
 
 
-def load_runs(results_dir: str | Path) -> tuple[list[Run], list[str]]:
-    """Finished (status ok) runs anywhere under ``results_dir``, and a line per run skipped."""
+def iteration_column(column: str) -> bool:
+    """The columns of ``iterations.parquet`` the figures draw."""
+    drawn = (schema.ITERATION, schema.EPOCH, schema.BYTES_INTER, schema.DENSITY)
+    return column in drawn or is_comm_column(column)
+
+
+TABLE_COLUMNS = {"iterations": iteration_column, "evals": EVAL_COLUMNS, "layers": LAYER_COLUMNS}
+
+
+def load_runs(results_dir: str | Path) -> tuple[ResultSet, list[str]]:
+    """Finished (status ok) runs anywhere under ``results_dir`` with the columns figures share
+    (``with_report_columns``), and a line per run skipped."""
     root = Path(results_dir)
     if not root.is_dir():
         raise BenchError(f"{root} is not a directory of run folders")
-    runs, skipped = [], []
-    for folder in run_folders(root):
-        try:
-            run = Run.read(folder)
-        except BenchError as exc:
-            skipped.append(str(exc))
-            continue
-        if run.status != Status.OK:
-            skipped.append(f"{folder}: status {run.status!r}")
-            continue
-        run.table("iterations")  # read the tables now, so damaged ones are listed up front
-        runs.append(run)
-    if not runs:
+    runs = read_result_set(root, METHODS.defaults, TABLE_COLUMNS, finished_only=True)
+    if not len(runs):
         raise BenchError(f"no finished run folders under {root}")
-    return runs, skipped
+    return with_report_columns(runs), runs.skipped
 
 
-def final_density_of(run: Run) -> float:
-    """Density of the pruned layers at the end (PruneX); 1.0 for dense methods."""
-    frame = run.table("iterations")
-    if frame is not None and schema.DENSITY in frame and frame[schema.DENSITY].notna().any():
-        return float(frame[schema.DENSITY].dropna().iloc[-1])
-    return 1.0
+def report_runs(views: Iterable[RunView]) -> ResultSet:
+    """Runs already read (``RunView`` objects, e.g. made in memory) as ``load_runs``
+    gives them: their tables read from their folders, the figures' columns added."""
+    return with_report_columns(result_set(views, METHODS.defaults, TABLE_COLUMNS))
+
+
+def with_report_columns(runs: ResultSet) -> ResultSet:
+    """``runs`` with the columns every figure reads added to its frame: the display parts
+    (computed once per configuration), the label of each run's configuration, its final
+    density and the phases that overlapped its compute."""
+    frame = runs.runs
+    parts = parts_table(frame)
+    for part, values in parts.items():
+        frame[PART_PREFIX + part] = values
+    frame[LABEL] = label_table(frame, parts)
+    frame[FINAL_DENSITY] = final_densities(runs)
+    frame[OVERLAPPED_PHASES] = pd.Series(
+        [overlapped_phases(method, recorded)
+         for method, recorded in zip(frame[schema.METHOD], frame[OVERLAPPED_PHASES])],
+        index=frame.index, dtype=object)
+    return runs
+
+
+def overlapped_phases(method: str, recorded: list | None) -> tuple[str, ...]:
+    """Phases that ran during local_compute (DDP's comm hooks); runs recorded before the
+    manifest said so: the DDP-based methods' all-reduce."""
+    if recorded is not None:
+        return tuple(recorded)
+    ddp_based = method.startswith("ddp") or method == "powersgd"
+    return (phases.ALLREDUCE,) if ddp_based else ()
+
+
+def final_densities(runs: ResultSet) -> pd.Series:
+    """Per run the density of the pruned layers at the end (PruneX: the last recorded
+    density); 1.0 for dense methods."""
+    rows = runs.table("iterations")
+    last = pd.Series(dtype=float)
+    if schema.DENSITY in rows:
+        recorded = rows[rows[schema.DENSITY].notna()]
+        last = recorded.groupby(RUN_INDEX)[schema.DENSITY].last()
+    return pd.Series([float(last[i]) if i in last.index else 1.0 for i in range(len(runs))],
+                     index=runs.runs.index, dtype=object)
+
+
+def parts_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """The display parts ``with_report_columns`` added to ``frame`` (as parts_table)."""
+    return pd.DataFrame({part: frame[PART_PREFIX + part] for part in PARTS}, index=frame.index)

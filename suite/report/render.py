@@ -11,10 +11,22 @@ from pathlib import Path
 import pandas as pd
 
 from suite.report.figures import FIGURES, Skipped
-from suite.report.load import Run, final_density_of, load_runs
+from suite.report.load import FINAL_DENSITY, load_runs
 from suite.report.tables import caption_of, paper_table, to_latex, to_markdown
-from suite.results.compare import schedule_of
+from suite.results import schema
+from suite.results.resultset import (
+    BATCH_SIZE,
+    CONFIGURATION,
+    LR,
+    LR_SCHEDULE,
+    SETTING,
+    SHOWN_OPTIONS,
+    VIEW,
+    ResultSet,
+)
+from suite.results.resultset import column as column_of
 from suite.results.stats import mean_ci
+from suite.results.view import RunView
 
 #: what makes runs repeats of one configuration (they differ only in the seed)
 CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting", "batch_size",
@@ -25,64 +37,70 @@ AVERAGED = ["final_acc", "best_acc", "s_per_iter", "ms_per_step", "train_s", "in
 WITH_CI = ["final_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch"]
 
 
-def run_table(runs: list[Run]) -> pd.DataFrame:
+def run_table(runs: ResultSet) -> pd.DataFrame:
     """One row per run (``runs.csv``)."""
+    frame = runs.runs
+    shown = {text: json.loads(text) for text in set(frame[SHOWN_OPTIONS])}
+    keys = [schema.RUN_ID, schema.METHOD, schema.WORKLOAD, schema.DATASET, schema.GPUS,
+            schema.NODES, SHOWN_OPTIONS, CONFIGURATION, SETTING, BATCH_SIZE, LR, LR_SCHEDULE,
+            schema.SEED, schema.FINAL_ACCURACY, schema.BEST_ACCURACY, schema.EPOCHS,
+            schema.ITERATION_SECONDS, schema.SAMPLES_PER_RANK, schema.TRAIN_SECONDS,
+            schema.INTER_NODE_BYTES_TOTAL, schema.INTER_NODE_BYTES_PER_ITERATION, FINAL_DENSITY,
+            VIEW, schema.SIMULATED]
     rows = []
-    for run in runs:
-        s = run.summary
-        epochs = s.get("epochs") or float("nan")
-        recipe = run.manifest.get("recipe") or {}
+    for values in zip(*(column_of(frame, key) for key in keys)):
+        r = dict(zip(keys, values))
+        epochs = r[schema.EPOCHS] or float("nan")
         rows.append({
-            "run_id": run.run_id,
-            "method": s["method"],
-            "workload": s["workload"],
-            "dataset": s.get("dataset"),
-            "gpus": s["gpus"],
-            "nodes": s.get("nodes"),
-            "options": ",".join(f"{k}={v}" for k, v in run.options.items()),
-            # what repeats are grouped by: the resolved settings (run.options shows them)
-            "configuration": json.dumps(run.configuration(run.declared), sort_keys=True),
-            "setting": run.setting,
-            "batch_size": recipe.get("batch_size"),
-            "lr": recipe.get("lr"),
-            "lr_schedule": schedule_of(recipe) if recipe else None,
-            "seed": s.get("seed"),
-            "final_acc": s.get("final_accuracy"),
-            "best_acc": s.get("best_accuracy"),
+            "run_id": r[schema.RUN_ID],
+            "method": r[schema.METHOD],
+            "workload": r[schema.WORKLOAD],
+            "dataset": r[schema.DATASET],
+            "gpus": r[schema.GPUS],
+            "nodes": r[schema.NODES],
+            "options": ",".join(f"{k}={v}" for k, v in shown[r[SHOWN_OPTIONS]].items()),
+            # what repeats are grouped by: the resolved settings (options shows them)
+            "configuration": r[CONFIGURATION],
+            "setting": r[SETTING],
+            "batch_size": r[BATCH_SIZE],
+            "lr": r[LR],
+            "lr_schedule": r[LR_SCHEDULE],
+            "seed": r[schema.SEED],
+            "final_acc": r[schema.FINAL_ACCURACY],
+            "best_acc": r[schema.BEST_ACCURACY],
             "epochs": round(epochs, 3),
-            "s_per_iter": s.get("iteration_seconds"),
-            "ms_per_step": ms_per_step(s, recipe),
-            "train_s": s.get("train_seconds"),
-            "inter_MB_per_epoch": (s.get("inter_node_bytes_total") or 0) / 1e6 / epochs,
-            "inter_MB_per_iter": (s.get("inter_node_bytes_per_iteration") or 0) / 1e6,
-            "density": final_density_of(run),
-            "exported_params_M": exported(run, "parameters") / 1e6,
-            "exported_GFLOPs": exported(run, "flops") / 1e9,
-            "simulated": bool(s.get("simulated")),
+            "s_per_iter": r[schema.ITERATION_SECONDS],
+            "ms_per_step": ms_per_step(r[schema.SAMPLES_PER_RANK], r[BATCH_SIZE],
+                                       r[schema.TRAIN_SECONDS]),
+            "train_s": r[schema.TRAIN_SECONDS],
+            "inter_MB_per_epoch": (r[schema.INTER_NODE_BYTES_TOTAL] or 0) / 1e6 / epochs,
+            "inter_MB_per_iter": (r[schema.INTER_NODE_BYTES_PER_ITERATION] or 0) / 1e6,
+            "density": r[FINAL_DENSITY],
+            "exported_params_M": exported(r[VIEW], "parameters") / 1e6,
+            "exported_GFLOPs": exported(r[VIEW], "flops") / 1e9,
+            "simulated": bool(r[schema.SIMULATED]),
         })
     return pd.DataFrame(rows).sort_values(["workload", "method", "gpus", "seed"], kind="stable")
 
 
-def exported(run: Run, key: str) -> float:
+def exported(run: RunView, key: str) -> float:
     """A number of the run's exported model (``bench export``); NaN without one."""
     value = (run.export or {}).get("exported", {}).get(key)
     return float("nan") if value is None else float(value)
 
 
-def ms_per_step(summary: dict, recipe: dict) -> float | None:
+def ms_per_step(samples_per_rank, batch_size, train_seconds) -> float | None:
     """Training milliseconds per local step: comparable between methods whose iteration is
     one step (DDP) and a round of H steps (PruneX, local SGD)."""
-    samples, batch = summary.get("samples_per_rank"), recipe.get("batch_size")
-    if not samples or not batch or summary.get("train_seconds") is None:
+    if not samples_per_rank or not batch_size or train_seconds is None:
         return None
-    return 1e3 * summary["train_seconds"] / (samples / batch)
+    return 1e3 * train_seconds / (samples_per_rank / batch_size)
 
 
-def summary_table(runs: list[Run]) -> pd.DataFrame:
-    """One row per configuration (``summary.csv``): repeats (seeds) reduced to their mean,
-    with the 95 % t half-width (``*_ci95``) of accuracy, time and bytes; ``run_id`` lists
-    every repeat, so none is ever dropped."""
-    per_run = run_table(runs)
+def summary_table(per_run: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration (``summary.csv``) of ``run_table``'s rows: repeats
+    (seeds) reduced to their mean, with the 95 % t half-width (``*_ci95``) of accuracy, time
+    and bytes; ``run_id`` lists every repeat, so none is ever dropped."""
     grouping = [c if c != "options" else "configuration" for c in CONFIG]
     keys = per_run[grouping].astype(object).where(per_run[grouping].notna(), "-").astype(str)
     rows = []
@@ -115,9 +133,10 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     out.mkdir(parents=True, exist_ok=True)
     for line in skipped_runs:
         echo(f"skipped run {line}")
-    summary = summary_table(runs)
+    per_run = run_table(runs)
+    summary = summary_table(per_run)
     summary.to_csv(out / "summary.csv", index=False)
-    run_table(runs).to_csv(out / "runs.csv", index=False)
+    per_run.to_csv(out / "runs.csv", index=False)
     paper, caption = paper_table(summary), caption_of(summary)
     (out / "table.tex").write_text(to_latex(paper, caption))
     (out / "table.md").write_text(f"{to_markdown(paper)}\n\n{caption}\n")
@@ -152,7 +171,7 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
                  result.table.head(40).to_html(index=False, float_format="%.4g")]
     if skipped_runs:
         md += ["## Runs not included", "", *[f"- {line}" for line in skipped_runs], ""]
-    damaged = [line for run in runs for line in run.unreadable]
+    damaged = runs.unreadable
     for line in damaged:
         echo(f"skipped unreadable file {line}")
     if damaged:

@@ -20,11 +20,23 @@ from pathlib import Path
 import pandas as pd
 
 from suite.errors import BenchError
-from suite.results import schema
+from suite.results import schema, summary
 from suite.results.activity import ActivityCheck, check_run
+from suite.results.resultset import (
+    COMMIT,
+    CONFIGURATION,
+    FOLDER,
+    RUN_INDEX,
+    STARTED,
+    VIEW,
+    Declared,
+    nothing_declared,
+    read_result_set,
+    read_tables,
+)
 from suite.results.schema import Status, Verdict
 from suite.results.stats import half_width
-from suite.results.view import RunView, run_folders
+from suite.results.view import RunView
 
 # metric -> +1 when higher is better, -1 when lower is better
 #: a run's seconds per local step over its DDP twin's (computed here, not recorded)
@@ -76,38 +88,35 @@ def parse_metrics(names: tuple[str, ...]) -> list[str]:
     return chosen or list(METRICS)
 
 
-#: method -> its options' declared defaults (None: the method is not installed here)
-Declared = Callable[[str], "dict | None"]
-
-
-def nothing_declared(method: str) -> None:
-    return None
-
-
 def load_summaries(
     path: str | Path, declared: Declared = nothing_declared
 ) -> tuple[pd.DataFrame, list[str]]:
     """Every run under ``path`` (a run folder or a tree of them) as one row of its summary
-    and comparison key (its ``view`` column holds the :class:`RunView`), and warnings.
-    ``declared`` gives each method's option defaults, so runs are matched by their resolved
-    settings (:meth:`RunView.configuration`)."""
+    and comparison key (its ``view`` column holds the ``RunView``), and warnings: the
+    result set (suite.results.resultset.read_result_set) with the key's columns made as
+    runs are compared. ``declared`` gives each method's option defaults, so runs are matched
+    by their resolved settings (``RunView.configuration``): a run's ``options`` is its
+    configuration, its ``shown_options`` what a table shows of it. Epochs are those run
+    (rounded), not those asked for."""
     root = Path(path)
     if not root.exists():
         raise BenchError(f"{root} does not exist")
-    rows, warnings = [], []
-    for folder in run_folders(root):
-        try:
-            view = RunView.read(folder)
-        except BenchError as exc:
-            warnings.append(f"skipped {exc}")
-            continue
-        if view.status == Status.RUNNING:
-            warnings.append(f"{folder}: still says running; counted as failed "
-                            "(`bench recover` finalizes a killed run)")
-        rows.append(key_row(view, declared(view.method)))
-    if not rows:
+    runs = read_result_set(root, declared)
+    warnings = [f"skipped {line}" for line in runs.skipped]
+    if not len(runs):
         raise BenchError(f"no run folders (summary.json) under {root}")
-    frame = pd.DataFrame(rows)
+    frame = runs.runs
+    warnings += [f"{folder}: still says running; counted as failed "
+                 "(`bench recover` finalizes a killed run)"
+                 for folder, status in zip(frame[FOLDER], frame[schema.STATUS])
+                 if status == Status.RUNNING]
+    frame[schema.FINAL_TRAIN_LOSS] = final_train_losses(list(frame[VIEW]))
+    frame[schema.OPTIONS] = frame[CONFIGURATION]
+    frame[COMMIT] = [value or "-" for value in frame[COMMIT]]
+    frame[STARTED] = [value or "-" for value in frame[STARTED]]
+    frame[schema.EPOCHS] = [None if e is None else round(float(e), 3)
+                            for e in frame[schema.EPOCHS]]
+    frame = frame.infer_objects()
     for column in [*KEY, schema.STATUS, *METRICS]:
         if column not in frame:
             frame[column] = None
@@ -116,29 +125,19 @@ def load_summaries(
     return frame, warnings
 
 
-def key_row(view: RunView, declared: dict | None) -> dict:
-    """A run's summary with its comparison key: where its times come from and its recipe
-    (from the manifest), its options as its configuration (resolved settings less declared
-    defaults). Epochs are those run (rounded), not those asked for."""
-    recipe = view.recipe
-    epochs = view.epochs
-    return {
-        **view.summary,
-        schema.FINAL_TRAIN_LOSS: view.final_train_loss,
-        schema.OPTIONS: json.dumps(view.configuration(declared), sort_keys=True),
-        "shown_options": json.dumps(view.shown_options(declared), sort_keys=True),
-        "folder": str(view.folder),
-        "view": view,
-        "machine_class": view.machine_class,
-        "commit": view.manifest.get("git_revision") or "-",
-        "started": view.manifest.get("started") or "-",
-        "setting": view.setting,
-        "batch_size": recipe.get("batch_size"),
-        "lr": recipe.get("lr"),
-        # runs recorded before schedules existed trained at a constant lr
-        "lr_schedule": schedule_of(recipe) if recipe else None,
-        schema.EPOCHS: None if epochs is None else round(float(epochs), 3),
-    }
+def final_train_losses(views: list[RunView]) -> list[float | None]:
+    """Each run's final training loss: its summary's, or for a run summarized before the key
+    existed, from its rows (the iterations and losses of all such runs read at once)."""
+    losses = [view.summary.get(schema.FINAL_TRAIN_LOSS) for view in views]
+    older = [i for i, view in enumerate(views) if schema.FINAL_TRAIN_LOSS not in view.summary]
+    if older:
+        rows, recorded = read_tables([views[i] for i in older], "iterations",
+                                     (schema.ITERATION, schema.LOSS))
+        from_rows = summary.final_train_losses(rows, RUN_INDEX)
+        for position, i in enumerate(older):
+            columns = recorded[position] or ()
+            losses[i] = from_rows.get(position) if schema.LOSS in columns else None
+    return losses
 
 
 def time_ratios(frame: pd.DataFrame) -> pd.Series:
@@ -189,10 +188,12 @@ def compare(
     base_keys, new_keys = keys_of(baseline), keys_of(new)
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
     labels = {**shown_options_of(baseline), **shown_options_of(new)}
+    new_values_keys = set(new_values.index)
+    failed = failed_rows(new, new_keys - new_values_keys)
     rows = []
     for run_key in sorted(base_keys & new_keys, key=str):
-        if run_key not in new_values.index:  # every NEW run of this key failed
-            rows.append(failed_row(new, run_key))
+        if run_key not in new_values_keys:  # every NEW run of this key failed
+            rows.append(failed[run_key])
             continue
         for metric in metrics:
             before = stats_of(base_values, run_key, metric)
@@ -204,10 +205,9 @@ def compare(
                                   new_ci=after["half"], repeats=f"{before['n']}/{after['n']}",
                                   change=change, unit=unit))
     new_only = sorted(new_keys - base_keys, key=str)
-    new_values_keys = set(new_values.index)
     for run_key in new_only:  # a run that failed is a regression even without a baseline twin
         if run_key not in new_values_keys:
-            rows.append(failed_row(new, run_key))
+            rows.append(failed[run_key])
     for row in rows:
         row["shown_options"] = labels.get(tuple(row[k] for k in KEY), row["options"])
     unmatched = {
@@ -250,18 +250,18 @@ def activity_rows(
     dense = pd.to_numeric(ddp[schema.INTER_NODE_BYTES_PER_ITERATION], errors="coerce")
     dense = dense.groupby([ddp[k] for k in TWIN]).mean()
     rows, unchecked, without_check = [], 0, set()
-    for _, run in ok.iterrows():
-        view: RunView = run["view"]
-        check = check_of(view.method)
+    checks = {method: check_of(method) for method in ok[schema.METHOD].unique()}
+    dense = dense.to_dict()
+    for view, twin, run_key in zip(ok[VIEW], zip(*(ok[k] for k in TWIN)),
+                                   zip(*(ok[k] for k in KEY))):
+        check = checks[view.method]
         if check is None:
             without_check.add(view.method)
             continue
         if not view.manifest:
             unchecked += 1
             continue
-        twin = tuple(run[k] for k in TWIN)
-        view.dense_bytes = float(dense[twin]) if twin in dense.index else None
-        run_key = tuple(run[k] for k in KEY)
+        view.dense_bytes = float(dense[twin]) if twin in dense else None
         findings = check_run(view, check)
         for finding in findings:
             rows.append(table_row(run_key, "activity", Verdict.REGRESSION,
@@ -318,14 +318,22 @@ def judge(
     return change, unit, Verdict.REGRESSION if better < 0 else Verdict.IMPROVED
 
 
-def failed_row(new: pd.DataFrame, run_key: tuple) -> dict:
-    """Every NEW run of ``run_key`` failed, was interrupted or never finished."""
-    runs = new.set_index(KEY).loc[[run_key]]
-    errors = runs[schema.ERROR].dropna().tolist() if schema.ERROR in runs else []
-    status = runs[schema.STATUS].iloc[0]
-    reason = errors[0] if errors else f"status {status}"
-    return table_row(run_key, "status", Verdict.REGRESSION, reason, baseline=Status.OK.value,
-                     new=str(status), change=None)
+def failed_rows(new: pd.DataFrame, failed_keys: set[tuple]) -> dict[tuple, dict]:
+    """The status row of each key whose NEW runs all failed, were interrupted or never
+    finished: the first error of its runs (else the first one's status). One pass over the
+    runs, whatever the number of keys."""
+    rows = {}
+    if not failed_keys:
+        return rows
+    for run_key, runs in new.groupby(KEY, sort=False):
+        if run_key not in failed_keys:
+            continue
+        errors = runs[schema.ERROR].dropna().tolist() if schema.ERROR in runs else []
+        status = runs[schema.STATUS].iloc[0]
+        reason = errors[0] if errors else f"status {status}"
+        rows[run_key] = table_row(run_key, "status", Verdict.REGRESSION, reason,
+                                  baseline=Status.OK.value, new=str(status), change=None)
+    return rows
 
 
 def _describe(run_key: tuple) -> str:
@@ -379,10 +387,3 @@ def as_json(
     rows = json.loads(table.to_json(orient="records")) if len(table) else []
     return json.dumps({"rows": rows, "unmatched": unmatched, "regressions": regressions,
                        "matched": matched, "warnings": warnings}, indent=2)
-
-
-def schedule_of(recipe: dict) -> str:
-    """``cosine+warmup0.1`` or ``constant``: the lr schedule a manifest's recipe names."""
-    kind = recipe.get("lr_schedule", "constant")
-    warmup = recipe.get("warmup_epochs") or 0
-    return f"{kind}+warmup{warmup:g}" if warmup else kind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from suite.config import RunConfig
@@ -35,6 +36,21 @@ def final_train_loss(iterations: pd.DataFrame) -> float | None:
     per_iteration = iterations.groupby(schema.ITERATION)[schema.LOSS].mean()
     tail = per_iteration.iloc[len(per_iteration) // 2 :]
     return float(tail.mean())
+
+
+def final_train_losses(rows: pd.DataFrame, by: str) -> dict:
+    """``final_train_loss`` of every run in ``rows`` (the iterations and losses of many
+    runs, each run's rows together, ``by`` naming the run) in one groupby: run -> its loss,
+    the same number as ``final_train_loss`` of the run's own rows."""
+    if schema.LOSS not in rows or rows.empty:
+        return {}
+    per_iteration = rows.groupby([by, schema.ITERATION])[schema.LOSS].mean()
+    runs = per_iteration.index.get_level_values(0).to_numpy()
+    values = per_iteration.to_numpy()
+    starts = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])
+    ends = [*starts[1:], len(runs)]
+    return {runs[a]: float(pd.Series(values[a + (b - a) // 2 : b]).mean())
+            for a, b in zip(starts, ends)}
 
 
 def summarize(

@@ -25,7 +25,8 @@ import pandas as pd
 
 from suite.errors import BenchError
 from suite.results import schema
-from suite.results.compare import load_summaries, nothing_declared
+from suite.results.compare import load_summaries
+from suite.results.resultset import nothing_declared
 from suite.results.schema import Status
 
 #: runs a series needs before it gets a verdict: a noise estimate and a segment on each side

@@ -168,22 +168,25 @@ def test_report_of_nothing_is_one_line(tmp_path):
 
 def test_runs_of_different_settings_are_different_lines(tmp_path):
     """A scaling line never mixes simulated profiles, emulated link rates and plain runs."""
-    from suite.report.load import Run
+    from suite.report.labels import LABEL, line_table
+    from suite.report.load import parts_of, report_runs
+    from suite.results.view import RunView
 
-    summary = {"method": "ddp", "gpus": 8, "options": {}}
+    summary = {"method": "ddp", "workload": "cnn-fmnist", "gpus": 8, "options": {}}
 
     def run(manifest, simulated=False):
-        return Run(tmp_path, {**summary, "simulated": simulated}, manifest)
+        return RunView(tmp_path, {**summary, "simulated": simulated}, manifest)
 
-    runs = [
+    runs = report_runs([
         run({"simulation": {"profile": {"name": "v100-ib100"}}}, simulated=True),
         run({"simulation": {"profile": {"name": "v100-paper-fig7"}}}, simulated=True),
         run({"network": {"mode": "emulated", "inter_bw": "200mbit"}}),
         run({"network": {"mode": "emulated", "inter_bw": "1gbit"}}),
         run({}),
-    ]
-    assert len({r.series for r in runs}) == len({r.label for r in runs}) == 5
-    assert runs[0].series == "ddp (sim v100-ib100)" and runs[-1].label == "ddp 8g"
+    ]).runs
+    lines = line_table(runs, parts_of(runs))
+    assert lines.nunique() == runs[LABEL].nunique() == 5
+    assert lines[0] == "DDP (sim v100-ib100)" and runs[LABEL][4] == "DDP"
 
 
 def test_pareto_frontier_keeps_only_undominated_points():

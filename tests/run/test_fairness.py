@@ -15,9 +15,10 @@ from methods.prunex.penalties import rho1_for_pull, round_pull
 from suite.data.schedule import LRSchedule
 from suite.plugins.registry import METHODS
 from suite.report.figures import phase_breakdown
-from suite.report.load import Run
-from suite.report.render import summary_table
+from suite.report.load import report_runs
+from suite.report.render import run_table, summary_table
 from suite.results.stats import t95
+from suite.results.view import RunView
 from suite.structured.groups import trace_channel_groups
 from suite.structured.liveness import live_slices
 from suite.structured.masks import StructuredMask, project
@@ -232,12 +233,12 @@ def repeat(tmp_path, seed, accuracy, phases, run_id):
         "steps_per_iteration": 1, "status": "ok",
     }
     manifest = {"recipe": {"batch_size": 32, "lr": 0.05, "lr_schedule": "cosine"}}
-    return Run(tmp_path / run_id, summary, manifest)
+    return RunView(tmp_path / run_id, summary, manifest)
 
 
 def test_repeats_of_one_configuration_are_one_row_with_a_t_interval(tmp_path):
     runs = [repeat(tmp_path, 0, 0.80, {}, "a"), repeat(tmp_path, 1, 0.84, {}, "b")]
-    table = summary_table(runs)
+    table = summary_table(run_table(report_runs(runs)))
     assert len(table) == 1
     row = table.iloc[0]
     assert row.repeats == 2 and row.seeds == "0,1" and row.run_id == "a,b"
@@ -253,6 +254,6 @@ def test_no_repeat_overwrites_another_in_the_phase_figure(tmp_path):
         repeat(tmp_path, 0, 0.8, {"local_compute": 1.0, "inter_allreduce": 0.2}, "a"),
         repeat(tmp_path, 1, 0.8, {"local_compute": 3.0, "inter_allreduce": 0.4}, "b"),
     ]
-    figure = phase_breakdown(runs, tmp_path)
+    figure = phase_breakdown(report_runs(runs), tmp_path)
     assert figure.run_ids == ["a", "b"]
     assert figure.table.local_compute.tolist() == [2.0]  # the mean, not the last seed
