@@ -2,11 +2,12 @@
 at the same exchange schedule, keep 0.5 against gradual magnitude pruning.
 
 Each family is a timm model created as a user would for Fashion-MNIST (the ``*-fmnist``
-workloads of ResNet-10-T, RegNetX, EfficientNet-B0, GhostNet and a ConvNeXt), trained with the
-workload's recipe (batch 32 per rank, lr 0.05) on 4 ranks as 2 nodes x 2 for half an epoch,
-evaluated once at the end. Every arm runs with its defaults, so PruneX and local SGD average
-the node every 4 local steps and cross nodes once per round of H steps alike. Each cell is a
-``bench sweep`` over the seeds, so an interrupted measurement goes on where it stopped.
+workloads of ResNet-10-T, RegNetX, EfficientNet-B0, GhostNet, a ConvNeXt and ConvMixer-64/4),
+trained with the workload's recipe (batch 32 per rank, lr 0.05) on 4 ranks as 2 nodes x 2 for
+half an epoch, evaluated once at the end. Every arm runs with its defaults, so PruneX and
+local SGD average the node every 4 local steps and cross nodes once per round of H steps
+alike. Each cell is a ``bench sweep`` over the seeds, so an interrupted measurement goes on
+where it stopped.
 
     python benchmarks/families.py                                  # every family, 3 seeds
     python benchmarks/families.py --workloads convnext-fmnist --seeds 0
@@ -30,7 +31,8 @@ from runs import SMOKE_DATA, mean_pm, output_folder, run_table, smoke_defaults, 
 
 from suite.api import mean_ci
 
-FAMILIES = "resnet10t-fmnist,regnetx-fmnist,efficientnet-fmnist,ghostnet-fmnist,convnext-fmnist"
+FAMILIES = ("resnet10t-fmnist,regnetx-fmnist,efficientnet-fmnist,ghostnet-fmnist,"
+            "convnext-fmnist,convmixer-fmnist")
 #: arm label -> the flags that make it
 ARMS = {
     "prunex keep 1.0": ["--method", "prunex", "--channel-keep", "1.0"],

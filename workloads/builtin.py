@@ -115,6 +115,11 @@ BUILTINS: dict[str, tuple[str, str, Callable[[DatasetSpec], nn.Module], Recipe, 
         f"timm GhostNet 0.5 (~1.3M params; Ghost modules: depthwise features concatenated) on "
         f"Fashion-MNIST; {CPU_DEMO}",
     ),
+    "convmixer-fmnist": (
+        "convmixer_64_4", "fmnist", models.convmixer_64_4, CPU_DEMO_RECIPE,
+        f"timm ConvMixer-64/4 (~25K params; residual depthwise blocks, 2x2 patches) on "
+        f"Fashion-MNIST; {CPU_DEMO}",
+    ),
     "convnext-fmnist": (
         "convnext_small_images", "fmnist", models.convnext_small_images, CPU_DEMO_RECIPE,
         f"timm ConvNeXt at widths 16-128 (~0.27M params; depthwise 7x7, LayerNorm, inverted "

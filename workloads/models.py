@@ -136,3 +136,12 @@ def convnext_small_images(spec: DatasetSpec) -> nn.Module:
 
     return ConvNeXt(in_chans=spec.in_chans, num_classes=spec.num_classes, depths=(1, 1, 2, 1),
                     dims=(16, 32, 64, 128), patch_size=2, output_stride=16)
+
+
+def convmixer_64_4(spec: DatasetSpec) -> nn.Module:
+    """timm's ConvMixer-64/4 (2x2 patches, 5x5 depthwise kernels): residual depthwise blocks
+    (depthwise conv, GELU, BN, + input), each followed by a pointwise conv, GELU, BN."""
+    from timm.models.convmixer import ConvMixer  # lazy: as above
+
+    return ConvMixer(64, 4, kernel_size=5, patch_size=2, in_chans=spec.in_chans,
+                     num_classes=spec.num_classes)
