@@ -32,7 +32,7 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
 ``TCPStore(use_libuv=)``, ``get_device_properties().uuid``, ``Work.get_future()``,
 ``Future.then`` are in 2.11.
 
-    torch: Generator, Size, Tensor, __version__, _foreach_add, _foreach_add_, _foreach_copy_,
+    torch: Generator, Size, Tensor, __version__, _foreach_add, _foreach_add_, _foreach_copy_, _foreach_div,
         _foreach_lerp_, _foreach_mul_, _foreach_norm, _foreach_sub, _foreach_sub_, allclose,
         arange, are_deterministic_algorithms_enabled, as_tensor, bfloat16, bincount, bool,
         cat, channels_last, device, div, dtype, empty, empty_like, equal, float16, float32,
@@ -74,8 +74,9 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
     torch.futures: Future
     torch.fx.experimental.optimization: fuse
     torch.multiprocessing: set_forkserver_preload, spawn, start_processes
-    torch.nn: AdaptiveAvgPool2d, BatchNorm2d, Conv2d, CrossEntropyLoss, Flatten, Hardswish,
-        Identity, Linear, MaxPool2d, Module, Parameter, ReLU, Sequential
+    torch.nn: AdaptiveAvgPool2d, BatchNorm2d, Conv2d, CrossEntropyLoss, Flatten, GroupNorm,
+        Hardswish, Identity, LayerNorm, Linear, MaxPool2d, Module, Parameter, ReLU, RMSNorm,
+        Sequential
     torch.nn.functional: cross_entropy, interpolate, pad
     torch.nn.init: kaiming_normal_
     torch.nn.modules.batchnorm: _BatchNorm

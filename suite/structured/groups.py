@@ -67,9 +67,7 @@ def _plain_conv(module: nn.Module) -> bool:
 
 
 #: norm layers whose statistics span the channels (a channel cannot leave them exactly)
-CHANNEL_MIXING_NORMS = tuple(
-    cls for cls in (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None)) if cls is not None
-)
+CHANNEL_MIXING_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
 
 
 def _depthwise_conv(module: nn.Module) -> bool:
