@@ -7,7 +7,9 @@ reduced to their mean with a 95 % t interval. Accuracy changes are absolute (poi
 bytes relative to the baseline, all signed so that positive is better. A change worse than its
 threshold is a regression, except that with repeats on both sides the two intervals must also
 not overlap. A key whose NEW runs all failed (or were interrupted, or never finished) is a
-regression too. Keys present on one side only are listed, never dropped silently.
+regression too, and so is one whose runs' traffic was not counted (several nodes, intra-node
+bytes and no inter-node bytes: its inter-node collectives went past the communicator), which
+is not ranked at all. Keys present on one side only are listed, never dropped silently.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def load_summaries(
     if not rows:
         raise BenchError(f"no run folders (summary.json) under {root}")
     frame = pd.DataFrame(rows)
-    for column in [*KEY, schema.STATUS, *METRICS]:
+    for column in [*KEY, schema.STATUS, *METRICS, "uncounted"]:
         if column not in frame:
             frame[column] = None
     frame[KEY] = frame[KEY].astype(object).where(frame[KEY].notna(), "-").astype(str)
@@ -129,6 +131,7 @@ def key_row(view: RunView, declared: dict | None) -> dict:
         "shown_options": json.dumps(view.shown_options(declared), sort_keys=True),
         "folder": str(view.folder),
         "view": view,
+        "uncounted": uncounted_traffic(view.summary),
         "machine_class": view.machine_class,
         "commit": view.manifest.get("git_revision") or "-",
         "started": view.manifest.get("started") or "-",
@@ -139,6 +142,19 @@ def key_row(view: RunView, declared: dict | None) -> dict:
         "lr_schedule": schedule_of(recipe) if recipe else None,
         schema.EPOCHS: None if epochs is None else round(float(epochs), 3),
     }
+
+
+def uncounted_traffic(summary: dict) -> str | None:
+    """Why a run's bytes cannot be ranked, or None: on several nodes it recorded traffic
+    inside the nodes and none between them, so its inter-node collectives went past the
+    communicator (or its method never crossed nodes) and it would read as the cheapest."""
+    nodes = summary.get(schema.NODES) or 1
+    inter = summary.get(schema.INTER_NODE_BYTES_TOTAL) or 0
+    intra = summary.get(schema.INTRA_NODE_BYTES_TOTAL) or 0
+    if summary.get(schema.STATUS) == Status.OK and nodes > 1 and intra > 0 and inter == 0:
+        return (f"not ranked: intra-node traffic and no inter-node bytes on {nodes} nodes (its "
+                "inter-node collectives went past ctx.comm)")
+    return None
 
 
 def time_ratios(frame: pd.DataFrame) -> pd.Series:
@@ -157,8 +173,10 @@ def time_ratios(frame: pd.DataFrame) -> pd.Series:
 
 
 def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count."""
-    ok = frame[frame[schema.STATUS] == Status.OK].copy()
+    """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count, of
+    the runs that finished with their traffic counted."""
+    counted = frame["uncounted"].isna() if "uncounted" in frame else True
+    ok = frame[(frame[schema.STATUS] == Status.OK) & counted].copy()
     for metric in METRICS:
         ok[metric] = pd.to_numeric(ok[metric], errors="coerce")
     grouped = ok.groupby(KEY)[list(METRICS)]
@@ -319,8 +337,13 @@ def judge(
 
 
 def failed_row(new: pd.DataFrame, run_key: tuple) -> dict:
-    """Every NEW run of ``run_key`` failed, was interrupted or never finished."""
+    """Every NEW run of ``run_key`` failed, was interrupted, never finished or did not
+    count its traffic."""
     runs = new.set_index(KEY).loc[[run_key]]
+    uncounted = runs["uncounted"].dropna().tolist() if "uncounted" in runs else []
+    if uncounted:
+        return table_row(run_key, "traffic", Verdict.REGRESSION, uncounted[0], baseline="-",
+                         new="uncounted", change=None)
     errors = runs[schema.ERROR].dropna().tolist() if schema.ERROR in runs else []
     status = runs[schema.STATUS].iloc[0]
     reason = errors[0] if errors else f"status {status}"

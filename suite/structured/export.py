@@ -11,7 +11,10 @@ as zeros. Pruned attention heads and MLP neurons (:mod:`.units`) are removed by 
 their members (qkv rows and biases, the output projection's columns, fc1's rows and biases,
 fc2's columns; the attention block's head count follows). The exported model must reproduce
 the masked dense model's outputs (fp32, eval mode) within ``TOLERANCE``; otherwise nothing is
-written.
+written. Channels are removed exactly through per-channel normalizations (BatchNorm,
+InstanceNorm) and a ViT's LayerNorms over tokens; a model whose normalizations mix the
+channels of conv features (GroupNorm, LayerNorm2d, LocalResponseNorm) is refused in one line
+before anything is removed, since a removed channel would move the others' statistics.
 
 What is measured of both: parameters, FLOPs per image (``torch.utils.flop_counter``), CPU
 inference latency at batch 1 and 128, and test accuracy.
@@ -31,6 +34,7 @@ from suite.structured.groups import ChannelGroup, trace_channel_groups
 from suite.structured.liveness import LiveSlices, live_slices, zero_dead
 from suite.structured.masks import StructuredMask, apply_mask
 from suite.structured.packing import packed_numel
+from suite.structured.structures import cross_channel_norms
 from suite.structured.units import UnitGroup, kept_positions
 
 TOLERANCE = 1e-5  # max |exported - masked dense| over the checked test outputs (fp32)
@@ -149,6 +153,14 @@ def export_model(
     than ``TOLERANCE``."""
     groups = trace_channel_groups(model, example[:1])
     live = live_slices(model, groups, masks)
+    if any(not alive.all() for alive in live.channels):
+        mixing = cross_channel_norms(model, example[:1])
+        if mixing:
+            raise BenchError(
+                f"cannot remove channels exactly: {mixing[0]} normalizes several channels "
+                "together (bench export supports BatchNorm, InstanceNorm and a ViT's "
+                "LayerNorm); nothing written"
+            )
     for group in unit_groups:
         live = live.restricted(kept_positions(group, masks[group.key]))
     masked = masked_dense_model(model, masks, live)

@@ -6,11 +6,14 @@ every rank; a model Torch-Pruning cannot trace, or a keep that prunes nothing in
 would otherwise be found after the ranks started, or never: the run would end ``ok`` with
 nothing pruned. Here the launcher builds the model once on the CPU, traces what the method
 will trace, and refuses such a run in one line that says what the model has and which
-options apply to it.
+options apply to it. It also refuses ``--pack live`` on a model whose normalizations mix
+several channels of a conv's output (GroupNorm, a LayerNorm over conv channels): leaving a
+dead channel out there changes the other channels, so the live exchange would not be exact.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import torch
@@ -26,6 +29,39 @@ CONV_SETS = {"filter_keep": "output filters", "channel_keep": "input channels",
              "shape_keep": "kernel positions"}
 
 
+#: normalizations that always mix channels: a zeroed (dead) channel moves the statistics the
+#: others are normalized with (BatchNorm and InstanceNorm normalize each channel alone)
+CROSS_CHANNEL_NORMS = (nn.GroupNorm, nn.LocalResponseNorm, nn.CrossMapLRN2d)
+
+
+def cross_channel_norms(model: nn.Module, example: torch.Tensor) -> list[str]:
+    """The normalizations of ``model`` that mix several channels of conv features
+    (``"layer1.0.norm1 (GroupNorm)"``): every ``CROSS_CHANNEL_NORMS`` module, and a LayerNorm
+    whose input is an image-shaped (4-D) tensor (ConvNeXt's LayerNorm2d); a LayerNorm over a
+    ViT's tokens normalizes the residual stream, whose channels never die. Found by one
+    forward pass of a CPU copy in eval mode."""
+    probe = copy.deepcopy(model).cpu().eval()
+    found: list[str] = []
+
+    def seen(name: str):
+        def hook(module, inputs, _output):
+            mixing = isinstance(module, CROSS_CHANNEL_NORMS) or (
+                inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() == 4)
+            if mixing and name not in found:
+                found.append(f"{name} ({type(module).__name__})")
+        return hook
+
+    hooks = [module.register_forward_hook(seen(name)) for name, module in probe.named_modules()
+             if isinstance(module, (*CROSS_CHANNEL_NORMS, nn.LayerNorm))]
+    try:
+        with torch.no_grad():
+            probe(example.detach().cpu()[:1])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
 def conv_set_size(keep: str, shape: torch.Size) -> int:
     c_out, c_in, kh, kw = shape
     return {"filter_keep": c_out, "channel_keep": c_in, "shape_keep": c_in * kh * kw}[keep]
@@ -37,6 +73,13 @@ def check_structure(settings, model: nn.Module, example: torch.Tensor, workload:
     keeps = {k: v for k, v in settings.keeps.items() if v is not None and v < 1.0}
     if getattr(settings, "pack", None) == "live":
         trace_channel_groups(model, example)  # what every rank traces for live packing
+        mixing = cross_channel_norms(model, example)
+        if mixing:
+            raise BenchError(
+                f"--pack live is not exact on {workload}: {mixing[0]} normalizes several "
+                "channels together, so leaving a dead channel out changes the others; use "
+                "--pack dense-masks (bench export cannot remove its channels either)"
+            )
     shapes = conv_shapes(model)
     wants_units = any(k in keeps for k in ("head_keep", "mlp_keep"))
     units = trace_unit_groups(model, example) if wants_units else None
