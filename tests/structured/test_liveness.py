@@ -184,3 +184,41 @@ def test_untraceable_model_is_one_line():
     with pytest.raises(BenchError, match="conv conv is not in the graph") as info:
         trace_channel_groups(NoAutograd(), torch.zeros(1, 1, 8, 8))
     assert "\n" not in str(info.value)
+
+
+def gn_net(norm) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), norm(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), norm(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
+
+
+def test_norms_that_mix_channels_refuse_live_packing_and_export():
+    """Leaving a dead channel out is exact through per-channel norms only: GroupNorm moves
+    the other channels' statistics (the masked model's outputs change by ~0.08 here), so
+    --pack live and bench export refuse it in one line; BatchNorm and InstanceNorm export."""
+    from suite.structured.export import export_model
+    from suite.structured.masks import StructuredKeepSettings
+    from suite.structured.structures import check_structure, cross_channel_norms
+
+    example = torch.randn(8, 3, 16, 16)
+    for norm in (nn.BatchNorm2d, lambda c: nn.InstanceNorm2d(c, affine=True)):
+        model = gn_net(norm)
+        assert cross_channel_norms(model, example) == []
+        masks = full_masks(model)
+        masks["3.weight"] = without_channels(masks["3.weight"], [2, 7])
+        export_model(model, masks, example)
+    model = gn_net(lambda c: nn.GroupNorm(4, c))
+    assert cross_channel_norms(model, example) == ["1 (GroupNorm)", "4 (GroupNorm)"]
+    masks = full_masks(model)
+    masks["3.weight"] = without_channels(masks["3.weight"], [2, 7])
+    with pytest.raises(BenchError, match=r"^cannot remove channels exactly: 1 \(GroupNorm\) "
+                       r"normalizes several channels together"):
+        export_model(model, masks, example)
+
+    class Live(StructuredKeepSettings):
+        pack = "live"
+
+    with pytest.raises(BenchError, match=r"^--pack live is not exact on gn: 1 \(GroupNorm\) "
+                       r"normalizes several channels together, so leaving a dead channel out "
+                       r"changes the others; use --pack dense-masks"):
+        check_structure(Live(channel_keep=0.5), model, example[:1], "gn")
