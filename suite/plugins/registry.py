@@ -16,7 +16,7 @@ know the round); the look's colour and marker; a name registered twice. A plugin
 to load (an ImportError, a refused registration) is skipped with one warning line naming it,
 whatever it registered before it failed is taken back (entries, datasets, phases), and
 everything else keeps working. A factory is called only for the method or workload a command
-uses (:meth:`Registry.build`); one that raises is that command's one-line error, and where a
+uses (``Registry.build``); one that raises is that command's one-line error, and where a
 command builds several (``bench run --help`` shows every workload's recipe) it is skipped
 with the same warning line. ``PRUNEX_STRICT_PLUGINS=1`` (``bench --strict-plugins``) makes
 every skip fatal, as CI may want. The built-ins load first, so a plugin cannot shadow them.
@@ -113,7 +113,8 @@ class Entry:
     look: Look | None = None  # how reports draw it (None: its name, grey)
     #: what a finished run of it must have done (suite.results.activity), or None
     activity: Callable[..., list[str]] | None = None
-    #: the entry point that registered it (``"name (module)"``; None: registered directly)
+    #: the third-party entry point that registered it (``"'name' (module)"``; None: a
+    #: built-in, or registered outside any entry point)
     plugin: str | None = None
 
     @property

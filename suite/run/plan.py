@@ -1,13 +1,13 @@
 """One run, resolved once: the frozen plan every part of a run reads.
 
 ``bench run`` (and each cell of ``bench sweep``, each simulation of ``bench sim``) turns its
-configuration into a :class:`RunPlan` once, before anything is checked or started: the method
+configuration into a ``RunPlan`` once, before anything is checked or started: the method
 and its settings, the workload and its recipe with the run's overrides, the dataset and its
 shape, the rank layout, the schedule (steps per epoch, the round, the budget) and the run id.
 Preflight, the dry run, the launchers, the ranks, the simulator and the manifest read that
 plan; none of them resolves the workload or the settings again or completes the
 configuration in place (a ``RunConfig`` is frozen). The ranks receive the plan as JSON (the
-configuration and the plan's facts, :meth:`RunPlan.to_json`), rebuild it from the
+configuration and the plan's facts, ``RunPlan.to_json``), rebuild it from the
 configuration and refuse, in one line, a plan whose facts differ from their launcher's (a node
 with other plugins installed, a workload whose factory is not deterministic).
 """
@@ -186,7 +186,7 @@ class RunPlan:
 
     @classmethod
     def from_json(cls, text: str) -> RunPlan:
-        """The plan of :meth:`to_json`'s text, resolved again here from its configuration;
+        """The plan of ``to_json``'s text, resolved again here from its configuration;
         a one-line error when this process resolves other facts than the launcher did."""
         data = json.loads(text)
         config = RunConfig.from_json(json.dumps(data["config"]))
