@@ -41,6 +41,7 @@ from suite.plugins.registry import METHODS, WORKLOADS, Look
 from suite.plugins.sgd import SGDBaseline
 from suite.results import stats as _stats
 from suite.results.activity import (
+    crosses_nodes,
     crosses_nodes_every_round,
     reaches_keep,
     sends_fraction_of_dense,
@@ -71,6 +72,7 @@ __all__ = [
     "BenchError",
     # activity checks: what a finished run must have done
     "RunView",
+    "crosses_nodes",
     "crosses_nodes_every_round",
     "reaches_keep",
     "sends_fraction_of_dense",

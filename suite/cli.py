@@ -22,6 +22,7 @@ from suite.commands.export import export_and_print
 from suite.commands.flags import (
     BenchGroup,
     IntList,
+    RecipeOption,
     config_option,
     fail,
     given_options,
@@ -340,13 +341,13 @@ def calibrate_cmd(**kwargs) -> None:
 @click.option("--gpus-per-node", type=int, default=None, help="default: the profile's")
 @click.option("--profile", default="v100-ib100", show_default=True, help="name or JSON file")
 @click.option("--iterations", type=int, default=None, help="iterations (rounds) to simulate")
-@click.option("--epochs", type=float, default=None, help="epochs to simulate")
+@click.option("--epochs", type=float, default=None, help="epochs to simulate", cls=RecipeOption)
 @click.option("--replay", type=int, default=None, help="iterations replayed for real (10)")
 @click.option("--accuracy-from", default=None, help="real run folder whose accuracy to carry")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--results-dir", default="results", show_default=True)
 @click.option("--tag", default=None)
-@click.option("--batch-size", type=int, default=None, help="per-rank batch")
+@click.option("--batch-size", type=int, default=None, help="per-rank batch", cls=RecipeOption)
 @click.option("--dry-run", is_flag=True, help="list the simulations and start nothing")
 @click.option("--list-profiles", is_flag=True, help="list the shipped profiles and exit")
 def sim_cmd(**kwargs) -> None:

@@ -1,5 +1,10 @@
 """The full configuration of one run: what the CLI parsed, what every rank receives,
-and what the manifest records."""
+and what the manifest records.
+
+A RunConfig is frozen: once ``bench run`` has resolved it (launcher, node size, device, run
+id) into a plan (``suite.run.plan``), nothing completes it in place; a changed copy is made
+with ``dataclasses.replace``. Its JSON form is the manifest's ``config`` (a contract: old runs'
+manifests are read by ``bench rerun``, ``--resume``, ``--config`` and ``bench compare``)."""
 
 from __future__ import annotations
 
@@ -9,8 +14,32 @@ from dataclasses import dataclass, field
 
 from suite.errors import BenchError
 
+#: launcher -> the flags that only it reads (``bench run``)
+LAUNCHER_FLAGS = {
+    "slurm": (
+        "slurm_partition",
+        "slurm_account",
+        "slurm_time",
+        "slurm_cpus_per_task",
+        "slurm_signal_lead",
+    ),
+    "sim": ("profile", "replay", "accuracy_from"),
+}
+#: flags of ``bench run``, ``bench sweep`` and ``bench sim`` that are not RunConfig fields
+COMMAND_ONLY_FLAGS = (
+    "config", "dry_run", "force", "list_profiles", "strict_plugins", "help",
+    *(name for names in LAUNCHER_FLAGS.values() for name in names),
+)
 
-@dataclass
+
+def reserved_flags() -> set[str]:
+    """Names (``seed``, ``dry_run``) of every flag ``bench run``, ``bench sweep`` and ``bench
+    sim`` take themselves: a method option may not be called like one."""
+    run_fields = {f.name for f in dataclasses.fields(RunConfig) if f.name != "options"}
+    return run_fields | set(COMMAND_ONLY_FLAGS)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     method: str = "prunex"
     workload: str = "cnn-fmnist"

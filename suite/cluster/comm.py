@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from suite import compat
+from suite.cluster.audit import AUDIT
 from suite.cluster.phases import known_phase
 from suite.cluster.recorder import Recorder, synchronize
 from suite.cluster.topology import CommGroup, Topology
@@ -124,9 +125,12 @@ class Communicator:
         """Attribute a collective issued outside this class (e.g. by a torch DDP comm hook
         such as PowerSGD) by the same ring model. ``size``: bytes of the all-reduced or broadcast
         buffer, or one rank's all-gather piece; ``phase``, when given, must be a known phase
-        (a typo fails here, at its first use). The watchdog learns the collective here."""
+        (a typo fails here, at its first use). The watchdog learns the collective here, and
+        the audit of collectives issued past the communicator (suite.cluster.audit) that it
+        was declared: a collective neither issued nor declared here fails a multi-node run."""
         if phase is not None:
             known_phase(phase)
+        AUDIT.declare(group.pg, size)  # what the audit subtracts from the group's collectives
         n = group.size
         if n > 1:
             POSITION.issued(kind, group.name, group.ranks)
@@ -240,8 +244,20 @@ class Communicator:
             out.copy_(flat)
         return out.view(n, *tensor.shape)
 
-    def broadcast(self, tensor: torch.Tensor, group: CommGroup, *, src: int, phase: str):
-        """Broadcast from global rank ``src`` (a member of ``group``)."""
+    def broadcast(
+        self, tensor: torch.Tensor, group: CommGroup, *, src: int, phase: str
+    ) -> torch.Tensor:
+        """Broadcast from global rank ``src`` (a member of ``group``), in place.
+
+        Args:
+            tensor: the root's data; on every other rank, overwritten with it.
+            group: the ranks taking part.
+            src: the root's global rank.
+            phase: what the time is recorded under.
+
+        Returns:
+            ``tensor`` itself (filled on every rank), so a call can be chained.
+        """
         self.account("broadcast", group, nbytes(tensor), src=src, phase=phase)
         if group.size > 1:
             self._timed(phase, lambda: dist.broadcast(tensor, src=src, group=group.pg))

@@ -10,6 +10,7 @@ A plugin that times a phase of its own declares it with :func:`declare_phase`.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 
 from suite.errors import BenchError
@@ -79,11 +80,17 @@ PHASES: dict[str, Phase] = {
 COMMUNICATION_WORDS = ("allreduce", "allgather", "broadcast")
 #: colour of a phase nobody declared (a row written by an older or foreign version)
 UNKNOWN_COLOR = "#DDDDDD"
+#: the least CIELAB distance (CIE76 Delta E*ab) between a declared phase's colour and the
+#: colour of every phase known before it: about four times a just-noticeable difference, so
+#: the two stay apart in a stacked bar (the closest built-in pair, pack and intra_allgather,
+#: is 7.9 apart; the example plugin's grad_scale is 11.6 from projection)
+MIN_COLOR_DISTANCE = 10.0
 
 
 def declare_phase(name: str, color: str, *, communication: bool) -> str:
     """A plugin's own phase: its colour and whether it is communication. Declaring a
-    built-in phase again with other facts is an error.
+    built-in phase again with other facts is an error, and so is a colour matplotlib cannot
+    draw or one closer than ``MIN_COLOR_DISTANCE`` (CIELAB) to a phase already known.
 
     Args:
         name: the phase's name (its seconds land in the ``t_<name>`` column).
@@ -100,10 +107,51 @@ def declare_phase(name: str, color: str, *, communication: bool) -> str:
             ...
     """
     phase = Phase(name, color, communication)
-    known = PHASES.setdefault(name, phase)
-    if known != phase:
-        raise ValueError(f"phase {name!r} is already declared as {known}")
+    known = PHASES.get(name)
+    if known is not None:
+        if known != phase:
+            raise ValueError(f"phase {name!r} is already declared as {known}")
+        return name
+    check_phase_color(name, color)
+    PHASES[name] = phase
     return name
+
+
+def check_phase_color(name: str, color: str) -> None:
+    """One line unless ``color`` is a colour matplotlib draws and stands
+    ``MIN_COLOR_DISTANCE`` apart from every known phase's colour in CIELAB."""
+    # lazy: matplotlib.colors costs ~0.2 s to import; only this path needs it
+    from matplotlib.colors import is_color_like
+
+    if not is_color_like(color):
+        raise BenchError(f"phase {name!r}: colour {color!r} is not a colour matplotlib knows "
+                         "(e.g. '#117733', 'tab:olive')")
+    mine = cielab(color)
+    for other in PHASES.values():
+        distance = math.dist(mine, cielab(other.color))
+        if distance < MIN_COLOR_DISTANCE:
+            raise BenchError(
+                f"phase {name!r}: colour {color} is {distance:.1f} from {other.color} of phase "
+                f"{other.name!r} in CIELAB (at least {MIN_COLOR_DISTANCE:g} keeps them apart "
+                "in a figure); pick another colour"
+            )
+
+
+def cielab(color: str) -> tuple[float, float, float]:
+    """``color`` in CIELAB (D65 white): sRGB decoded to linear light, then XYZ, then L*a*b*."""
+    # lazy: matplotlib.colors costs ~0.2 s to import; only this path needs it
+    from matplotlib.colors import to_rgb
+
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(color)]
+    r, g, b = linear
+    xyz = (
+        (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047,
+        0.2126 * r + 0.7152 * g + 0.0722 * b,
+        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883,
+    )
+    fx, fy, fz = (t ** (1 / 3) if t > (6 / 29) ** 3 else t / (3 * (6 / 29) ** 2) + 4 / 29
+                  for t in xyz)
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
 
 
 def known_phase(name: str) -> str:

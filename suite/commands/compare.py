@@ -16,6 +16,7 @@ import pandas as pd
 
 from suite.errors import BenchError, RunFailed
 from suite.plugins.registry import METHODS
+from suite.results.activity import crosses_nodes
 from suite.results.compare import (
     activity_rows,
     as_json,
@@ -52,9 +53,10 @@ def load_baseline(baseline: str, new_classes: set[str]) -> tuple[pd.DataFrame, l
 
 
 def declared_activity_check(method: str):
-    """The activity check ``method`` registered (None: none, or not installed here)."""
+    """The activity check ``method`` registered, else the default every method of several
+    nodes must pass (``crosses_nodes``), also for a method not installed here."""
     entry = METHODS.find(method)
-    return entry.activity if entry is not None else None
+    return entry.activity if entry is not None and entry.activity is not None else crosses_nodes
 
 
 def run_compare(

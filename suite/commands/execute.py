@@ -1,5 +1,6 @@
 """What ``bench run``, ``bench rerun`` and ``bench sweep`` do once their flags are parsed:
-build the configurations, check them all, then dry-run, submit, simulate or launch."""
+build the configurations, resolve each once into its plan (``suite.run.plan``) with its
+launcher's facts, check them all, then dry-run, submit, simulate or launch the plan."""
 
 from __future__ import annotations
 
@@ -7,27 +8,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from suite.commands.experiment import read_experiment
-from suite.commands.preflight import (
-    LAUNCHER_FLAGS,
-    describe,
-    refuse_foreign_flags,
-    split_options,
-    validate,
-)
+from suite.commands.preflight import describe, refuse_foreign_flags, split_options, validate
 from suite.commands.sweep import expand, run_cells, summary_lines
-from suite.config import RunConfig
+from suite.config import LAUNCHER_FLAGS, RunConfig
 from suite.errors import BenchError
 from suite.launchers.local import (
     adopt_slurm_environment,
-    default_local_gpus_per_node,
+    job_config,
     launch_emulated,
     launch_in_job,
     launch_local,
+    local_config,
 )
-from suite.launchers.slurm import prepare, slurm_request, submit_or_print
+from suite.launchers.slurm import slurm_config, slurm_request, submit_or_print
 from suite.plugins.registry import METHODS
 from suite.results.folder import MANIFEST, RunFolder
 from suite.run.checkpoint import latest_checkpoint
+from suite.run.plan import RunPlan, plan_run
 
 SIM_FLAGS = LAUNCHER_FLAGS["sim"]
 SLURM_FLAGS = LAUNCHER_FLAGS["slurm"]
@@ -96,30 +93,39 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
         raise BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`")
     config = config_from_flags({**kwargs, "gpus": gpus}, given, warn=echo)
     if launcher == "slurm":
-        prepare(config)
         request = slurm_request(**slurm)
-        validate(config, check_data=False)
-        submit_or_print(config, request, dry_run=dry_run, echo=echo)
+    if config.network == "emulated" and launcher not in ("auto", "local"):
+        raise BenchError("--network emulated runs with --launcher local")
+    plan = resolve_run(config)
+    # a rank of a job reads (and with --download fetches) its data once, in setup
+    validate(plan, check_data=plan.config.launcher == "local")
+    if launcher == "slurm":
+        submit_or_print(plan, request, dry_run=dry_run, echo=echo)
         return
+    if dry_run:
+        echo(describe(plan, generated_run_id=config.run_id is None))
+        return
+    if plan.config.network == "emulated":
+        echo(f"results: {launch_emulated(plan)}")
+    elif plan.config.launcher == "local":
+        echo(f"results: {launch_local(plan)}")
+    else:
+        launch_in_job(plan)
+
+
+def resolve_run(config: RunConfig) -> RunPlan:
+    """``config``'s plan: its launcher's facts first (``auto``: torchrun inside a job, else
+    local; the node size, the device, a job's world size), then everything else, once."""
+    launcher = config.launcher
     if launcher == "auto":
         launcher = "torchrun" if adopt_slurm_environment() else "local"
-    config.launcher = launcher
-    if launcher == "local" and config.gpus_per_node is None:
-        config.gpus_per_node = default_local_gpus_per_node(config.gpus)
-    if config.network == "emulated" and launcher != "local":
-        raise BenchError("--network emulated runs with --launcher local")
-    # a rank of a job reads (and with --download fetches) its data once, in setup
-    validate(config, check_data=launcher != "torchrun")
-    if dry_run:
-        run_dir = Path(config.results_dir) / (config.run_id or "<generated run id>")
-        echo(describe(config, run_dir))
-        return
-    if config.network == "emulated":
-        echo(f"results: {launch_emulated(config)}")
-    elif launcher == "local":
-        echo(f"results: {launch_local(config)}")
-    else:
-        launch_in_job(config)
+    if launcher == "slurm":
+        return plan_run(slurm_config(config))
+    if launcher == "torchrun":
+        if config.network == "emulated":
+            raise BenchError("--network emulated runs with --launcher local")
+        return plan_run(job_config(config))
+    return plan_run(local_config(config))
 
 
 def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
@@ -140,9 +146,8 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     base = RunConfig.from_flags(first, {}, gpus[0])
     cells = expand(base, workloads, methods, gpus, seeds, grid)
     for cell in cells:
-        config = cell.config
-        config.gpus_per_node = config.gpus_per_node or default_local_gpus_per_node(config.gpus)
-        validate(config, existing_folder_ok=True)  # the sweep skips, resumes or moves them
+        cell.plan = plan_run(local_config(cell.config))
+        validate(cell.plan, existing_folder_ok=True)  # the sweep skips, resumes or moves them
     if dry_run:
         for cell in cells:
             echo(f"{cell.run_id}  {cell.config.options}")

@@ -7,7 +7,7 @@ ddp]``, ``workload: [...]``, ``seed: [0, 1, 2]``, ``channel_keep: [0.3, 0.5]``).
 
 A run folder's ``manifest.json`` is itself an experiment file: its ``config`` is read, less
 the recorded run id (a run of it again gets a new folder) and with the launcher chosen anew
-(``auto``) where it was resolved from the environment.
+(``auto``) where it was resolved from the environment or was a SLURM job's.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _key(name) -> str:
 
 def _from_manifest(manifest: dict, path) -> dict:
     config = {k: v for k, v in manifest["config"].items() if k not in _RECORDED_ONLY}
-    if config.get("launcher") in ("local", "torchrun"):
+    if config.get("launcher") in ("local", "torchrun", "slurm"):
         config["launcher"] = "auto"
     if manifest.get("simulated"):
         simulation = manifest.get("simulation", {})

@@ -62,7 +62,7 @@ def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup
         )
     if not (run_dir / "model.pt").is_file():
         raise BenchError(f"{run_dir}: no model.pt (the run did not finish): nothing to export")
-    workload = WORKLOADS.get(config["workload"]).factory()  # loads plugins and their datasets
+    workload = WORKLOADS.build(config["workload"])  # loads plugins and their datasets
     spec = dataset_spec(config["dataset"])
     model = workload.build_model(spec)
     try:

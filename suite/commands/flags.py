@@ -1,7 +1,9 @@
 """The flags of the ``bench`` commands, as click machinery: integer lists, experiment files
 (``--config``), the shared flags of ``run`` and ``sweep``, and the method options attached
 from the registry when a command that takes them is invoked (so a plugin's options appear
-with no change to the CLI); and the one-line error exit."""
+with no change to the CLI); the workloads' recipes shown in ``--help`` only (the one place
+every workload's factory is called, each one that fails skipped with a warning line); and
+the one-line error exit."""
 
 from __future__ import annotations
 
@@ -13,16 +15,6 @@ import click
 from suite.commands.experiment import apply_to_command, read_experiment
 from suite.errors import BenchError, RunFailed
 from suite.plugins.registry import METHODS, WORKLOADS
-
-RECIPE_FIELDS = (
-    "batch_size",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "epochs",
-    "lr_schedule",
-    "warmup_epochs",
-)
 
 
 class IntList(click.ParamType):
@@ -69,11 +61,13 @@ class BenchGroup(click.Group):
 
 
 def attach_registry_params(command: click.Command, *, lists: bool) -> None:
-
+    """The registry's method options as the command's flags (registration made sure that
+    none is called like a flag of the command's own)."""
     taken = {p.name for p in command.params}
     for name, (opt, readers) in METHODS.option_catalogue().items():
-        if name in taken:
-            raise BenchError(f"method option {opt.flag} of {readers[0]} collides with a flag")
+        if name in taken:  # registration refuses these; a registry filled by hand may not
+            raise BenchError(f"method option {opt.flag} of {readers[0]} is a flag of bench "
+                             f"{command.name} itself")
         defaults = {
             o.default_text for r in readers for o in METHODS.get(r).options if o.name == name
         }
@@ -88,17 +82,28 @@ def attach_registry_params(command: click.Command, *, lists: bool) -> None:
                 help=help_text + (" (comma list)" if lists else ""),
             )
         command.params.append(param)
-    for param in command.params:
-        if param.name in RECIPE_FIELDS:
-            param.help = f"{param.help} (default: the workload's: {recipe_defaults(param.name)})"
+
+
+class RecipeOption(click.Option):
+    """A recipe flag (``--lr``) whose help ends with every workload's own default, worked
+    out only when the help is shown: that is the one command that builds every workload."""
+
+    def get_help_record(self, ctx):
+        if not getattr(self, "recipe_shown", False):
+            self.help = f"{self.help} (default: the workload's: {recipe_defaults(self.name)})"
+            self.recipe_shown = True
+        return super().get_help_record(ctx)
 
 
 def recipe_defaults(field: str) -> str:
-    """``0.05 (cnn-fmnist, resnet18-fmnist); 0.001 (resnet18-cifar10, ...)``."""
+    """``0.05 (cnn-fmnist, resnet18-fmnist); 0.001 (resnet18-cifar10, ...)``; a workload
+    whose factory fails is left out, with one warning line."""
 
     by_value: dict = {}
     for entry in WORKLOADS.entries():
-        by_value.setdefault(getattr(entry.factory().recipe, field), []).append(entry.name)
+        workload = WORKLOADS.try_build(entry.name)
+        if workload is not None:
+            by_value.setdefault(getattr(workload.recipe, field), []).append(entry.name)
     return "; ".join(
         f"{v:{'' if isinstance(v, str) else 'g'}} ({', '.join(names)})"
         for v, names in by_value.items()
@@ -161,7 +166,8 @@ def run_flags(func):
                      show_default=True),
         click.option("--iterations", type=int, default=None,
                      help="iterations to run (PruneX, local SGD: rounds)"),
-        click.option("--epochs", type=float, default=None, help="data epochs to run"),
+        click.option("--epochs", type=float, default=None, help="data epochs to run",
+                     cls=RecipeOption),
         click.option("--eval-every", type=int, default=None,
                      help="evaluate every N iterations and at the end (default: 10 evenly "
                      "spread evaluations, at most every third iteration)"),
@@ -175,14 +181,18 @@ def run_flags(func):
                      "(loss, accuracy, lr, phase seconds, bytes per link, density, rho)"),
         click.option("--results-dir", default="results", show_default=True),
         click.option("--tag", default=None, help="free-form label stored in the manifest"),
-        click.option("--batch-size", type=int, default=None, help="per-rank batch"),
-        click.option("--lr", type=float, default=None, help="learning rate"),
-        click.option("--momentum", type=float, default=None, help="SGD momentum"),
-        click.option("--weight-decay", type=float, default=None, help="weight decay"),
+        click.option("--batch-size", type=int, default=None, help="per-rank batch",
+                     cls=RecipeOption),
+        click.option("--lr", type=float, default=None, help="learning rate", cls=RecipeOption),
+        click.option("--momentum", type=float, default=None, help="SGD momentum",
+                     cls=RecipeOption),
+        click.option("--weight-decay", type=float, default=None, help="weight decay",
+                     cls=RecipeOption),
         click.option("--lr-schedule", type=click.Choice(["constant", "cosine", "step"]),
-                     default=None, help="lr over the run's samples, the same for every method"),
+                     default=None, help="lr over the run's samples, the same for every method",
+                     cls=RecipeOption),
         click.option("--warmup-epochs", type=float, default=None,
-                     help="linear lr warmup, in epochs of a rank's shard"),
+                     help="linear lr warmup, in epochs of a rank's shard", cls=RecipeOption),
         click.option("--network", type=click.Choice(["loopback", "emulated"]),
                      default="loopback", show_default=True,
                      help="emulated: each node in its own network namespace, inter-node links "

@@ -11,6 +11,7 @@ from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.results.folder import RunFolder
+from suite.run.plan import plan_run
 from suite.sim.profile import load_profile, shipped_profiles
 from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable, simulate_run
 
@@ -34,28 +35,31 @@ def run_simulations(
     accuracy = borrowed_accuracy(accuracy_from)
     if replay is not None and replay < 1:
         raise BenchError(f"--replay must be at least 1, got {replay}")
-    configs = []
+    plans = []
     for method in methods:
         check_simulable(method)
         options, ignored = split_options(method, given)
         if ignored and len(methods) == 1:
             echo(f"warning: {', '.join(ignored)} not read by {method}; ignored", err=True)
         for n in gpus:
-            config = replace(base, method=method, gpus=n, options=dict(options))
-            config.gpus_per_node = config.gpus_per_node or loaded.gpus_per_node
-            if len(methods) * len(gpus) > 1:
-                config.run_id = None
-            validate(config, check_data=False)
-            configs.append(config)
+            plan = plan_run(replace(
+                base, method=method, gpus=n, options=dict(options), launcher="sim",
+                gpus_per_node=base.gpus_per_node or loaded.gpus_per_node,
+                run_id=base.run_id if len(methods) * len(gpus) == 1 else None,
+            ))
+            validate(plan, check_data=False)
+            plans.append(plan)
     if dry_run:
-        for config in configs:
+        for plan in plans:
+            config = plan.config
             echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
-                 f"({config.gpus // config.gpus_per_node} x {config.gpus_per_node}), "
-                 f"options {config.options}")
+                 f"({plan.nodes} x {config.gpus_per_node}), options {config.options}; "
+                 f"{plan.schedule.describe()}")
         return []
     paths = []
-    for config in configs:
-        path = simulate_run(config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
+    for plan in plans:
+        config = plan.config
+        path = simulate_run(plan, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
         summary = RunFolder(path).summary()
         echo(
             f"{config.method:<12} {config.gpus:>4} GPUs  "

@@ -25,6 +25,7 @@ from suite.errors import BenchError, RunInterrupted
 from suite.plugins.registry import METHODS
 from suite.results.folder import RunFolder, write_json
 from suite.run.checkpoint import latest_checkpoint
+from suite.run.plan import RunPlan
 
 #: RunConfig fields that decide how a run survives, not what it computes: not part of a
 #: cell's id, so sweeps recorded before they existed keep their ids
@@ -36,9 +37,10 @@ RELIABILITY_FIELDS = (
 
 @dataclass
 class Cell:
-    config: RunConfig
+    config: RunConfig  # as the sweep made it (its id is a hash of it)
     status: str = "pending"  # pending | done | skipped | failed | interrupted
     reason: str = ""
+    plan: RunPlan | None = None  # resolved before the sweep starts, launched as it is
 
     @property
     def run_id(self) -> str:
@@ -81,7 +83,7 @@ def expand(
                 base, workload=workload, method=method, gpus=n, seed=seed, options=options,
                 run_id=None,
             )
-            config.run_id = cell_id(config)
+            config = replace(config, run_id=cell_id(config))
             if config.run_id not in seen:
                 seen.add(config.run_id)
                 cells.append(Cell(config))
@@ -93,8 +95,7 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
     resumed from it, any other broken one moved aside. ``force``: every cell runs afresh,
     replacing its folder (re-recording a reference set)."""
     folder = RunFolder(results_dir / cell.run_id)
-    cell.config.resume = False
-    cell.config.overwrite = force
+    start(cell, resume=False, overwrite=force)
     if not folder.path.exists() or force:
         return True
     summary = None
@@ -106,7 +107,7 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
         cell.status, cell.reason = "skipped", "already done"
         return False
     if latest_checkpoint(folder.path) is not None and folder.has_manifest:
-        cell.config.resume = True
+        start(cell, resume=True, overwrite=False)
         return True
     n = 1
     while folder.path.with_name(f"{cell.run_id}.failed-{n}").exists():
@@ -115,8 +116,15 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
     return True
 
 
+def start(cell: Cell, *, resume: bool, overwrite: bool) -> None:
+    """How this start of the cell treats its folder, in its configuration and its plan."""
+    cell.config = replace(cell.config, resume=resume, overwrite=overwrite)
+    if cell.plan is not None:
+        cell.plan = cell.plan.restarted(resume=resume, overwrite=overwrite)
+
+
 def run_cells(cells: list[Cell], results_dir: Path, launch, *, force: bool = False) -> None:
-    """Run every pending cell with ``launch(config)``; failures are recorded, not raised."""
+    """Run every pending cell with ``launch(plan)``; failures are recorded, not raised."""
 
     os.environ.setdefault("PRUNEX_PROGRESS", "0")  # one bar: over cells
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +135,7 @@ def run_cells(cells: list[Cell], results_dir: Path, launch, *, force: bool = Fal
                 if not prepare(cell, results_dir, force=force):
                     continue
                 try:
-                    launch(cell.config)
+                    launch(cell.plan)
                     cell.status = "done"
                 except RunInterrupted as exc:  # the sweep stops with it; a rerun resumes
                     cell.status, cell.reason = "interrupted", str(exc)

@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,8 +29,9 @@ from suite.cluster.netemu import (
 from suite.cluster.ranks import elastic_launch_config, ranks_on_cuda
 from suite.config import RunConfig
 from suite.errors import BenchError, RunFailed, RunInterrupted
-from suite.results.folder import RunFolder, identity_summary, make_run_id
+from suite.results.folder import RunFolder, identity_summary
 from suite.run.entry import rank_main
+from suite.run.plan import RunPlan
 
 LOCAL_GPUS_PER_NODE = 4  # the paper's nodes
 
@@ -94,11 +96,35 @@ def default_local_gpus_per_node(gpus: int) -> int:
     return max(1, gpus // 2)
 
 
-def open_run_folder(config: RunConfig) -> RunFolder:
+def local_config(config: RunConfig) -> RunConfig:
+    """``config`` as the local launcher runs it: emulated nodes of the default size unless
+    ``--gpus-per-node`` says otherwise, and the ranks' device (CUDA when there is a GPU per
+    rank and ``--device`` allows it; CPU ranks on gloo over emulated links)."""
+    if config.device == "cuda" and torch.cuda.device_count() == 0:
+        raise BenchError("--device cuda was asked for but no CUDA device is visible")
+    if config.network == "emulated":
+        device = "cpu"  # gloo over the emulated links
+    else:
+        device = "cuda" if ranks_on_cuda(config.device, config.gpus) else "cpu"
+    return replace(
+        config, launcher="local", device=device,
+        gpus_per_node=config.gpus_per_node or default_local_gpus_per_node(config.gpus),
+    )
+
+
+def job_config(config: RunConfig) -> RunConfig:
+    """``config`` as one rank of an existing torchrun/SLURM job runs it: the job's world
+    size (outside a job, for a dry run, ``--gpus``); the node size, where not given,
+    discovered by the ranks."""
+    gpus = int(os.environ["WORLD_SIZE"]) if adopt_slurm_environment() else config.gpus
+    return replace(config, launcher="torchrun", gpus=gpus)
+
+
+def open_run_folder(plan: RunPlan) -> RunFolder:
     """The run's folder, emptied first with --overwrite, with the run's identity in its
     summary before any rank starts (a run killed at any point is still listed as itself)."""
-    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
-    folder = RunFolder(Path(config.results_dir) / config.run_id)
+    config = plan.config
+    folder = RunFolder(Path(config.results_dir) / plan.run_id)
     if config.overwrite:
         folder.empty()
     folder.create()
@@ -109,19 +135,15 @@ def open_run_folder(config: RunConfig) -> RunFolder:
     return folder
 
 
-def launch_local(config: RunConfig) -> Path:
-    """Spawn ``config.gpus`` ranks here and wait for them; returns the run folder."""
-    use_cuda = ranks_on_cuda(config.device, config.gpus)
-    if config.device == "cuda" and torch.cuda.device_count() == 0:
-        raise BenchError("--device cuda was asked for but no CUDA device is visible")
-    config.device = "cuda" if use_cuda else "cpu"
-    if not use_cuda:
+def launch_local(plan: RunPlan) -> Path:
+    """Spawn the plan's ranks here and wait for them; returns the run folder."""
+    if plan.config.device != "cuda":
         os.environ["OMP_NUM_THREADS"] = "1"
-    return run_agent(config, shutdown_seconds=shutdown_seconds(config))
+    return run_agent(plan, shutdown_seconds=shutdown_seconds(plan.config))
 
 
 def run_agent(
-    config: RunConfig,
+    plan: RunPlan,
     *,
     shutdown_seconds: int,
     nodes: int = 1,
@@ -132,10 +154,11 @@ def run_agent(
     """This machine's torch elastic agent for its ranks of the run (one of ``nodes``, meeting
     at ``rendezvous``); returns the run folder. Node 0 opens the folder before any rank starts
     and, when the ranks fail or are stopped, marks it with the first reason."""
+    config = plan.config
     if node == 0:
-        folder = open_run_folder(config)
+        folder = open_run_folder(plan)
     else:
-        folder = RunFolder(Path(config.results_dir) / str(config.run_id))
+        folder = RunFolder(Path(config.results_dir) / plan.run_id)
 
     # lazy: ~0.1 s to import; only this path needs it
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -150,7 +173,7 @@ def run_agent(
         shutdown_seconds=shutdown_seconds,
     )
     try:
-        elastic_launch(launch, rank_main)(config.to_json(), str(folder.path))
+        elastic_launch(launch, rank_main)(plan.to_json(), str(folder.path))
     except ChildFailedError as exc:
         if node:
             raise RunFailed(f"node {node}: {dead_rank(exc) or 'a rank failed'}") from None
@@ -186,14 +209,14 @@ def dead_rank(exc) -> str | None:
     return None
 
 
-def launch_emulated(config: RunConfig) -> Path:
+def launch_emulated(plan: RunPlan) -> Path:
     """Spawn the ranks in emulated nodes (network namespaces) whose links are rate-limited;
     the namespaces exist only for the run's duration (see suite.cluster.netemu)."""
 
+    config = plan.config
     rate = parse_rate(config.inter_bw)
     check_privileges()
-    config.device = "cpu"  # gloo over the emulated links
-    folder = open_run_folder(config)
+    folder = open_run_folder(plan)
     nodes = config.gpus // config.gpus_per_node
     code = 0
     received = []
@@ -206,8 +229,8 @@ def launch_emulated(config: RunConfig) -> Path:
     try:
         with emulated_cluster(nodes, rate, config.run_id) as cluster:
             (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
-            config_file = folder.path / "config.json"
-            config_file.write_text(config.to_json())
+            config_file = folder.path / "plan.json"  # what every rank receives
+            config_file.write_text(plan.to_json())
             code = run_module_in_cluster(
                 cluster,
                 config.gpus_per_node,
@@ -264,16 +287,15 @@ def first_rank_error(folder: RunFolder) -> str | None:
     return (own or messages or [None])[0]
 
 
-def launch_in_job(config: RunConfig) -> None:
-    """This process is one rank of an existing torchrun/SLURM job."""
-    if not adopt_slurm_environment():
+def launch_in_job(plan: RunPlan) -> None:
+    """This process is one rank of an existing torchrun/SLURM job (``job_config``)."""
+    if not in_distributed_job():
         raise BenchError(
             "--launcher torchrun needs RANK and WORLD_SIZE (run under torchrun or srun); "
             "use --launcher local to spawn ranks here"
         )
-    config.gpus = int(os.environ["WORLD_SIZE"])
     try:
-        rank_main(config.to_json(), None)
+        rank_main(plan.to_json(), None)
     except RunFailed:
         raise
     except BenchError as exc:  # the ranks had started: a failed run, not bad input

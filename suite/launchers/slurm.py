@@ -3,9 +3,10 @@
 One SLURM task per node. Each task runs :class:`NodeAgent` (submitit pickles it): torch's
 elastic agent for the node's ranks, the same launch as ``--launcher local``, with c10d
 rendezvous on the allocation's first node at a port derived from the job id (two jobs on one
-node never collide). The agent carries the resolved configuration whole, as the JSON the
-local launcher hands its ranks (``RunConfig.to_json``), so a field added later reaches the
-ranks with nothing to update, and ``--dry-run`` prints that JSON as the ranks receive it.
+node never collide). The agent carries the run's plan whole, as the JSON the local launcher
+hands its ranks (``RunPlan.to_json``: the resolved configuration and the plan's facts), so a
+field added later reaches the ranks with nothing to update, and ``--dry-run`` prints that
+JSON as the ranks receive it.
 
 Preemption and time limits: SLURM sends SIGTERM ``--slurm-signal-lead`` seconds before the
 limit (or on preemption) to every process of the job; the ranks stop after their iteration and
@@ -30,8 +31,8 @@ from pathlib import Path
 from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
 from suite.launchers.local import run_agent
-from suite.results.folder import make_run_id
 from suite.run.checkpoint import latest_checkpoint
+from suite.run.plan import RunPlan
 
 DEFAULT_TIME_LIMIT = "02:00:00"
 #: seconds before the time limit at which SLURM sends SIGTERM (``--slurm-signal-lead``)
@@ -107,7 +108,7 @@ def executor_parameters(config: RunConfig, request: SlurmRequest) -> dict:
 class NodeAgent:
     """One SLURM task: this node's torch elastic agent for its ranks (pickled by submitit)."""
 
-    config_json: str  # the resolved RunConfig, as every rank receives it
+    plan_json: str  # the run's plan, as every rank receives it (RunPlan.to_json)
     threads_per_rank: int
     shutdown_seconds: int
     resume: bool = False  # the first start continues the folder (bench run --resume)
@@ -118,15 +119,18 @@ class NodeAgent:
 
 
         job = submitit.JobEnvironment()
-        config = RunConfig.from_json(self.config_json)
-        config.launcher = "torchrun"
-        run_dir = Path(config.results_dir) / config.run_id
-        config.resume, config.overwrite = start_mode(run_dir, config.overwrite, self.resume)
+        try:
+            plan = RunPlan.from_json(self.plan_json)
+        except BenchError as exc:
+            raise SystemExit(f"Error: {exc}") from None
+        run_dir = Path(plan.config.results_dir) / plan.run_id
+        resume, overwrite = start_mode(run_dir, plan.config.overwrite, self.resume)
+        plan = plan.restarted(resume=resume, overwrite=overwrite)
         os.environ["OMP_NUM_THREADS"] = str(self.threads_per_rank)
         head = job.hostnames[0]
         try:
             run_agent(
-                config,
+                plan,
                 nodes=job.num_nodes,
                 node=job.node,
                 rendezvous=f"{head}:{rendezvous_port(job.job_id)}",
@@ -189,13 +193,14 @@ def slurm_executor(folder: Path, *, preview: bool):
                          "job") from None
 
 
-def submission(config: RunConfig, request: SlurmRequest, *, preview: bool = False):
+def submission(plan: RunPlan, request: SlurmRequest, *, preview: bool = False):
     """(submitit executor, the NodeAgent it will run) for the run."""
-    job_folder = Path(config.results_dir).resolve() / str(config.run_id) / JOB_FOLDER
+    config = plan.config
+    job_folder = Path(config.results_dir).resolve() / plan.run_id / JOB_FOLDER
     executor = slurm_executor(job_folder, preview=preview)
     executor.update_parameters(**executor_parameters(config, request))
     agent = NodeAgent(
-        config_json=config.to_json(),
+        plan_json=plan.to_json(),
         threads_per_rank=max(1, request.cpus(config) // config.gpus_per_node),
         shutdown_seconds=request.shutdown_seconds(),
         resume=config.resume,
@@ -203,13 +208,14 @@ def submission(config: RunConfig, request: SlurmRequest, *, preview: bool = Fals
     return executor, agent
 
 
-def describe_submission(config: RunConfig, request: SlurmRequest) -> str:
-    """``--dry-run``: the sbatch file submitit will submit and the configuration every
-    node's agent starts its ranks with (``suite.run.entry.rank_main`` of that JSON)."""
+def describe_submission(plan: RunPlan, request: SlurmRequest) -> str:
+    """``--dry-run``: the sbatch file submitit will submit and the plan every node's agent
+    starts its ranks with (``suite.run.entry.rank_main`` of that JSON)."""
     # lazy: submitit.slurm.slurm costs ~0.1 s to import; only this path needs it
     from submitit.slurm.slurm import _make_sbatch_string
 
-    executor, agent = submission(config, request, preview=True)
+    config = plan.config
+    executor, agent = submission(plan, request, preview=True)
     command = " ".join(executor._submitit_command_str.split())
     sbatch = _make_sbatch_string(command=command, folder=executor.folder, **executor.parameters)
     return "\n".join([
@@ -218,22 +224,22 @@ def describe_submission(config: RunConfig, request: SlurmRequest) -> str:
         f"# each of the {config.gpus // config.gpus_per_node} tasks: a torch elastic agent for "
         f"{config.gpus_per_node} ranks ({agent.threads_per_rank} threads each), c10d "
         "rendezvous on the first node, port from the job id; every rank runs "
-        "suite.run.entry.rank_main(CONFIG) with CONFIG:",
-        "#   " + agent.config_json,
+        "suite.run.entry.rank_main(PLAN) with PLAN (its config and the facts each rank "
+        "checks):",
+        "#   " + agent.plan_json,
         f"# SIGTERM {request.signal_lead} s before the time limit or on preemption: the ranks "
         f"get {agent.shutdown_seconds} s to checkpoint, then the job requeues and resumes.",
         "",
     ])
 
 
-def prepare(config: RunConfig) -> None:
-    """What a SLURM run fixes before it is checked: its node size, run id and device."""
+def slurm_config(config: RunConfig) -> RunConfig:
+    """``config`` as a SLURM job runs it: its node size given, CUDA ranks unless ``--device
+    cpu``."""
 
     if config.gpus_per_node is None:
         raise BenchError("--launcher slurm needs --gpus-per-node (ranks on each cluster node)")
-    config.run_id = config.run_id or make_run_id(config.method, config.workload, config.gpus)
-    if config.device == "auto":
-        config.device = "cuda"
+    return dataclasses.replace(config, device="cuda" if config.device == "auto" else config.device)
 
 
 def slurm_request(
@@ -256,16 +262,17 @@ def slurm_request(
     return request
 
 
-def submit_or_print(config: RunConfig, request: SlurmRequest, *, dry_run: bool, echo) -> None:
-    """``bench run --launcher slurm`` of a checked configuration: print the job
-    (``--dry-run``) or submit it."""
+def submit_or_print(plan: RunPlan, request: SlurmRequest, *, dry_run: bool, echo) -> None:
+    """``bench run --launcher slurm`` of a checked plan: print the job (``--dry-run``) or
+    submit it."""
     if dry_run:
-        echo(describe_submission(config, request), nl=False)
+        echo(describe_submission(plan, request), nl=False)
         return
     if shutil.which("sbatch") is None:
         raise BenchError("sbatch not found on PATH (SLURM is not installed here); use --dry-run "
                          "to print the job")
-    executor, agent = submission(config, request)
+    config = plan.config
+    executor, agent = submission(plan, request)
     try:
         job = executor.submit(agent)
     except Exception as exc:  # submitit raises its own error types around sbatch's reply

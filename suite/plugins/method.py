@@ -126,12 +126,21 @@ class RunContext:
         workload: the workload (model builder, dataset, recipe).
         recipe: the per-rank recipe with the run's overrides.
         model: freshly built, identical on every rank (same seed), on ``device``.
-        loader: this rank's shard: ``next(iter(ctx.loader))`` is a batch.
+        loader: this rank's shard: ``next(iter(ctx.loader))`` is a batch (each one counts as
+            a local step of the schedule: ``loader.step``, ``loader.steps_per_epoch``,
+            ``loader.batch_size``); ``ctx.loader.calibration_batches(n)`` is a list of the
+            shard's first ``n`` batches of images (fewer on a small shard), in a fixed order,
+            unaugmented, on the loader's device, taken without moving the training stream
+            (for BatchNorm statistics of an averaged model, ``recalibrate_batchnorm``).
         device: where the model and batches live.
         settings: the method's settings dataclass, resolved from the user's options.
         schedule: the lr schedule (``ctx.apply_lr(optimizer)`` after each batch).
         budget_steps: the local steps every rank takes in the whole run.
         spec: the dataset's shape, for tracing the model's graph.
+
+    A method's iterations are sized by its ``steps_per_iteration`` where it declares one,
+    else by H of its ``RoundSettings``, else 1; an iteration that takes another number of
+    batches fails the run in one line (its budget and lr schedule would be off).
     """
 
     config: RunConfig
@@ -244,7 +253,9 @@ class Method:
                 self.model.load_state_dict(state["model"])
     """
 
-    #: local mini-batch steps one iteration consumes (DDP: 1; PruneX: H per round)
+    #: local mini-batch steps one iteration consumes (DDP: 1; PruneX: H per round); a method
+    #: that sets it (on its class or in ``__init__``) is scheduled by it, one that does not by
+    #: its RoundSettings' H, else 1; the runner checks every iteration takes that many
     steps_per_iteration: int = 1
     #: phases that run during ``local_compute`` rather than after it (DDP's bucket
     #: all-reduces overlap backward); reports draw them overlapped, not stacked

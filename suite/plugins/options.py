@@ -31,6 +31,7 @@ __all__ = [
     "Check",
     "Option",
     "at_least",
+    "check_default",
     "check_value",
     "option",
     "options_of",
@@ -162,6 +163,11 @@ class Option:
         return f"{self.type_text}, default {self.default_text}: {self.help!r}"
 
     @property
+    def flags(self) -> tuple[str, ...]:
+        """Every flag it takes on the command line: ``--adaptive-rho``, ``--fixed-rho``."""
+        return (self.flag, f"--{self.off_flag}") if self.off_flag else (self.flag,)
+
+    @property
     def declaration(self) -> str:
         """The click declaration: ``--channel-keep``, or ``--adaptive-rho/--fixed-rho``."""
         return f"{self.flag}/--{self.off_flag}" if self.off_flag else self.flag
@@ -211,6 +217,36 @@ class Option:
         if self.existing_path and not Path(converted).exists():
             raise BenchError(f"{self.flag} {converted}: no such file or folder")
         return converted
+
+
+#: declared type -> the Python types its default may have (an int is a float's default too)
+_DEFAULT_TYPES = {bool: (bool,), int: (int,), float: (float, int), str: (str,)}
+
+
+def check_default(opt: Option, where: str) -> None:
+    """A declared default has the option's type, is one of its choices, and passes its
+    check, in that order, each a one-line error naming ``where`` (``method 'qsgd'``) and the
+    option: a string default of an int option is a mistake, not a value to convert, and a
+    range test must never see a value of another type."""
+    value = opt.default
+    if value is None:
+        return
+    wanted = _DEFAULT_TYPES[opt.kind]
+    if not isinstance(value, wanted) or (opt.kind is not bool and isinstance(value, bool)):
+        raise BenchError(
+            f"{where}: the default of {opt.flag} is {value!r} ({type(value).__name__}), but "
+            f"the option is declared {opt.type_text}; give a default of that type"
+        )
+    if opt.choices and value not in opt.choices:
+        raise BenchError(f"{where}: the default of {opt.flag} is invalid ({opt.flag} must be "
+                         f"one of {', '.join(opt.choices)}, got {value!r})")
+    try:
+        check_value(opt.flag, value, opt.check)
+    except BenchError as exc:
+        raise BenchError(f"{where}: the default of {opt.flag} is invalid ({exc})") from None
+    except Exception as exc:  # a check that cannot take its own default
+        raise BenchError(f"{where}: the check of {opt.flag} ({opt.check.text}) fails on its "
+                         f"default {value!r}: {type(exc).__name__}: {exc}") from None
 
 
 def _as_bool(value: Any) -> bool:

@@ -8,16 +8,23 @@ line, sweeps and experiment files with no change to the suite, and its label, co
 marker, so every report draws it alike.
 
 Registration checks what it is given, so a plugin's mistake is one line at import, not a
-wrong run later: option defaults against their own ranges and choices, a flag declared by two
-methods (they must declare it alike, or the second must pick another name), the look's colour
-and marker, a name registered twice. A plugin that fails to load (an ImportError, a refused
-registration) is skipped with one warning line naming it, and everything else keeps working;
-``PRUNEX_STRICT_PLUGINS=1`` (``bench --strict-plugins``) makes that fatal, as CI may want.
-The built-ins load first, so a plugin cannot shadow them.
+wrong run later: option defaults against their declared type, then their own ranges and
+choices; a flag ``bench run``/``bench sweep`` takes itself (``--seed``, ``--lr``); a flag
+declared by two methods (they must declare it alike, or the second must pick another name);
+``local_steps``/``local_epochs`` declared without ``RoundSettings`` (the schedule would not
+know the round); the look's colour and marker; a name registered twice. A plugin that fails
+to load (an ImportError, a refused registration) is skipped with one warning line naming it,
+whatever it registered before it failed is taken back (entries, datasets, phases), and
+everything else keeps working. A factory is called only for the method or workload a command
+uses (``Registry.build``); one that raises is that command's one-line error, and where a
+command builds several (``bench run --help`` shows every workload's recipe) it is skipped
+with the same warning line. ``PRUNEX_STRICT_PLUGINS=1`` (``bench --strict-plugins``) makes
+every skip fatal, as CI may want. The built-ins load first, so a plugin cannot shadow them.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Callable
@@ -25,13 +32,41 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from suite.config import reserved_flags
 from suite.errors import BenchError
-from suite.plugins.options import Option, check_value, options_of
+from suite.plugins.options import Option, check_default, options_of
 
-__all__ = ["METHODS", "WORKLOADS", "BUILTIN_DISTRIBUTION", "Entry", "Look", "Registry"]
+__all__ = [
+    "METHODS", "WORKLOADS", "BUILTIN_DISTRIBUTION", "Entry", "Look", "Registry",
+    "quiet_plugin_warnings",
+]
 
 #: the distribution whose entry points are the built-in plugins
 BUILTIN_DISTRIBUTION = "prunex-bench"
+#: option names that only a RoundSettings subclass may declare: the schedule reads them there
+ROUND_OPTIONS = ("local_steps", "local_epochs")
+#: what makes a plugin's skip fatal
+STRICT_HINT = "PRUNEX_STRICT_PLUGINS=1 makes this fatal"
+
+_warnings = {"shown": True}
+
+
+def quiet_plugin_warnings() -> None:
+    """Skip broken plugins without a word in this process: a rank's launcher already said
+    it, once (the ranks load the same plugins and skip the same ones)."""
+    _warnings["shown"] = False
+
+
+def strict() -> bool:
+    return os.environ.get("PRUNEX_STRICT_PLUGINS") == "1"
+
+
+def first_line(exc: BaseException) -> str:
+    """``ExcType: first line`` of an exception (a BenchError: its message alone)."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, BenchError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -78,10 +113,18 @@ class Entry:
     look: Look | None = None  # how reports draw it (None: its name, grey)
     #: what a finished run of it must have done (suite.results.activity), or None
     activity: Callable[..., list[str]] | None = None
+    #: the third-party entry point that registered it (``"'name' (module)"``; None: a
+    #: built-in, or registered outside any entry point)
+    plugin: str | None = None
 
     @property
     def options(self) -> list[Option]:
         return options_of(self.settings)
+
+    @property
+    def origin(self) -> str:
+        """How an error names it: ``workload 'convmixer' of plugin 'extras' (extras.wl)``."""
+        return f"{self.name!r}" + (f" of plugin {self.plugin}" if self.plugin else "")
 
 
 class Registry:
@@ -98,7 +141,9 @@ class Registry:
         self.entry_point_group = entry_point_group
         self._entries: dict[str, Entry] = {}
         self._plugins_loaded = False
-        #: the plugins that failed to load, with the warning line each got
+        self._loading: EntryPoint | None = None  # the entry point being imported
+        #: the plugins (or entries whose factory failed) that were skipped, with the warning
+        #: line each got
         self.skipped: dict[str, str] = {}
 
     def register(
@@ -113,8 +158,10 @@ class Registry:
     ):
         """Decorator on a factory: a method's ``factory(ctx: RunContext) -> Method``, a
         workload's ``factory() -> Workload``. Refuses, in one line, a name registered twice,
-        an option default outside its own check or choices, a flag another entry declares
-        differently, a settings field without ``option()``, and a look matplotlib cannot draw.
+        an option default of another type than declared or outside its own check or
+        choices, a flag of ``bench run``/``bench sweep`` or one another entry declares
+        differently, ``local_steps``/``local_epochs`` outside ``RoundSettings``, a settings
+        field without ``option()``, and a look matplotlib cannot draw.
 
         Args:
             name: the ``--method`` / ``--workload`` name.
@@ -146,52 +193,71 @@ class Registry:
             options = options_of(settings)  # a malformed declaration fails at import
             for opt in options:
                 self._check_option(name, opt)
+            check_round_options(name, settings, options)
             if look is not None:
                 look.check(name)
             self._entries[name] = Entry(
-                name, description, factory, settings, not_simulable, look, activity
+                name, description, factory, settings, not_simulable, look, activity,
+                plugin=third_party(self._loading),
             )
             return factory
 
         return decorate
 
     def _check_option(self, name: str, opt: Option) -> None:
-        """An option's default passes its own checks, and a flag another entry declares is
+        """An option's default has its declared type and passes its own checks; its flag is
+        not one of ``bench run``/``bench sweep``'s own; a flag another entry declares is
         declared alike (the command line has one ``--flag``)."""
-        if opt.default is not None:
-            try:
-                opt.convert(opt.default)
-            except BenchError as exc:
-                raise BenchError(f"{self.kind} {name!r}: the default of {opt.flag} is invalid "
-                                 f"({exc})") from None
-            check_value(opt.flag, opt.default, opt.check)
-        for other in self._entries.values():
-            theirs = next((o for o in other.options if o.name == opt.name), None)
-            if theirs is not None and theirs.signature != opt.signature:
+        where = f"{self.kind} {name!r}"
+        check_default(opt, where)
+        reserved = reserved_flags()
+        for flag in filter(None, (opt.name, opt.off_flag and opt.off_flag.replace("-", "_"))):
+            if flag in reserved:
                 raise BenchError(
-                    f"{self.kind} {name!r} declares {opt.flag} ({opt.describe()}), but "
-                    f"{other.name!r} declares it as {theirs.describe()}; one flag has one "
-                    "meaning: give yours another name"
+                    f"{where}: option --{flag.replace('_', '-')} is a flag of bench run and "
+                    "bench sweep themselves; give the option another name"
                 )
+        for other in self._entries.values():
+            for theirs in other.options:
+                if theirs.name == opt.name and theirs.signature != opt.signature:
+                    raise BenchError(
+                        f"{where} declares {opt.flag} ({opt.describe()}), but "
+                        f"{other.name!r} declares it as {theirs.describe()}; one flag has one "
+                        "meaning: give yours another name"
+                    )
+                clash = set(opt.flags) & set(theirs.flags)
+                if theirs.name != opt.name and clash:
+                    raise BenchError(
+                        f"{where}: {sorted(clash)[0]} is already a flag of {other.name!r} "
+                        f"({theirs.declaration}); give yours another name"
+                    )
 
     def _load_plugins(self) -> None:
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
-        strict = os.environ.get("PRUNEX_STRICT_PLUGINS") == "1"
         for ep in sorted(entry_points(group=self.entry_point_group), key=builtins_first):
-            before = dict(self._entries)
+            taken = registrations()
+            self._loading = ep
             try:
                 ep.load()  # importing the plugin registers its entries
             except Exception as exc:  # a broken plugin must not break the suite
-                self._entries = before  # nothing half-registered stays
-                why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                line = f"plugin {ep.name!r} ({ep.value}) failed to load: {why}"
-                if strict:
-                    raise BenchError(f"{line} (PRUNEX_STRICT_PLUGINS=1)") from exc
-                self.skipped[ep.name] = line
-                print(f"warning: {line}; skipped (PRUNEX_STRICT_PLUGINS=1 makes this fatal)",
-                      file=sys.stderr)
+                taken.restore()  # nothing half-registered stays
+                self._skip(ep.name, f"plugin {ep.name!r} ({ep.value}) failed to load: "
+                           f"{first_line(exc)}", exc)
+            finally:
+                self._loading = None
+
+    def _skip(self, key: str, line: str, exc: BaseException | None = None) -> None:
+        """One warning line for a skipped plugin or entry, once per process (an error with
+        ``PRUNEX_STRICT_PLUGINS=1``)."""
+        if strict():
+            raise BenchError(f"{line} (PRUNEX_STRICT_PLUGINS=1)") from exc
+        if key in self.skipped:
+            return
+        self.skipped[key] = line
+        if _warnings["shown"]:
+            print(f"warning: {line}; skipped ({STRICT_HINT})", file=sys.stderr, flush=True)
 
     def names(self) -> list[str]:
         self._load_plugins()
@@ -209,8 +275,47 @@ class Registry:
                     f"unknown {self.kind} {name!r}: no {self.kind} is registered; install the "
                     "suite (pip install -e .) so its entry points are found"
                 )
-            raise BenchError(f"unknown {self.kind} {name!r}; known: {known}")
+            raise BenchError(f"unknown {self.kind} {name!r}; known: {known}{self._hint(name)}")
         return entry
+
+    def _hint(self, name: str) -> str:
+        """What to check when a name is unknown: a close name, the plugins skipped in this
+        process, and where a plugin's entries come from."""
+        hints = []
+        close = difflib.get_close_matches(name, self.names(), n=1)
+        if close:
+            hints.append(f"did you mean {close[0]!r}?")
+        if self.skipped:
+            hints.append(f"skipped in this process: {', '.join(self.skipped)} (see the "
+                         "warning above; bench --strict-plugins makes it an error)")
+        if not close:
+            hints.append(f"a plugin's {self.kind} is registered once its distribution is "
+                         f"installed here with an entry point in {self.entry_point_group!r} "
+                         "(bench list shows what is registered)")
+        return "; " + "; ".join(hints)
+
+    def build(self, name: str, *args: Any) -> Any:
+        """``name``'s factory called with ``args``: what a command that uses ``name`` does.
+        A factory that raises is a one-line error naming the entry, its plugin and the
+        cause (a BenchError it raises is passed on as it is)."""
+        entry = self.get(name)
+        try:
+            return entry.factory(*args)
+        except BenchError:
+            raise
+        except Exception as exc:
+            raise BenchError(f"{self.kind} {entry.origin}: its factory failed: "
+                             f"{first_line(exc)}") from exc
+
+    def try_build(self, name: str) -> Any | None:
+        """``name``'s factory called with no arguments, or None (with the one warning line
+        of a skipped plugin) when it raises: for commands that build every entry (the
+        recipes shown by ``bench run --help``), where a broken plugin must not stop them."""
+        try:
+            return self.build(name)
+        except BenchError as exc:
+            self._skip(f"{name} (factory)", str(exc), exc)
+            return None
 
     def find(self, name: str) -> Entry | None:
         """The entry, or None when nothing of that name is registered."""
@@ -254,6 +359,14 @@ WORKLOADS = Registry("workload", "prunex_bench.workloads")
 """The registered workloads (entry-point group ``prunex_bench.workloads``)."""
 
 
+def third_party(ep: EntryPoint | None) -> str | None:
+    """How errors name the plugin an entry comes from (``'extras' (extras.methods)``); None
+    for the built-ins and for entries registered outside any entry point."""
+    if ep is None or (ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION):
+        return None
+    return f"{ep.name!r} ({ep.value})"
+
+
 def builtins_first(ep: EntryPoint) -> tuple[bool, str]:
     """Load order: the built-in plugins, then the others by name."""
     return (ep.dist is None or ep.dist.name != BUILTIN_DISTRIBUTION, ep.name)
@@ -261,3 +374,52 @@ def builtins_first(ep: EntryPoint) -> tuple[bool, str]:
 
 def describe(factory: Callable) -> str:
     return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+
+
+def check_round_options(name: str, settings: type | None, options: list[Option]) -> None:
+    """``local_steps``/``local_epochs`` are the round of ``RoundSettings``, which the schedule
+    reads (budget, iterations, the dry run); declared on other settings, the run would take
+    one step per iteration while the method takes H."""
+    declared = [o.flag for o in options if o.name in ROUND_OPTIONS]
+    if not declared:
+        return
+    # lazy: suite.plugins.method imports torch and the cluster layer; only this path needs it
+    from suite.plugins.method import RoundSettings
+
+    if not issubclass(settings, RoundSettings):
+        raise BenchError(
+            f"method {name!r}: {settings.__name__} declares {', '.join(declared)} but does not "
+            "inherit suite.api.RoundSettings, so the schedule would count one local step per "
+            "iteration; inherit RoundSettings (and set steps_per_iteration = "
+            "ctx.local_steps_per_round()), or name the option otherwise"
+        )
+
+
+@dataclass
+class Registrations:
+    """What plugins have registered so far (entries, datasets, phases): a plugin that
+    fails part-way through its import is rolled back to this."""
+
+    entries: dict[Registry, dict[str, Entry]]
+    datasets: dict
+    phases: dict
+
+    def restore(self) -> None:
+        # lazy: the data and cluster layers import torch; only a failed plugin needs them
+        from suite.cluster.phases import PHASES
+        from suite.data.datasets import DATASETS
+
+        for registry, entries in self.entries.items():
+            registry._entries = entries
+        DATASETS._datasets = self.datasets
+        PHASES.clear()
+        PHASES.update(self.phases)
+
+
+def registrations() -> Registrations:
+    # lazy: the data and cluster layers import torch; a snapshot is taken only while loading
+    from suite.cluster.phases import PHASES
+    from suite.data.datasets import DATASETS
+
+    return Registrations({r: dict(r._entries) for r in (METHODS, WORKLOADS)},
+                         dict(DATASETS._datasets), dict(PHASES))

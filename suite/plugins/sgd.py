@@ -74,6 +74,11 @@ class SGDBaseline(Method):
         return loss.detach().double(), len(y)
 
     def apply_update(self) -> None:
+        """One optimizer step on the gradients as they are now (after the method's exchange),
+        timed as local compute. It applies the run's lr schedule first (``ctx.apply_lr``:
+        warmup and cosine or step decay over the run's samples, the lr recorded in the row),
+        so a subclass never sets the lr itself; then ``constrain`` holds the parameters where
+        the method allows them."""
         with self.ctx.recorder.phase(phases.LOCAL_COMPUTE):
             self.ctx.apply_lr(self.optimizer)
             self.optimizer.step()

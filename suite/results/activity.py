@@ -124,3 +124,25 @@ def sends_fraction_of_dense(
         return [f"sent {ratio:.3f} x DDP's inter-node bytes per iteration; {what} sends "
                 f"{low:g}-{high:g} x"]
     return []
+
+
+def crosses_nodes(view: RunView) -> list[str]:
+    """Every method of several nodes: a run on more than one node recorded bytes between
+    them. The check of a method that declares none (a run whose inter-node collectives
+    went past ``ctx.comm`` records none, and would read as the cheapest of all).
+
+    Args:
+        view: the finished run.
+
+    Returns:
+        What the run did not do, one line each.
+
+    Example::
+
+        activity=lambda run: crosses_nodes(run) + sends_fraction_of_dense(run, 0.2, 0.3, "x")
+    """
+    nodes = view.summary.get(schema.NODES) or 1
+    if nodes > 1 and not view.summary.get(schema.INTER_NODE_BYTES_TOTAL):
+        return [f"recorded no inter-node bytes on {nodes} nodes: a method of several nodes "
+                "must cross them, through ctx.comm"]
+    return []

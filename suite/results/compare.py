@@ -7,7 +7,9 @@ reduced to their mean with a 95 % t interval. Accuracy changes are absolute (poi
 bytes relative to the baseline, all signed so that positive is better. A change worse than its
 threshold is a regression, except that with repeats on both sides the two intervals must also
 not overlap. A key whose NEW runs all failed (or were interrupted, or never finished) is a
-regression too. Keys present on one side only are listed, never dropped silently.
+regression too, and so is one whose runs' traffic was not counted (several nodes, intra-node
+bytes and no inter-node bytes: its inter-node collectives went past the communicator), which
+is not ranked at all. Keys present on one side only are listed, never dropped silently.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from suite.results.view import RunView
 # metric -> +1 when higher is better, -1 when lower is better
 #: a run's seconds per local step over its DDP twin's (computed here, not recorded)
 TIME_RATIO = "time_ratio"
+#: why a run's bytes cannot be ranked (None: they can; ``uncounted_traffic``)
+UNCOUNTED = "uncounted"
 METRICS = {
     schema.FINAL_ACCURACY: +1,
     schema.FINAL_TRAIN_LOSS: -1,
@@ -116,8 +120,9 @@ def load_summaries(
     frame[STARTED] = [value or "-" for value in frame[STARTED]]
     frame[schema.EPOCHS] = [None if e is None else round(float(e), 3)
                             for e in frame[schema.EPOCHS]]
+    frame[UNCOUNTED] = [uncounted_traffic(view.summary) for view in frame[VIEW]]
     frame = frame.infer_objects()
-    for column in [*KEY, schema.STATUS, *METRICS]:
+    for column in [*KEY, schema.STATUS, *METRICS, UNCOUNTED]:
         if column not in frame:
             frame[column] = None
     frame[KEY] = frame[KEY].astype(object).where(frame[KEY].notna(), "-").astype(str)
@@ -140,6 +145,19 @@ def final_train_losses(views: list[RunView]) -> list[float | None]:
     return losses
 
 
+def uncounted_traffic(summary: dict) -> str | None:
+    """Why a run's bytes cannot be ranked, or None: on several nodes it recorded traffic
+    inside the nodes and none between them, so its inter-node collectives went past the
+    communicator (or its method never crossed nodes) and it would read as the cheapest."""
+    nodes = summary.get(schema.NODES) or 1
+    inter = summary.get(schema.INTER_NODE_BYTES_TOTAL) or 0
+    intra = summary.get(schema.INTRA_NODE_BYTES_TOTAL) or 0
+    if summary.get(schema.STATUS) == Status.OK and nodes > 1 and intra > 0 and inter == 0:
+        return (f"not ranked: intra-node traffic and no inter-node bytes on {nodes} nodes (its "
+                "inter-node collectives went past ctx.comm)")
+    return None
+
+
 def time_ratios(frame: pd.DataFrame) -> pd.Series:
     """Each run's seconds per local step over DDP's in the same set (same machine class,
     workload, ranks, setting, batch, epochs; DDP's mean over its repeats): the runner's speed
@@ -156,8 +174,10 @@ def time_ratios(frame: pd.DataFrame) -> pd.Series:
 
 
 def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count."""
-    ok = frame[frame[schema.STATUS] == Status.OK].copy()
+    """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count, of
+    the runs that finished with their traffic counted."""
+    counted = frame[UNCOUNTED].isna() if UNCOUNTED in frame else True
+    ok = frame[(frame[schema.STATUS] == Status.OK) & counted].copy()
     for metric in METRICS:
         ok[metric] = pd.to_numeric(ok[metric], errors="coerce")
     grouped = ok.groupby(KEY)[list(METRICS)]
@@ -327,6 +347,11 @@ def failed_rows(new: pd.DataFrame, failed_keys: set[tuple]) -> dict[tuple, dict]
         return rows
     for run_key, runs in new.groupby(KEY, sort=False):
         if run_key not in failed_keys:
+            continue
+        uncounted = runs[UNCOUNTED].dropna().tolist()
+        if uncounted:
+            rows[run_key] = table_row(run_key, "traffic", Verdict.REGRESSION, uncounted[0],
+                                      baseline="-", new="uncounted", change=None)
             continue
         errors = runs[schema.ERROR].dropna().tolist() if schema.ERROR in runs else []
         status = runs[schema.STATUS].iloc[0]

@@ -67,6 +67,10 @@ SIMULATED = "simulated"
 INTER_NODE_BYTES_TOTAL = "inter_node_bytes_total"
 INTRA_NODE_BYTES_TOTAL = "intra_node_bytes_total"
 INTER_NODE_BYTES_PER_ITERATION = "inter_node_bytes_per_iteration"
+#: input bytes of collectives a method issued past ctx.comm during its steps, summed over
+#: ranks, on groups that span nodes / inside one node (None: torch could not tell)
+HIDDEN_INTER_NODE_BYTES = "hidden_inter_node_bytes"
+HIDDEN_INTRA_NODE_BYTES = "hidden_intra_node_bytes"
 WIRE_INTER_BYTES_TOTAL = "wire_inter_bytes_total"
 WIRE_TO_ALGORITHMIC_RATIO = "wire_to_algorithmic_ratio"
 WALL_SECONDS = "wall_seconds"

@@ -1,7 +1,8 @@
 """What the ranks agree on while they train, batched: mean losses, NaN, stop requests, timed
-checkpoints and each iteration's traffic over all ranks, in one small world all-reduce every
-few iterations, so every rank stops or saves after the same iteration and nothing recorded is
-lost. A bookkeeping collective of the runner, not method traffic."""
+checkpoints, each iteration's traffic over all ranks and what went past the communicator
+(suite.cluster.audit), in one small world all-reduce every few iterations, so every rank stops
+or saves after the same iteration and nothing recorded is lost. A bookkeeping collective of
+the runner, not method traffic."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from suite.cluster.audit import HiddenBytes
 from suite.cluster.watchdog import watched
 from suite.errors import BenchError
 from suite.results import schema
@@ -38,6 +40,7 @@ class SettledIteration:
     mean_loss: float  # over all ranks
     inter_bytes: float  # summed over all ranks
     intra_bytes: float
+    hidden: HiddenBytes = HiddenBytes()  # issued past ctx.comm, summed over all ranks
 
 
 @dataclass
@@ -58,12 +61,12 @@ class Agreement:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.pending: list[tuple[dict, float]] = []  # (row, loss) of each iteration
+        self.pending: list[tuple[dict, float, HiddenBytes]] = []  # (row, loss, hidden) each
         self.interval = 1
         self.since = time.perf_counter()
 
-    def add(self, row: dict, loss: float) -> None:
-        self.pending.append((row, loss))
+    def add(self, row: dict, loss: float, hidden: HiddenBytes | None = None) -> None:
+        self.pending.append((row, loss, hidden or HiddenBytes()))
 
     @property
     def due(self) -> bool:
@@ -73,17 +76,18 @@ class Agreement:
         pending, self.pending = self.pending, []
         seconds = (time.perf_counter() - self.since) / len(pending)
         head = [seconds if dist.get_rank() == 0 else 0.0, float(stop), float(checkpoint_due)]
-        for row, loss in pending:
+        for row, loss, hidden in pending:
             finite = math.isfinite(loss)
             head += [loss if finite else 0.0, 0.0 if finite else 1.0, row[schema.BYTES_INTER],
-                     row[schema.BYTES_INTRA]]
+                     row[schema.BYTES_INTRA], hidden.crossing, hidden.local,
+                     hidden.declared_crossing]
         stats = torch.tensor(head, dtype=torch.float64, device=self.device)
         with watched("all_reduce", "world (the ranks' agreement)", phase="iteration end"):
             dist.all_reduce(stats)
             values = stats.tolist()  # waits for it (NCCL too)
         rank0_seconds, stops, dues = values[:3]
-        per_iteration = [values[3 + 4 * i : 7 + 4 * i] for i in range(len(pending))]
-        for (row, _), (_, nonfinite, _, _) in zip(pending, per_iteration, strict=True):
+        per_iteration = [values[3 + 7 * i : 10 + 7 * i] for i in range(len(pending))]
+        for (row, _, _), (_, nonfinite, *_) in zip(pending, per_iteration, strict=True):
             if nonfinite:
                 where = f"iteration {row[schema.ITERATION]} on {int(nonfinite)} rank(s)"
                 raise NonFiniteLoss(f"non-finite loss at {where}; lower --lr or check the data")
@@ -92,8 +96,10 @@ class Agreement:
         self.since = time.perf_counter()
         world = dist.get_world_size()
         return Settled(
-            [SettledIteration(row, loss_sum / world, inter, intra)
-             for (row, _), (loss_sum, _, inter, intra) in zip(pending, per_iteration)],
+            [SettledIteration(row, loss_sum / world, inter, intra,
+                              HiddenBytes(crossing, local, declared, hidden.groups))
+             for (row, _, hidden), (loss_sum, _, inter, intra, crossing, local, declared)
+             in zip(pending, per_iteration)],
             stops > 0,
             dues > 0,
         )

@@ -11,91 +11,79 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import replace
 
 import torch
 
-from suite.config import RunConfig
 from suite.data.schedule import LRSchedule
-from suite.data.workload import DatasetSpec, Recipe, Workload
 from suite.errors import BenchError
 from suite.plugins.method import Method, RunContext
-from suite.plugins.options import resolve_settings, settings_dict
-from suite.plugins.registry import METHODS, WORKLOADS
+from suite.plugins.options import settings_dict
+from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.folder import git_revision, versions
+from suite.run.plan import RunPlan, Schedule
 
-#: RunConfig fields that override the workload's recipe
-RECIPE_OVERRIDES = ("batch_size", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_epochs")
 #: evaluations of a run whose --eval-every is not given
 DEFAULT_EVALUATIONS = 10
 
 
-def resolve_workload(config: RunConfig) -> tuple[Workload, Recipe, str]:
-    """The workload, its recipe with the run's overrides, and the dataset's name."""
-    workload = WORKLOADS.get(config.workload).factory()
-    overrides = {k: getattr(config, k) for k in RECIPE_OVERRIDES if getattr(config, k) is not None}
-    return workload, replace(workload.recipe, **overrides), config.dataset or workload.dataset
-
-
-def method_settings(config: RunConfig):
-    """The method's settings object from ``config.options`` (converted and checked)."""
-    entry = METHODS.get(config.method)
-    return resolve_settings(entry.settings, config.options, config.method)
-
-
 def build_method(
-    config: RunConfig,
-    *,
-    topology,
-    comm,
-    recorder,
-    workload: Workload,
-    recipe: Recipe,
-    spec: DatasetSpec,
-    loader,
-    device: torch.device,
-) -> tuple[RunContext, Method, int]:
-    """The seeded model (identical on every rank), the method built on it, and the number
-    of iterations the run will take."""
-    settings = method_settings(config)
-    torch.manual_seed(config.seed)
-    model = workload.build_model(spec).to(device)
+    plan: RunPlan, *, topology, comm, recorder, loader, device: torch.device,
+) -> tuple[RunContext, Method, int, int]:
+    """The seeded model (identical on every rank), the method built on it, the number of
+    iterations the run will take and the local steps of each."""
+    torch.manual_seed(plan.config.seed)
+    model = plan.workload.build_model(plan.spec).to(device)
     ctx = RunContext(
-        config, topology, comm, recorder, workload, recipe, model, loader, device, settings,
-        spec=spec,
+        plan.config, topology, comm, recorder, plan.workload, plan.recipe, model, loader,
+        device, plan.settings, spec=plan.spec,
     )
-    method = METHODS.get(config.method).factory(ctx)
+    method = METHODS.build(plan.config.method, ctx)
     if not isinstance(method, Method):
         raise BenchError(
-            f"method {config.method!r}: its factory returned {type(method).__name__}, not a "
-            "suite.api.Method subclass (see tests/plugin_example/benchplugin.py)"
+            f"method {plan.config.method!r}: its factory returned {type(method).__name__}, not "
+            "a suite.api.Method subclass (see tests/plugin_example/benchplugin.py)"
         )
-    steps = method.steps_per_iteration
-    ctx.budget_steps = budget_steps(config, loader.steps_per_epoch, steps, recipe)
+    steps = steps_per_iteration(method, plan.schedule, plan.config.method)
+    ctx.budget_steps = plan.schedule.budget_steps(steps)
     batch = loader.batch_size
     ctx.schedule = LRSchedule(
-        recipe.lr_schedule,
-        recipe.lr,
-        warmup_samples=round(recipe.warmup_epochs * loader.steps_per_epoch * batch),
+        plan.recipe.lr_schedule,
+        plan.recipe.lr,
+        warmup_samples=round(plan.recipe.warmup_epochs * loader.steps_per_epoch * batch),
         total_samples=ctx.budget_steps * batch,
     )
-    return ctx, method, math.ceil(ctx.budget_steps / steps)
+    return ctx, method, plan.schedule.iterations_for(steps), steps
 
 
-def budget_steps(config: RunConfig, steps_per_epoch: int, steps_per_iteration: int, recipe) -> int:
-    """Local steps per rank of the whole run. ``--epochs`` gives every method the same
-    number (a round-based method's last round is cut to fit); ``--iterations`` counts whole
-    iterations of the method's own size."""
-    if config.iterations is not None:
-        return config.iterations * steps_per_iteration
-    epochs = config.epochs if config.epochs is not None else recipe.epochs
-    return max(1, math.ceil(epochs * steps_per_epoch))
+def steps_per_iteration(method: Method, schedule: Schedule, name: str) -> int:
+    """The local steps of one of the method's iterations: its own ``steps_per_iteration``
+    where it declares one (on its class or itself), else H of its ``RoundSettings``, else 1.
+    A method that declares steps per iteration is scheduled by it."""
+    declared = "steps_per_iteration" in vars(method) or any(
+        "steps_per_iteration" in vars(cls) for cls in type(method).__mro__ if cls is not Method
+    )
+    if not declared:
+        return schedule.planned_steps_per_iteration
+    steps = method.steps_per_iteration
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise BenchError(f"method {name!r}: steps_per_iteration must be a whole number of at "
+                         f"least 1, got {steps!r}")
+    return steps
 
 
-def count_iterations(config: RunConfig, steps_per_epoch: int, steps_per_iteration: int, recipe):
-    budget = budget_steps(config, steps_per_epoch, steps_per_iteration, recipe)
-    return math.ceil(budget / steps_per_iteration)
+def check_steps_taken(name: str, iteration: int, taken: int, expected: int,
+                      declared: int) -> None:
+    """One line when an iteration took another number of local steps than the schedule
+    gave it: the run's budget, lr schedule and epochs would be off by that factor."""
+    if taken == expected:
+        return
+    raise BenchError(
+        f"method {name!r} took {taken} local step(s) in iteration {iteration}, but its schedule "
+        f"gives it {expected} (steps_per_iteration = {declared}): a method that takes H "
+        "batches per step sets self.steps_per_iteration = H (a round-based one inherits "
+        "RoundSettings and takes ctx.round_steps() batches)"
+    )
 
 
 def evaluation_points(iterations: int, eval_every: int | None) -> set[int]:
@@ -112,21 +100,21 @@ def evaluation_points(iterations: int, eval_every: int | None) -> set[int]:
 
 
 def make_manifest(
-    config: RunConfig,
+    plan: RunPlan,
     ctx: RunContext,
     method: Method,
     *,
-    dataset: str,
     iterations: int,
-    train_samples: int,
-    test_samples: int,
+    steps_per_iteration: int,
     **facts,
 ) -> dict:
     """What the run folder's ``manifest.json`` says; ``facts`` adds the launcher-specific
     keys (device, backend, topology, hardware, network or simulation)."""
+    config = plan.config
     return {
         "run_id": config.run_id,
-        "config": {**json.loads(config.to_json()), "dataset": dataset},
+        "config": {**json.loads(config.to_json()), "dataset": plan.dataset},
+        "plan": {**plan.facts(), "digest": plan.digest},
         "method_settings": {**settings_dict(ctx.settings), **method.resolved_settings()},
         "recipe": ctx.recipe.__dict__,
         "planned_iterations": iterations,
@@ -135,12 +123,12 @@ def make_manifest(
             "batch_size": ctx.loader.batch_size,
             "samples_per_rank": ctx.budget_steps * ctx.loader.batch_size,
         },  # the schedule over it is the recipe's (lr_schedule, warmup_epochs)
-        "steps_per_iteration": method.steps_per_iteration,
+        "steps_per_iteration": steps_per_iteration,
         schema.EXCHANGE_EVERY: method.exchange_every(),
         "overlapped_phases": list(method.overlapped_phases),
         "steps_per_epoch": ctx.loader.steps_per_epoch,
-        "train_samples": train_samples,
-        "test_samples": test_samples,
+        "train_samples": plan.train_samples,
+        "test_samples": plan.test_samples,
         "parameters": sum(p.numel() for p in ctx.model.parameters()),
         "model": ctx.workload.model_name if ctx.workload is not None else None,
         "versions": versions(),

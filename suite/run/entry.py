@@ -1,9 +1,10 @@
 """One rank's process: join the process group, open the run folder, train, and on any failure
 keep what was recorded and say why (``errors/rank*.txt``, the summary).
 
-``python -m suite.run.entry CONFIG_JSON_FILE RUN_DIR`` is one rank of a run whose ranks were
+``python -m suite.run.entry PLAN_JSON_FILE RUN_DIR`` is one rank of a run whose ranks were
 started by torchrun agents (the emulated-network launcher runs one agent per namespace);
-``rank_main`` is also the target of the local elastic launch.
+``rank_main`` is also the target of the local elastic launch. Every rank receives the run's
+plan as JSON (``RunPlan.to_json``) and resolves it again, checked against its launcher's.
 """
 
 from __future__ import annotations
@@ -19,20 +20,26 @@ import torch.distributed as dist
 from suite.cluster.ranks import collective_timeout, join_process_group
 from suite.cluster.recorder import Recorder
 from suite.cluster.watchdog import POSITION, Watchdog
-from suite.config import RunConfig
 from suite.errors import BenchError
-from suite.results.folder import RunFolder, make_run_id
+from suite.plugins.registry import quiet_plugin_warnings
+from suite.results.folder import RunFolder
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.loop import AGREED_STOPS, AgreedInterruption, train
+from suite.run.plan import RunPlan
 from suite.run.setup import restart_count
 from suite.run.stopping import StopRequest
 
 
-def rank_main(config_json: str, run_dir: str | None = None) -> None:
-    """Entry point of one rank (also used by elastic_launch)."""
-    config = RunConfig.from_json(config_json)
+def rank_main(plan_json: str, run_dir: str | None = None) -> None:
+    """Entry point of one rank (also used by elastic_launch). ``run_dir`` is None where the
+    rank is its own launcher (``--launcher torchrun``): the ranks then agree on rank 0's
+    run id."""
+    if run_dir is not None:  # its launcher said which plugins it skipped, once
+        quiet_plugin_warnings()
     stop = StopRequest().install()
     try:
+        plan = RunPlan.from_json(plan_json)
+        config = plan.config
         device = join_process_group(config.device, config.collective_timeout,
                                     shared_gpus_ok=config.launcher == "local")
     except BenchError as exc:  # before the group formed: this rank says why on its own
@@ -48,22 +55,22 @@ def rank_main(config_json: str, run_dir: str | None = None) -> None:
     watchdog = None
     try:
         if run_dir is None:
-            ident = [config.run_id or make_run_id(config.method, config.workload, config.gpus)]
+            ident = [plan.run_id]
             dist.broadcast_object_list(ident, src=0)
+            plan = plan.restarted(run_id=ident[0])
             run_dir = str(Path(config.results_dir) / ident[0])
-            config.run_id = ident[0]
         folder = RunFolder(run_dir)
         if rank == 0:
             if standalone and config.overwrite and restart_count() == 0:
                 folder.empty()
             folder.create()
-            prepare_attempt(folder, config)
+            prepare_attempt(folder, plan.config.resume)
         dist.barrier()
         recorder = Recorder(rank, device)
         report = stall_reporter(folder, recorder, rank, stop)
         watchdog = Watchdog(rank, dist.get_world_size(), POSITION, config.collective_timeout,
                             on_stall=report).start()
-        train(config, device, folder, recorder, stop)
+        train(plan, device, folder, recorder, stop)
     except BaseException as exc:
         if watchdog is not None:
             watchdog.stop()  # one writer of this rank's rows and errors file
@@ -94,11 +101,11 @@ def stall_reporter(folder: RunFolder, recorder: Recorder, rank: int, stop: StopR
     return report
 
 
-def prepare_attempt(folder: RunFolder, config: RunConfig) -> None:
+def prepare_attempt(folder: RunFolder, resume: bool) -> None:
     """Rank 0, before any rank trains: a resumed or restarted run keeps the rows up to its
     latest checkpoint (all of them are written again after it) and files the previous
     attempt's errors under ``attempts/``."""
-    if not (config.resume or restart_count()):
+    if not (resume or restart_count()):
         return
     found = latest_checkpoint(folder.path)
     if folder.errors.exists():

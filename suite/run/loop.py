@@ -22,14 +22,15 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from suite.cluster.audit import AUDIT
 from suite.cluster.watchdog import barrier, store_client, watched
-from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.plugins.method import StepResult
 from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder
 from suite.run.agreement import Agreement, NonFiniteLoss, Settled
+from suite.run.build import check_steps_taken
 from suite.run.checkpoint import (
     checkpoint_root,
     latest_checkpoint,
@@ -37,10 +38,14 @@ from suite.run.checkpoint import (
     save_checkpoint,
 )
 from suite.run.livelog import TensorBoardLog
+from suite.run.plan import RunPlan
 from suite.run.setup import Run, restart_count, setup
 from suite.run.stopping import StopRequest
 
-__all__ = ["AGREED_STOPS", "AgreedInterruption", "LoopResult", "NonFiniteLoss", "train"]
+__all__ = [
+    "AGREED_STOPS", "AgreedInterruption", "HiddenTraffic", "LoopResult", "NonFiniteLoss",
+    "train",
+]
 
 
 class AgreedInterruption(BenchError):
@@ -48,7 +53,19 @@ class AgreedInterruption(BenchError):
     launcher reports it as suite.errors.RunInterrupted)."""
 
 
-AGREED_STOPS = (NonFiniteLoss, AgreedInterruption)
+class HiddenTraffic(BenchError):
+    """The method issued collectives across nodes past ``ctx.comm``: every rank stops after
+    the same agreement, the run fails in one line."""
+
+
+AGREED_STOPS = (NonFiniteLoss, AgreedInterruption, HiddenTraffic)
+
+#: bytes issued past ctx.comm that are tolerated, as a share of what the communicator
+#: declared on the same groups: DDP's reducer syncs its bucket layout once (a broadcast of a
+#: few hundred bytes, issued inside an iteration by torch, not by the method)
+HIDDEN_SHARE = 0.01
+#: and in bytes over the run, below which nothing is said
+HIDDEN_FLOOR_BYTES = 4096
 
 #: a rank writes its new rows to the run folder at the end of an iteration once this many
 #: seconds have passed since its last write (``PRUNEX_FLUSH_SECONDS`` overrides): a SIGKILL
@@ -72,15 +89,20 @@ class LoopResult:
     inter_bytes: float = 0.0
     intra_bytes: float = 0.0
     evaluation_seconds: float = 0.0  # of wall_seconds, spent evaluating
+    #: input bytes issued past ctx.comm on groups that span nodes / inside one node, and what
+    #: the communicator declared on the groups that span nodes (suite.cluster.audit)
+    hidden_inter_bytes: float = 0.0
+    hidden_intra_bytes: float = 0.0
+    declared_inter_bytes: float = 0.0
 
 
 def train(
-    config: RunConfig, device: torch.device, folder: RunFolder, recorder, stop: StopRequest
+    plan: RunPlan, device: torch.device, folder: RunFolder, recorder, stop: StopRequest
 ) -> None:
     """Set up, continue from the latest checkpoint when resuming or restarted, train, finish."""
-    run = setup(config, device, folder, recorder, stop)
+    run = setup(plan, device, folder, recorder, stop)
     result = LoopResult()
-    found = latest_checkpoint(folder.path) if (config.resume or restart_count()) else None
+    found = latest_checkpoint(folder.path) if (plan.config.resume or restart_count()) else None
     if found is not None:
         result = restore(run, load_checkpoint(found[1], node=run.node))
     run.attempt = {schema.RESTARTS: restart_count(),
@@ -139,6 +161,7 @@ class TrainingLoop:
         self.one_offs = {result.done, *run.method.one_off_iterations(result.done)}
         self.last_checkpoint = time.monotonic()
         self.accuracy: float | None = None
+        self.hidden_groups: set[str] = set()  # this rank's groups with hidden collectives
 
     def __call__(self) -> None:
         try:
@@ -162,8 +185,13 @@ class TrainingLoop:
         run.recorder.begin_iteration(iteration)
         if run.wire is not None:
             run.wire.start()
-        done = run.method.step(iteration)
+        before = run.loader.step
+        with AUDIT.during_step():
+            done = run.method.step(iteration)
+        hidden = AUDIT.take()
         check_step_result(run.config.method, done)
+        check_steps_taken(run.config.method, iteration, run.loader.step - before,
+                          scheduled_steps(run, before), run.steps_per_iteration)
         wire = run.wire.stop() if run.wire is not None else {}
         loss = float(done.loss)
         row = run.recorder.end_iteration(**wire, **{
@@ -175,7 +203,7 @@ class TrainingLoop:
         result.train_seconds += row[schema.T_ITERATION]
         result.done = iteration + 1
         result.converged = bool(done.converged)  # collective: the same on every rank
-        self.agreement.add(row, loss)
+        self.agreement.add(row, loss, hidden)
         return row, int(done.samples)
 
     def point(self) -> Point:
@@ -206,11 +234,16 @@ class TrainingLoop:
         for settled in agreed.iterations:
             self.result.inter_bytes += settled.inter_bytes
             self.result.intra_bytes += settled.intra_bytes
+            self.result.hidden_inter_bytes += settled.hidden.crossing
+            self.result.hidden_intra_bytes += settled.hidden.local
+            self.result.declared_inter_bytes += settled.hidden.declared_crossing
+            self.hidden_groups.update(settled.hidden.groups)
             if self.live is not None:
                 self.live.iteration(settled.row, settled.mean_loss, settled.inter_bytes,
                                     settled.intra_bytes)
         if self.live is not None:
             self.live.layers(self.run.recorder.layers)
+        check_hidden_traffic(self.run, self.result, self.hidden_groups)
         return agreed
 
     def evaluate(self, row: dict, mean_loss: float) -> None:
@@ -290,6 +323,34 @@ def check_step_result(method: str, done) -> None:
         )
 
 
+def hidden_beyond_tolerance(hidden: float, declared: float) -> bool:
+    """Whether bytes issued past ctx.comm are more than incidental (see HIDDEN_SHARE)."""
+    return hidden > max(HIDDEN_FLOOR_BYTES, HIDDEN_SHARE * declared)
+
+
+def check_hidden_traffic(run: Run, result: LoopResult, groups: set[str]) -> None:
+    """Fail the run, on every rank after the same agreement, once its method has issued
+    more than incidental bytes across nodes past ctx.comm: they are in no table, and the run
+    would read as one that moved less than it did."""
+    if not hidden_beyond_tolerance(result.hidden_inter_bytes, result.declared_inter_bytes):
+        return
+    where = ", ".join(sorted(groups)) or "groups of other ranks"
+    raise HiddenTraffic(
+        f"method {run.config.method!r} issued {result.hidden_inter_bytes / 1e6:.3g} MB of "
+        f"collectives on groups that span nodes ({where}) past ctx.comm in its first "
+        f"{result.done} iteration(s): they are recorded nowhere; issue them through ctx.comm "
+        "(suite.api.Communicator), or declare what torch issues for the method with "
+        "ctx.comm.account(...)"
+    )
+
+
+def scheduled_steps(run: Run, taken_before: int) -> int:
+    """Local steps the next iteration must take: a whole iteration, or what is left of the
+    budget (a round-based method's last round is cut to fit)."""
+    budget = run.plan.schedule.budget_steps(run.steps_per_iteration)
+    return max(1, min(run.steps_per_iteration, budget - taken_before))
+
+
 def checkpoint(run: Run, result: LoopResult) -> None:
     """Flush the rows so far, then save (collective); signals wait until both are whole."""
     with run.stop.held():
@@ -362,6 +423,9 @@ def summary_extra(run: Run, result: LoopResult) -> dict:
         samples = run.loader.step * run.loader.batch_size
         extra[schema.SAMPLES_PER_SECOND_PER_RANK] = samples / result.train_seconds
     extra.update(run.method.summary_facts())
+    audited = AUDIT.supported  # None: this torch cannot say what went past ctx.comm
+    extra[schema.HIDDEN_INTER_NODE_BYTES] = result.hidden_inter_bytes if audited else None
+    extra[schema.HIDDEN_INTRA_NODE_BYTES] = result.hidden_intra_bytes if audited else None
     warnings = [*run.method.warnings, *traffic_warnings(run, result)]
     if warnings:
         extra[schema.WARNINGS] = warnings
@@ -376,17 +440,27 @@ def summary_extra(run: Run, result: LoopResult) -> dict:
 
 
 def traffic_warnings(run: Run, result: LoopResult) -> list[str]:
-    """A run of several ranks whose method recorded no traffic at all most likely talks to
-    the other ranks past the communicator (``torch.distributed`` directly): its bytes and
-    communication times are then missing from every table. Said on stderr and in the
-    summary."""
-    if dist.get_world_size() < 2 or result.done == 0 or result.inter_bytes + result.intra_bytes:
-        return []
-    line = (f"{run.config.method} recorded no traffic on {dist.get_world_size()} ranks: a method "
-            "must issue its collectives through ctx.comm (suite.api.Communicator), or its bytes "
-            "and communication time are not recorded")
-    print(f"warning: {line}", file=sys.stderr, flush=True)
-    return [line]
+    """What says a method's traffic went past the communicator (``torch.distributed``
+    directly), so its bytes and communication times are missing from every table: no
+    traffic at all on several ranks, collectives inside a node that only the audit saw, or
+    intra-node traffic and no inter-node bytes on several nodes (``bench compare`` does not
+    rank such a run). Said on stderr and in the summary."""
+    method, ranks, nodes = run.config.method, dist.get_world_size(), run.topology.num_nodes
+    lines = []
+    if result.done and ranks > 1 and not result.inter_bytes + result.intra_bytes:
+        lines.append(f"{method} recorded no traffic on {ranks} ranks: a method must issue its "
+                     "collectives through ctx.comm (suite.api.Communicator), or its bytes and "
+                     "communication time are not recorded")
+    elif result.done and nodes > 1 and result.intra_bytes and not result.inter_bytes:
+        lines.append(f"{method} recorded intra-node traffic but no inter-node bytes on {nodes} "
+                     "nodes: its inter-node collectives went past ctx.comm, or it never "
+                     "crossed nodes; bench compare will not rank this run")
+    if hidden_beyond_tolerance(result.hidden_intra_bytes, result.intra_bytes):
+        lines.append(f"{method} issued {result.hidden_intra_bytes / 1e6:.3g} MB of collectives "
+                     "inside nodes past ctx.comm: they are not in bytes_intra")
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+    return lines
 
 
 #: seconds rank 0 may take to merge one rank's rows and write the summary, beyond

@@ -15,6 +15,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from suite.cluster.audit import AUDIT
 from suite.cluster.comm import Communicator
 from suite.cluster.netemu import INTERFACE
 from suite.cluster.ranks import connect_groups, gpu_sharing
@@ -29,9 +30,10 @@ from suite.errors import BenchError
 from suite.plugins.method import Method
 from suite.results import schema
 from suite.results.folder import RunFolder, hardware, identity_summary, numerics
-from suite.run.build import build_method, evaluation_points, make_manifest, resolve_workload
+from suite.run.build import build_method, evaluation_points, make_manifest
 from suite.run.evaluation import Evaluator, calibration_batches
 from suite.run.livelog import FOLDER as TENSORBOARD_FOLDER
+from suite.run.plan import RunPlan
 from suite.run.stopping import StopRequest
 from suite.run.warmup import warm_up
 
@@ -45,7 +47,7 @@ def restart_count() -> int:
 class Run:
     """Everything one rank set up for a run."""
 
-    config: RunConfig
+    plan: RunPlan
     device: torch.device
     folder: RunFolder
     recorder: Recorder
@@ -61,6 +63,11 @@ class Run:
     attempt: dict | None = None  # restarts and resumes, for the summary
     setup_seconds: dict = field(default_factory=dict)  # before the first iteration, for the summary
     checkpoints: list[dict] = field(default_factory=list)  # seconds and bytes of each save
+    steps_per_iteration: int = 1  # local steps of one of the method's iterations
+
+    @property
+    def config(self) -> RunConfig:
+        return self.plan.config
 
     @property
     def node(self) -> int:
@@ -113,41 +120,45 @@ def rank0_outcome(outcome: str | None, key: str) -> str | None:
 
 
 def setup(
-    config: RunConfig, device: torch.device, folder: RunFolder, recorder: Recorder,
+    plan: RunPlan, device: torch.device, folder: RunFolder, recorder: Recorder,
     stop: StopRequest,
 ) -> Run:
     """Topology, data shard, model, method, every process group connected; the manifest and
     a ``running`` summary."""
     started = time.perf_counter()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    topology = build_topology(config.gpus_per_node)
-    config.gpus = world_size
-    config.gpus_per_node = topology.gpus_per_node
-    config.run_id = config.run_id or folder.path.name
-    workload, recipe, dataset = resolve_workload(config)
-    train_data, test_data, spec = load_data_once(
-        partial(load_data, dataset, data_dir=config.data_dir, seed=config.seed,
+    topology = build_topology(plan.config.gpus_per_node)
+    if world_size != plan.config.gpus:
+        raise BenchError(f"the run was planned for {plan.config.gpus} ranks but {world_size} "
+                         "joined")
+    if plan.config.gpus_per_node != topology.gpus_per_node:  # discovered by the job
+        plan = plan.restarted(gpus_per_node=topology.gpus_per_node)
+    config = plan.config
+    train_data, test_data, _ = load_data_once(
+        partial(load_data, plan.dataset, data_dir=config.data_dir, seed=config.seed,
                 synthetic_size=config.synthetic_size),
         download=config.download, key=config.run_id,
     )
+    check_planned_data(plan, len(train_data), len(test_data))
     resident = device if device.type == "cuda" else None  # the shard lives on the GPU
     loader = ShardedLoader(
-        train_data, rank, world_size, recipe.batch_size, config.seed, device=resident
+        train_data, rank, world_size, plan.recipe.batch_size, config.seed, device=resident
     )
     comm = Communicator(topology, recorder, device)
     # the collectives of a method's construction are watched where they are issued (DDP's
     # constructor: ctx.comm.watching; broadcast_initial_state), not its whole build, which
     # may trace a large model for longer than --collective-timeout
-    ctx, method, iterations = build_method(
-        config, topology=topology, comm=comm, recorder=recorder, workload=workload,
-        recipe=recipe, spec=spec, loader=loader, device=device,
+    ctx, method, iterations, steps = build_method(
+        plan, topology=topology, comm=comm, recorder=recorder, loader=loader, device=device,
     )
     groups = run_groups(topology, method)
+    AUDIT.reset(topology.node_of)
+    for name, pg in groups.items():
+        AUDIT.watch(pg, name)
     connect = connect_groups(list(groups.values()), device)
-    warmup = warm_up(ctx.model, train_data, loader, recipe, groups, device)
+    warmup = warm_up(ctx.model, train_data, loader, plan.recipe, groups, device)
     manifest = make_manifest(
-        config, ctx, method, dataset=dataset, iterations=iterations,
-        train_samples=len(train_data), test_samples=len(test_data),
+        plan, ctx, method, iterations=iterations, steps_per_iteration=steps,
         device=str(device), backend=dist.get_backend(), topology=topology.describe(),
         numerics=numerics(device),
         group_backends={name: dist.get_backend(pg) for name, pg in groups.items()},
@@ -164,7 +175,7 @@ def setup(
             {
                 **(folder.summary() or {}),
                 **identity_summary(config),
-                "dataset": dataset,
+                "dataset": plan.dataset,
                 "nodes": topology.num_nodes,
                 "status": "running",
                 "processes": processes,
@@ -175,7 +186,7 @@ def setup(
     if config.network == "emulated" and topology.local_rank == 0:
         wire = WireCounters(INTERFACE)
     return Run(
-        config,
+        plan,
         device,
         folder,
         recorder,
@@ -195,7 +206,19 @@ def setup(
         wire,
         setup_seconds={schema.SETUP_SECONDS: time.perf_counter() - started,
                        schema.CONNECT_SECONDS: connect, schema.WARMUP_SECONDS: warmup},
+        steps_per_iteration=steps,
     )
+
+
+def check_planned_data(plan: RunPlan, train: int, test: int) -> None:
+    """The data this rank loaded is the size the plan scheduled (a dataset registered with
+    other sizes than its loader returns would make every count of the run wrong)."""
+    if (train, test) != (plan.train_samples, plan.test_samples):
+        raise BenchError(
+            f"dataset {plan.dataset!r} is registered with {plan.train_samples} train and "
+            f"{plan.test_samples} test samples, but its loader returned {train} and {test}; "
+            "register the sizes it loads (DATASETS.register(name, spec, sizes))"
+        )
 
 
 def run_groups(topology: Topology, method: Method) -> dict:

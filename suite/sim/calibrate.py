@@ -101,7 +101,7 @@ def calibrate_to_file(flags: dict, *, echo) -> Path:
     workloads = [w for w in flags["workload"].split(",") if w]
     for w in workloads:
         WORKLOADS.get(w)
-    batch = flags["batch_size"] or WORKLOADS.get(workloads[0]).factory().recipe.batch_size
+    batch = flags["batch_size"] or WORKLOADS.build(workloads[0]).recipe.batch_size
     gpus = flags["gpus"]
     gpus_per_node = flags["gpus_per_node"] or max(1, gpus // 2)
     check_layout(gpus, gpus_per_node)

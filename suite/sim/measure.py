@@ -51,7 +51,7 @@ DEFAULT_BLOCK_STEPS = (1, 2, 4, 8, 16, 32)  # local steps between synchronizatio
 
 def workload_dataset(workload: str) -> str:
 
-    return WORKLOADS.get(workload).factory().dataset
+    return WORKLOADS.build(workload).dataset
 
 
 @cache
@@ -75,7 +75,7 @@ def training_setup(workload: str, batch_size: int, device: torch.device, data_di
     matters: under 4 CPU ranks on 2 cores, random inputs made steps ~15% slower than
     Fashion-MNIST's (measured; one rank alone saw no difference)."""
 
-    wl = WORKLOADS.get(workload).factory()
+    wl = WORKLOADS.build(workload)
     spec = dataset_spec(wl.dataset)
     torch.manual_seed(0)
     model = wl.build_model(spec).to(device)

@@ -189,7 +189,7 @@ def training_flops(workload: str, batch_size: int) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
 
-    wl = WORKLOADS.get(workload).factory()
+    wl = WORKLOADS.build(workload)
     spec = dataset_spec(wl.dataset)
     with torch.device("meta"):
         model = wl.build_model(spec)

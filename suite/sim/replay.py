@@ -36,14 +36,12 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from suite.cluster.topology import check_layout
-from suite.config import RunConfig
-from suite.data.datasets import dataset_spec, split_sizes
 from suite.errors import BenchError
 from suite.plugins.registry import METHODS
 from suite.results.finish import finish_folder
-from suite.results.folder import RunFolder, make_run_id, write_table
-from suite.run.build import build_method, make_manifest, resolve_workload
+from suite.results.folder import RunFolder, write_table
+from suite.run.build import build_method, check_steps_taken, make_manifest
+from suite.run.plan import RunPlan
 from suite.sim.measure import memory_bandwidth
 from suite.sim.pricing import SimCommunicator, SimRecorder, rank_rows
 from suite.sim.profile import Profile
@@ -83,27 +81,26 @@ def check_simulable(method: str) -> None:
 
 
 def simulate_run(
-    config: RunConfig,
+    plan: RunPlan,
     profile: Profile,
     *,
     replay: int = DEFAULT_REPLAY,
     accuracy: Borrowed | None = None,
     host_memory_bandwidth: float | None = None,
 ) -> Path:
-    """Simulate ``config`` (one method, one GPU count) and write its run folder."""
+    """Simulate the plan (one method, one GPU count, its node size given) and write its run
+    folder."""
+    config, recipe = plan.config, plan.recipe
     check_simulable(config.method)
-    workload, recipe, dataset = resolve_workload(config)
-    gpn = config.gpus_per_node or profile.gpus_per_node
-    check_layout(config.gpus, gpn)  # before anything is measured
-    spec = dataset_spec(dataset)
-    train_samples, test_samples = split_sizes(dataset, config.synthetic_size)
+    gpn = config.gpus_per_node
     step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
     host_bw = host_memory_bandwidth or memory_bandwidth(torch.device("cpu"))
 
     ensure_single_process_group()
     device = torch.device("cpu")
     topology = sim_topology(config.gpus, gpn, rank=0, pg=dist.group.WORLD)
-    loader = SimLoader(spec, train_samples, config.gpus, recipe.batch_size, config.seed)
+    loader = SimLoader(plan.spec, plan.train_samples, config.gpus, recipe.batch_size,
+                       config.seed)
     recorder = SimRecorder(
         0,
         device,
@@ -117,23 +114,23 @@ def simulate_run(
         ),
     )
     comm = SimCommunicator(topology, recorder, device, profile)
-    if config.run_id is None:
-        config.run_id = "sim-" + make_run_id(config.method, config.workload, config.gpus)
-    ctx, method, iterations = build_method(
-        config, topology=topology, comm=comm, recorder=recorder, workload=workload,
-        recipe=recipe, spec=spec, loader=loader, device=device,
+    ctx, method, iterations, steps = build_method(
+        plan, topology=topology, comm=comm, recorder=recorder, loader=loader, device=device,
     )
 
     rows: list[dict] = []
     last: list[dict] = []
     replayed = 0
     for it in range(iterations):
-        local_steps = min((it + 1) * method.steps_per_iteration, ctx.budget_steps)
+        local_steps = min((it + 1) * steps, ctx.budget_steps)
         epoch = local_steps / loader.steps_per_epoch
         if it < replay:
             recorder.begin_iteration(it)
             comm.events.clear()
+            before = loader.step
             method.step(it)
+            check_steps_taken(config.method, it, loader.step - before,
+                              min(steps, ctx.budget_steps - before), steps)
             leader = recorder.end_iteration(
                 loss=math.nan,  # the stand-in batches' loss means nothing
                 samples=recorder.steps_this_iteration * loader.batch_size,
@@ -145,14 +142,13 @@ def simulate_run(
             last = [dict(row, iteration=it, epoch=epoch) for row in last]
         rows.extend(last)
 
-    folder = RunFolder(Path(config.results_dir) / config.run_id)
+    folder = RunFolder(Path(config.results_dir) / plan.run_id)
     folder.path.mkdir(parents=True, exist_ok=True)
     stationary = replayed == iterations or (
         rows[-1].get("frozen", True) is not False and _same_schedule(rows, config.gpus, replayed)
     )
     manifest = make_manifest(
-        config, ctx, method, dataset=dataset, iterations=iterations,
-        train_samples=train_samples, test_samples=test_samples,
+        plan, ctx, method, iterations=iterations, steps_per_iteration=steps,
         device="simulated", backend="simulated",
         topology={  # a simulated cluster has no hosts
             **{k: v for k, v in topology.describe().items() if k != "hostnames"},

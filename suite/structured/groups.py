@@ -67,7 +67,8 @@ def _plain_conv(module: nn.Module) -> bool:
 
 
 #: norm layers whose statistics span the channels (a channel cannot leave them exactly)
-CHANNEL_MIXING_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+CHANNEL_MIXING_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.LocalResponseNorm,
+                        nn.CrossMapLRN2d)
 
 
 def _depthwise_conv(module: nn.Module) -> bool:
@@ -126,6 +127,8 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
     group = ChannelGroup(size=len(root_idxs))
     for dep, idxs in tp_group:
         module = dep.target.module
+        if isinstance(module, CHANNEL_MIXING_NORMS):  # with or without parameters
+            group.whole = True
         if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
             if dep.target.type == _optype("OUTPUT"):
                 group.open_read = True
@@ -133,7 +136,7 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
         one_to_one = len(idxs) == group.size
         member = Member(names[module], torch.as_tensor([int(i) for i in idxs], dtype=torch.long))
         writes = graph.is_out_channel_pruning_fn(dep.handler)
-        if isinstance(module, CHANNEL_MIXING_NORMS) or (writes and not one_to_one):
+        if writes and not one_to_one:
             group.whole = True
         if _plain_conv(module) and one_to_one:
             (group.producers if writes else group.consumers).append(member)

@@ -195,7 +195,7 @@ def test_artifacts_are_moved_to_the_cpu_whole():
 def test_gpu_memory_estimate_counts_the_batch_activations():
     """The GPU guard's estimate grows with the batch by the activations of a meta forward
     pass, and holds the parameter copies and the resident shard besides."""
-    from suite.commands.preflight import (
+    from suite.commands.capacity import (
         CUDA_CONTEXT_BYTES,
         PARAMETER_COPIES,
         activation_bytes,
@@ -203,11 +203,13 @@ def test_gpu_memory_estimate_counts_the_batch_activations():
         model_on_meta_device,
     )
     from suite.config import RunConfig
+    from suite.run.plan import plan_run
 
-    config = RunConfig(method="ddp", workload="resnet18-cifar10", dataset="synthetic", gpus=4)
-    model = model_on_meta_device(config, "synthetic")
-    small, large = activation_bytes(model, "synthetic", 8), activation_bytes(model, "synthetic", 16)
+    plan = plan_run(RunConfig(method="ddp", workload="resnet18-cifar10", dataset="synthetic",
+                              gpus=4))
+    model = model_on_meta_device(plan)
+    small, large = activation_bytes(model, plan, 8), activation_bytes(model, plan, 16)
     assert small > 0 and large == 2 * small
     params = sum(p.numel() for p in model.parameters())
-    estimate = gpu_rank_memory_estimate(config, "synthetic", model)
+    estimate = gpu_rank_memory_estimate(plan, model)
     assert estimate > CUDA_CONTEXT_BYTES + PARAMETER_COPIES * 4 * params + 2 * small

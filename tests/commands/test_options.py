@@ -217,3 +217,21 @@ def test_help_shows_the_workloads_true_recipe():
     assert "0.05 (cnn-fmnist, convnext-fmnist, " in flat and "resnet18-fmnist)" in flat
     assert "0.001 (mobilenet-cifar10, resnet152-cifar10" in flat and "0.01 (vit-fmnist)" in flat
     assert "32 (cnn-fmnist, convnext-fmnist, " in flat and "resnet18-fmnist, vit-fmnist)" in flat
+
+
+def test_every_flag_of_run_sweep_and_sim_is_reserved_from_method_options():
+    """Registration refuses an option named like a flag of these commands; the list it reads
+    (suite.config.reserved_flags) must hold every flag they take, or a plugin could shadow one."""
+    import click
+
+    from suite.cli import main
+    from suite.config import reserved_flags
+    from suite.plugins.registry import METHODS
+
+    options = set(METHODS.option_catalogue())
+    ctx = click.Context(main)
+    for name in ("run", "sweep", "sim"):
+        command = main.get_command(ctx, name)
+        params = command.get_params(click.Context(command, parent=ctx))
+        own = {p.name for p in params if not p.name.startswith("_click")}  # click's --help aside
+        assert own - options - reserved_flags() == set(), name

@@ -1,8 +1,8 @@
-"""``--launcher slurm``: every setting reaches the ranks (the configuration travels whole, as
-JSON), the job asks for what the ranks use, ``--dry-run`` works where SLURM is not installed,
-and real jobs on a real one-node SLURM (``.ci/slurm-up``: Debian's slurm-wlm and munge on
-localhost) end ``ok``, and checkpoint, requeue and resume to the same model when SLURM signals
-them mid-way."""
+"""``--launcher slurm``: every setting reaches the ranks (the run's plan travels whole, as
+JSON: its configuration and its facts), the job asks for what the ranks use, ``--dry-run``
+works where SLURM is not installed, and real jobs on a real one-node SLURM
+(``.ci/slurm-up``: Debian's slurm-wlm and munge on localhost) end ``ok``, and checkpoint,
+requeue and resume to the same model when SLURM signals them mid-way."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 from suite.config import RunConfig
 from suite.launchers.slurm import SlurmRequest, submission
 from suite.plugins.registry import METHODS
+from suite.run.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "suite.cli"]
@@ -85,12 +86,16 @@ def test_every_field_and_option_reaches_the_ranks_whole(tmp_path):
     for name, value in NON_DEFAULT.items():
         assert value != getattr(RunConfig(), name), name
     checked = 0
+    planned = plan_run(RunConfig(dataset="synthetic", gpus=8, gpus_per_node=4, run_id="r-1"))
     for method in METHODS.names():
         options = {o.name: other_value(o) for o in METHODS.get(method).options}
         config = RunConfig(**{**NON_DEFAULT, "method": method, "results_dir": str(tmp_path)},
                            options=options)
-        _, agent = submission(config, SlurmRequest(), preview=True)
-        back = RunConfig.from_json(agent.config_json)
+        # the JSON carries the configuration as it is (a plan resolved from it would refuse
+        # some of these values together; that is not what this test is about)
+        plan = dataclasses.replace(planned, config=config)
+        _, agent = submission(plan, SlurmRequest(), preview=True)
+        back = RunConfig.from_json(json.dumps(json.loads(agent.plan_json)["config"]))
         assert back == config, method
         checked += len(options)
     assert checked > 30
@@ -105,7 +110,7 @@ def test_the_issue_dry_run_carries_all_four_flags(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     line = next(text for text in proc.stdout.splitlines() if text.startswith("#   {"))
-    ranks = json.loads(line[4:])  # the configuration every rank receives
+    ranks = json.loads(line[4:])["config"]  # the configuration every rank receives
     assert (ranks["lr_schedule"], ranks["warmup_epochs"], ranks["bn_recalibrate"]) == (
         "step",
         0.3,
@@ -143,7 +148,7 @@ def test_slurm_without_sbatch_is_one_line_and_dry_run_still_prints_the_job(tmp_p
     proc = subprocess.run([*args, "--dry-run"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in proc.stdout
-    assert "suite.run.entry.rank_main(CONFIG)" in proc.stdout and '"gpus": 8' in proc.stdout
+    assert "suite.run.entry.rank_main(PLAN)" in proc.stdout and '"gpus": 8' in proc.stdout
 
 
 def test_local_run_in_a_multi_node_allocation_is_refused(tmp_path):
@@ -171,7 +176,9 @@ def test_slurm_job_for_64_gpus_at_4_per_node(tmp_path):
     assert "#SBATCH --nodes=16" in script and "#SBATCH --ntasks-per-node=1" in script
     assert "#SBATCH --gpus-per-node=4" in script and "torch elastic agent for 4 ranks" in script
     line = next(text for text in script.splitlines() if text.startswith("#   {"))
-    ranks = json.loads(line[4:])  # the configuration every rank receives, whole
+    plan = json.loads(line[4:])  # the plan every rank receives, whole
+    ranks = plan["config"]
+    assert plan["facts"]["run_id"] == "r64" and plan["facts"]["layout"]["nodes"] == 16
     assert (ranks["gpus"], ranks["gpus_per_node"], ranks["device"]) == (64, 4, "cuda")
     assert ranks["options"] == {"channel_keep": 0.3} and ranks["results_dir"] == str(tmp_path)
     assert ranks["checkpoint_minutes"] == 20.0 and ranks["max_restarts"] == 2

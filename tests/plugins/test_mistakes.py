@@ -15,7 +15,7 @@ from typing import Literal
 import pytest
 import torch
 
-from suite.api import FRACTION, POSITIVE, Look, option
+from suite.api import AT_LEAST_1, FRACTION, POSITIVE, Check, Look, RoundSettings, option
 from suite.cluster.recorder import Recorder
 from suite.errors import BenchError
 from suite.plugins.registry import Registry
@@ -83,6 +83,96 @@ def test_a_settings_field_without_option_is_refused():
 
     with pytest.raises(BenchError, match=r"Forgot.gain is a settings field without option"):
         fresh().register("forgetful", "x", settings=Forgot)(factory)
+
+
+def test_an_option_may_not_take_a_flag_of_bench_run_or_of_another_method():
+    @dataclass
+    class Seeded:
+        seed: int = option(1, "the method's own seed")
+
+    with pytest.raises(BenchError, match=r"^method 'm-clash-run': option --seed is a flag of "
+                       r"bench run and bench sweep themselves; give the option another name$"):
+        fresh().register("m-clash-run", "x", settings=Seeded)(factory)
+
+    @dataclass
+    class OffDryRun:
+        wet: bool = option(True, "wet", off_flag="dry-run")
+
+    with pytest.raises(BenchError, match="option --dry-run is a flag of bench run"):
+        fresh().register("wet", "x", settings=OffDryRun)(factory)
+
+    @dataclass
+    class Ratio:
+        topk_ratio: float = option(0.01, "fraction sent", check=FRACTION)
+
+    @dataclass
+    class OffRatio:
+        dense: bool = option(False, "send dense", off_flag="topk-ratio")
+
+    registry = fresh()
+    registry.register("topk", "x", settings=Ratio)(factory)
+    with pytest.raises(BenchError, match=r"^method 'sparse': --topk-ratio is already a flag of "
+                       r"'topk' \(--topk-ratio\); give yours another name$"):
+        registry.register("sparse", "x", settings=OffRatio)(factory)
+
+
+def test_a_default_is_type_checked_before_its_range_naming_method_and_option():
+    @dataclass
+    class Bits:
+        qsgd_bits: int = option("8", "bits per value", check=AT_LEAST_1)
+
+    with pytest.raises(BenchError, match=r"^method 'qsgd': the default of --qsgd-bits is '8' "
+                       r"\(str\), but the option is declared INT; give a default of that type$"):
+        fresh().register("qsgd", "x", settings=Bits)(factory)
+
+    @dataclass
+    class Rate:
+        rate: float = option(1, "an int is a float's default too", check=POSITIVE)
+        scale: float = option(True, "a bool is not", check=POSITIVE)
+
+    with pytest.raises(BenchError, match=r"the default of --scale is True \(bool\)"):
+        fresh().register("rate", "x", settings=Rate)(factory)
+
+    @dataclass
+    class Odd:
+        size: int = option(4, "a check that cannot take an int",
+                           check=Check(lambda v: v.startswith("x"), "a name"))
+
+    with pytest.raises(BenchError, match=r"^method 'odd': the check of --size \(a name\) fails "
+                       r"on its default 4: AttributeError"):
+        fresh().register("odd", "x", settings=Odd)(factory)
+
+
+def test_local_steps_are_declared_by_round_settings_only():
+    @dataclass
+    class Rounds:
+        local_steps: int | None = option(None, "local SGD steps per round H", check=AT_LEAST_1)
+
+    with pytest.raises(BenchError, match=r"^method 'diloco': Rounds declares --local-steps but "
+                       r"does not inherit suite.api.RoundSettings"):
+        fresh().register("diloco", "x", settings=Rounds)(factory)
+
+    @dataclass
+    class Inherited(RoundSettings):
+        outer_lr: float = option(0.7, "outer step", check=POSITIVE)
+
+    fresh().register("diloco", "x", settings=Inherited)(factory)
+
+
+def test_a_declared_phase_colour_stands_apart_from_every_known_one():
+    from suite.cluster import phases
+
+    with pytest.raises(BenchError, match=r"^phase 'quantize': colour #EE6678 is 0.6 from #EE6677 "
+                       r"of phase 'inter_allreduce' in CIELAB \(at least 10 keeps them apart"):
+        phases.declare_phase("quantize", "#EE6678", communication=False)
+    with pytest.raises(BenchError, match="colour 'reddish' is not a colour matplotlib knows"):
+        phases.declare_phase("quantize", "reddish", communication=False)
+    assert "quantize" not in phases.PHASES
+    assert phases.cielab("#FFFFFF")[0] == pytest.approx(100)
+    try:  # black stands apart from every built-in colour
+        assert phases.declare_phase("far_phase", "#000000", communication=False) == "far_phase"
+    finally:
+        phases.PHASES.pop("far_phase", None)
 
 
 def test_a_name_registered_twice_is_refused():
@@ -183,7 +273,8 @@ def test_a_plugin_that_fails_to_load_is_skipped_and_the_rest_works(tmp_path):
     assert "prunex" in listed.stdout and "a second topk" not in listed.stdout
     warnings = listed.stderr.strip().splitlines()
     assert len(warnings) == 2, listed.stderr
-    assert "plugin 'broken' (broken) failed to load: No module named" in warnings[0]
+    assert ("plugin 'broken' (broken) failed to load: ModuleNotFoundError: No module named"
+            in warnings[0])
     assert "plugin 'twice' (twice) failed to load: method 'topk' is registered twice" in (
         warnings[1]
     )
@@ -196,13 +287,22 @@ def test_mistakes_of_a_method_are_named(tmp_path):
     env = install(tmp_path, {"mistakes": PLUGIN},
                   "[prunex_bench.methods]\nmistakes = mistakes\n")
     results = tmp_path / "results"
-    two = ["--gpus", "2", "--gpus-per-node", "1", "--iterations", "2", *TINY]
-    direct = bench("run", "--method", "direct-dist", *two, "--results-dir", results,
+    # one node: the world group stays inside it, so the bytes past ctx.comm are a warning
+    one_node = ["--gpus", "2", "--gpus-per-node", "2", "--iterations", "2", *TINY]
+    direct = bench("run", "--method", "direct-dist", *one_node, "--results-dir", results,
                    "--run-id", "direct", env=env)
     assert direct.returncode == 0, direct.stderr
     assert "direct-dist recorded no traffic on 2 ranks" in direct.stderr
     summary = json.loads((results / "direct" / "summary.json").read_text())
     assert any("ctx.comm" in line for line in summary["warnings"])
+    assert any("inside nodes past ctx.comm" in line for line in summary["warnings"])
+    assert summary["hidden_intra_node_bytes"] > 0 and summary["hidden_inter_node_bytes"] == 0
+    # two nodes: the default group spans them, so the run fails in one line
+    two_nodes = ["--gpus", "2", "--gpus-per-node", "1", "--iterations", "2", *TINY]
+    crossing = bench("run", "--method", "direct-dist", *two_nodes, "--results-dir", results,
+                     env=env)
+    assert crossing.returncode == 1
+    assert "groups that span nodes (world) past ctx.comm" in one_line_error(crossing)
 
     none = bench("run", "--method", "no-result", *TINY, *ONE_RANK, "--iterations", "1",
                  "--results-dir", results, "--run-id", "none", env=env)

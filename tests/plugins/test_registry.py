@@ -37,8 +37,20 @@ def test_entry_point_plugin_is_listed(tmp_path):
     assert "plugin-cnn" in out.stdout and "third-party" in out.stdout
 
 
-def test_unknown_name_lists_known():
+def test_unknown_name_lists_known_and_says_what_to_check():
     registry = Registry("method", "prunex_bench.none")
-    registry.register("a", "first")(lambda: None)
-    with pytest.raises(BenchError, match=r"unknown method 'b'; known: a$"):
-        registry.get("b")
+    registry._plugins_loaded = True
+    registry.register("alpha", "first")(lambda: None)
+    with pytest.raises(BenchError, match=r"unknown method 'alpah'; known: alpha; did you mean "
+                       r"'alpha'\?$"):
+        registry.get("alpah")
+    with pytest.raises(BenchError) as raised:
+        registry.get("qsgd")
+    assert str(raised.value) == (
+        "unknown method 'qsgd'; known: alpha; a plugin's method is registered once its "
+        "distribution is installed here with an entry point in 'prunex_bench.none' (bench "
+        "list shows what is registered)")
+    registry.skipped["extras"] = "plugin 'extras' (extras) failed to load: ImportError"
+    with pytest.raises(BenchError, match=r"skipped in this process: extras \(see the warning "
+                       r"above; bench --strict-plugins makes it an error\)"):
+        registry.get("qsgd")

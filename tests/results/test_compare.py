@@ -134,3 +134,28 @@ def test_markdown_format_for_ci_summaries(tmp_path):
     proc = bench("compare", base, write_set(tmp_path / "b", RUNS), "--format", "markdown")
     assert proc.returncode == 0
     assert "| method" in proc.stdout and "|:--" in proc.stdout.replace(" ", "")
+
+
+def test_a_multi_node_run_without_inter_node_bytes_is_not_ranked(tmp_path):
+    """Intra-node traffic and no inter-node bytes on several nodes: its inter-node collectives
+    went past the communicator, so its bytes would read as the best; it is not ranked."""
+    two_nodes = {"nodes": 2, "intra_node_bytes_total": 4e6, "inter_node_bytes_total": 2e6}
+    runs = [{**RUNS[0], **two_nodes}, {**RUNS[1], **two_nodes}]
+    base = write_set(tmp_path / "a", runs)
+    hidden = {**runs[1], "inter_node_bytes_total": 0.0, "inter_node_bytes_per_iteration": 0.0}
+    proc = bench("compare", base, write_set(tmp_path / "b", [runs[0], hidden]))
+    assert proc.returncode == 1, proc.stdout
+    assert ("REGRESSION: not ranked: intra-node traffic and no inter-node bytes on 2 nodes"
+            in proc.stdout)
+    assert "improved" not in proc.stdout  # its zero bytes are not a win
+
+
+def test_a_method_without_its_own_check_must_cross_nodes():
+    from suite.results.activity import crosses_nodes
+    from suite.results.view import RunView
+
+    view = RunView(folder=None, summary={"nodes": 2, "inter_node_bytes_total": 0.0})
+    assert crosses_nodes(view) == ["recorded no inter-node bytes on 2 nodes: a method of "
+                                   "several nodes must cross them, through ctx.comm"]
+    assert crosses_nodes(RunView(None, {"nodes": 1, "inter_node_bytes_total": 0.0})) == []
+    assert crosses_nodes(RunView(None, {"nodes": 2, "inter_node_bytes_total": 5.0})) == []

@@ -176,7 +176,9 @@ def test_sigkill_of_the_parent_then_recover(tmp_path):
         (["--weight-decay", "-0.1"], "--weight-decay must be at least 0"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
         (["--collective-timeout", "0"], "--collective-timeout must be positive"),
-        (["--gpus", "4096", "--gpus-per-node", "4"], "local CPU ranks need about"),
+        (["--gpus", "4096", "--gpus-per-node", "4", "--synthetic-size", "8192,64"],
+         "local CPU ranks need about"),
+        (["--gpus", "512", "--gpus-per-node", "4"], "256 training samples cannot fill 512 shards"),
     ],
 )
 def test_bad_values_are_one_line_before_any_rank(tmp_path, args, expected):

@@ -279,3 +279,32 @@ def test_untraceable_model_is_one_line():
     with pytest.raises(BenchError, match="conv conv is not in the graph") as info:
         trace_channel_groups(NoAutograd(), torch.zeros(1, 1, 8, 8))
     assert "\n" not in str(info.value)
+
+
+def gn_net(norm) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), norm(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), norm(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
+
+
+def test_norms_that_mix_channels_keep_their_channels_and_export_exactly():
+    """Leaving a dead channel out is exact through per-channel norms only: a GroupNorm or a
+    LocalResponseNorm moves the other channels' statistics, so their groups stay whole
+    (nothing leaves them, --pack live sends them whole) and the export equals the masked
+    model; through BatchNorm and InstanceNorm the unread channels leave."""
+    from suite.structured.export import export_model
+
+    example = torch.randn(8, 3, 16, 16)
+    for norm, removed in ((nn.BatchNorm2d, True),
+                          (lambda c: nn.InstanceNorm2d(c, affine=True), True),
+                          (lambda c: nn.GroupNorm(4, c), False),
+                          (lambda c: nn.LocalResponseNorm(3), False)):
+        model = gn_net(norm)
+        masks = full_masks(model)
+        masks["3.weight"] = without_channels(masks["3.weight"], [2, 7])
+        groups = trace_channel_groups(model, example[:1])
+        live = live_slices(model, groups, masks)
+        assert (live.of("0.weight")[0] is not None
+                and live.of("0.weight")[0].numel() == 14) is removed
+        masked, exported, count = export_model(model, masks, example)  # raises if not exact
+        assert count_parameters(exported) < count_parameters(model) if removed else True

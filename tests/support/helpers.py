@@ -12,7 +12,8 @@ from suite.config import RunConfig
 from suite.data.sharding import ShardedLoader
 from suite.data.workload import DatasetSpec, Recipe, TensorData
 from suite.plugins.method import RunContext
-from suite.run.build import method_settings
+from suite.plugins.options import resolve_settings
+from suite.plugins.registry import METHODS
 from workloads.models import small_cnn
 
 
@@ -81,7 +82,7 @@ def make_context(
         model,
         loader,
         device,
-        method_settings(config),
+        resolve_settings(METHODS.get(method).settings, config.options, method),
         schedule,
         budget_steps,
         spec=DatasetSpec("tiny", in_chans=1, image_size=8, num_classes=4),

@@ -1,0 +1,159 @@
+"""Will a run's ranks fit on this machine? Memory estimates of one rank, on the CPU and on a
+GPU, and the guards that refuse, in one line, local ranks that would be killed for memory
+one by one, minutes in. Read by preflight for ``--launcher local``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from suite.cluster.ranks import ranks_per_gpu
+from suite.errors import BenchError
+from suite.run.plan import RunPlan
+
+#: what one CPU rank holds besides its data and model: the interpreter with torch, timm and
+#: gloo loaded (measured: 0.55-0.6 GiB RSS per cnn-fmnist rank before its data)
+RANK_BASE_BYTES = int(0.55 * 2**30)
+#: copies of the parameters a rank keeps (weights, gradients, momentum; PruneX's z, z_i, u,
+#: v and consensus; the evaluation copy), an upper bound over the methods
+PARAMETER_COPIES = 10
+#: what a CUDA context and torch's kernels take on a GPU before any tensor (torch's CUDA
+#: context is typically 0.3-0.6 GiB; the upper end, so the guard errs toward refusing)
+CUDA_CONTEXT_BYTES = int(0.6 * 2**30)
+GIB = 2**30
+
+
+def model_on_meta_device(plan: RunPlan):
+    """The run's model with shapes but no storage (for checks), or None if it cannot be
+    built that way."""
+    try:
+        with torch.device("meta"):
+            return plan.workload.build_model(plan.spec)
+    except Exception:  # a model that insists on real storage is checked by the ranks
+        return None
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (Linux), else None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def sample_bytes(plan: RunPlan) -> int:
+    """Bytes of one float32 image of the plan's dataset."""
+    spec = plan.spec
+    return spec.in_chans * spec.image_size**2 * 4
+
+
+def parameter_bytes(model) -> int:
+    """PARAMETER_COPIES fp32 copies of ``model``'s parameters (none known: 0)."""
+    return (
+        PARAMETER_COPIES * 4 * sum(p.numel() for p in model.parameters())
+        if model is not None
+        else 0
+    )
+
+
+def rank_memory_estimate(plan: RunPlan, model) -> int:
+    """Bytes one CPU rank needs: base, the whole dataset as float32 (every rank loads it and
+    keeps its shard), and the parameter copies."""
+    samples = plan.train_samples + plan.test_samples
+    return RANK_BASE_BYTES + samples * sample_bytes(plan) + parameter_bytes(model)
+
+
+def check_memory(plan: RunPlan, model) -> None:
+    """Refuse, in one line, local CPU ranks that cannot fit in this machine's memory: they
+    would be OOM-killed one by one, minutes in."""
+    available = available_memory()
+    if available is None:
+        return
+    gpus = plan.config.gpus
+    each = rank_memory_estimate(plan, model)
+    need = gpus * each
+    if need > 0.9 * available:
+        raise BenchError(
+            f"{gpus} local CPU ranks need about {need / GIB:.1f} GiB ({each / GIB:.2f} GiB "
+            f"each), this machine has {available / GIB:.1f} GiB available; use fewer --gpus, "
+            "--launcher slurm on a cluster, or --launcher sim to simulate it"
+        )
+
+
+def activation_bytes(model, plan: RunPlan, batch_size: int) -> int:
+    """Bytes of every leaf module's output for one batch, from a forward pass on the meta
+    device (no storage): what backward keeps of the activations, about."""
+
+    spec = plan.spec
+    total = 0
+
+    def count(_module, _inputs, output):
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel() * output.element_size()
+
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.device("meta"), torch.no_grad():
+            model(torch.empty(batch_size, spec.in_chans, spec.image_size, spec.image_size))
+    except Exception:  # a model meta tensors cannot run: its activations go uncounted
+        total = 0
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
+def gpu_rank_memory_estimate(plan: RunPlan, model) -> int:
+    """Bytes one CUDA rank needs on its GPU: the CUDA context, the parameter copies (weights,
+    gradients, momentum and what the method keeps), the activations of a batch and their
+    gradients, and the rank's resident data shard."""
+    shard = plan.train_samples // plan.config.gpus * sample_bytes(plan)
+    batch = plan.recipe.batch_size
+    activations = activation_bytes(model, plan, batch) if model is not None else 0
+    return CUDA_CONTEXT_BYTES + parameter_bytes(model) + 2 * activations + shard
+
+
+def free_gpu_memory(count: int) -> list[int]:
+    """Free bytes of the first ``count`` GPUs (``torch.cuda.mem_get_info``), read in a child
+    process: a CUDA context made here would hold 0.3-0.6 GiB of every GPU for as long as
+    this launcher lives, which is the whole run."""
+    code = (
+        "import sys, torch; "
+        "print(*(torch.cuda.mem_get_info(i)[0] for i in range(int(sys.argv[1]))))"
+    )
+    probe = subprocess.run([sys.executable, "-c", code, str(count)], capture_output=True,
+                           text=True)
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
+        raise BenchError(f"cannot read the GPUs' free memory ({why[:200]}); check the CUDA "
+                         "driver with nvidia-smi")
+    return [int(free) for free in probe.stdout.split()]
+
+
+def check_gpu_memory(plan: RunPlan, model) -> None:
+    """Refuse, in one line, local CUDA ranks that cannot fit in their GPUs' free memory
+    (``torch.cuda.mem_get_info``), ranks that share a GPU counted together: they would fail
+    with an out-of-memory error after setup, or one by one mid-run."""
+
+    gpus = torch.cuda.device_count()
+    if not gpus:
+        return  # --device cuda without CUDA is refused by the ranks, in one line
+    ranks = plan.config.gpus
+    sharing = ranks_per_gpu(ranks, gpus)
+    free = min(free_gpu_memory(min(gpus, ranks)))
+    each = gpu_rank_memory_estimate(plan, model)
+    if sharing * each > 0.95 * free:
+        raise BenchError(
+            f"{ranks} CUDA ranks ({sharing} per GPU) need about {sharing * each / GIB:.1f} GiB "
+            f"per GPU ({each / GIB:.2f} GiB each), the GPUs have {free / GIB:.1f} GiB free; "
+            "use fewer --gpus, a smaller --batch-size, or --launcher slurm on a cluster"
+        )

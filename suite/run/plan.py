@@ -1,0 +1,289 @@
+"""One run, resolved once: the frozen plan every part of a run reads.
+
+``bench run`` (and each cell of ``bench sweep``, each simulation of ``bench sim``) turns its
+configuration into a ``RunPlan`` once, before anything is checked or started: the method
+and its settings, the workload and its recipe with the run's overrides, the dataset and its
+shape, the rank layout, the schedule (steps per epoch, the round, the budget) and the run id.
+Preflight, the dry run, the launchers, the ranks, the simulator and the manifest read that
+plan; none of them resolves the workload or the settings again or completes the
+configuration in place (a ``RunConfig`` is frozen). The ranks receive the plan as JSON (the
+configuration and the plan's facts, ``RunPlan.to_json``), rebuild it from the
+configuration and refuse, in one line, a plan whose facts differ from their launcher's (a node
+with other plugins installed, a workload whose factory is not deterministic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from suite.cluster.netemu import parse_rate
+from suite.cluster.topology import check_layout
+from suite.config import RunConfig
+from suite.data.datasets import dataset_spec, split_sizes
+from suite.data.workload import DatasetSpec, Recipe, Workload
+from suite.errors import BenchError
+from suite.plugins.method import RoundSettings
+from suite.plugins.options import POSITIVE, Check, check_value, resolve_settings, settings_dict
+from suite.plugins.registry import METHODS, WORKLOADS, Entry
+from suite.results.folder import make_run_id
+
+__all__ = ["RECIPE_OVERRIDES", "RunPlan", "Schedule", "plan_run"]
+
+#: RunConfig fields that override the workload's recipe
+RECIPE_OVERRIDES = ("batch_size", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_epochs")
+#: a run id names one folder inside --results-dir: no separators, no "..", no hidden names
+SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: RunConfig field -> its range (run length, recipe overrides, reliability)
+RECIPE_CHECKS = {
+    **dict.fromkeys(("iterations", "epochs", "eval_every", "batch_size", "lr"), POSITIVE),
+    "momentum": Check(lambda v: 0 <= v < 1, "in [0, 1)"),
+    "weight_decay": Check(lambda v: v >= 0, "at least 0"),
+    "warmup_epochs": Check(lambda v: v >= 0, "at least 0"),
+    **dict.fromkeys(("checkpoint_every", "checkpoint_minutes", "collective_timeout"), POSITIVE),
+    "max_restarts": Check(lambda v: v >= 0, "at least 0"),
+    "bn_recalibrate": Check(lambda v: v >= 0, "at least 0"),
+}
+#: RunConfig fields a plan may change without resolving again: how a start of the run
+#: treats its folder, and the node size a job discovers
+RESTART_FIELDS = ("resume", "overwrite", "run_id", "gpus_per_node")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How many local steps every rank takes, and in iterations of what size.
+
+    Attributes:
+        steps_per_epoch: local steps of one pass over a rank's shard.
+        batch_size: per rank, as the loader takes it (a shard smaller than the recipe's
+            batch is one whole-shard batch).
+        round_steps: H, the local steps of one round, for a method with ``RoundSettings``;
+            None where the method's own ``steps_per_iteration`` (1 unless it declares more)
+            sizes its iterations.
+        epochs: the epochs the budget is made of (``--epochs``, else the recipe's), or None
+            under ``--iterations``.
+        iterations: ``--iterations``, or None.
+    """
+
+    steps_per_epoch: int
+    batch_size: int
+    round_steps: int | None
+    epochs: float | None
+    iterations: int | None
+
+    def budget_steps(self, steps_per_iteration: int) -> int:
+        """Local steps per rank of the whole run. ``--epochs`` gives every method the same
+        number (a round-based method's last round is cut to fit); ``--iterations`` counts
+        whole iterations of the method's own size."""
+        if self.iterations is not None:
+            return self.iterations * steps_per_iteration
+        return max(1, math.ceil(self.epochs * self.steps_per_epoch))
+
+    def iterations_for(self, steps_per_iteration: int) -> int:
+        return math.ceil(self.budget_steps(steps_per_iteration) / steps_per_iteration)
+
+    @property
+    def planned_steps_per_iteration(self) -> int:
+        """What the plan knows before the method is built: H, else 1."""
+        return self.round_steps or 1
+
+    def describe(self) -> str:
+        """``10 iteration(s) of 32 local step(s): 320 local steps per rank, budget 320
+        (1 epoch(s) x 320 steps per epoch)``: what ``--dry-run`` prints."""
+        h = self.planned_steps_per_iteration
+        budget = self.budget_steps(h)
+        iterations = self.iterations_for(h)
+        short = budget - (iterations - 1) * h
+        last = f", the last of {short}" if short != h else ""
+        size = f"{h} local step(s)" + ("" if self.round_steps else
+                                       " (1 unless the method declares steps_per_iteration)")
+        if self.iterations is not None:
+            why = (f"--iterations {self.iterations} x {h} = "
+                   f"{budget / self.steps_per_epoch:.2f} epoch(s) of {self.steps_per_epoch} "
+                   "steps")
+        else:
+            why = f"{self.epochs:g} epoch(s) x {self.steps_per_epoch} steps per epoch"
+        total = (iterations - 1) * h + short
+        return (f"{iterations} iteration(s) of {size}{last}: {total} local steps per rank, "
+                f"budget {budget} ({why})")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run resolved once (see the module's docstring): what preflight, the launchers, the
+    ranks, the simulator and the manifest read.
+
+    Attributes:
+        config: the resolved configuration (launcher, node size, device and run id filled
+            in), frozen.
+        method: the method's registry entry.
+        settings: the method's settings object, every option converted and checked.
+        workload: the workload (its model builder and recipe).
+        recipe: the workload's recipe with the run's overrides.
+        dataset: the dataset's name (``--dataset``, else the workload's).
+        spec: the dataset's shape and classes.
+        train_samples: training samples of the dataset.
+        test_samples: test samples of the dataset.
+        schedule: steps per epoch, the round and the budget.
+    """
+
+    config: RunConfig
+    method: Entry
+    settings: Any
+    workload: Workload
+    recipe: Recipe
+    dataset: str
+    spec: DatasetSpec
+    train_samples: int
+    test_samples: int
+    schedule: Schedule
+
+    @property
+    def run_id(self) -> str:
+        return str(self.config.run_id)
+
+    @property
+    def nodes(self) -> int | None:
+        """Nodes of the layout (None: discovered by the job's ranks)."""
+        gpn = self.config.gpus_per_node
+        return self.config.gpus // gpn if gpn else None
+
+    def facts(self) -> dict:
+        """What the plan resolved, as JSON values: recorded in the manifest (``plan``) and
+        checked by every rank against its own resolution."""
+        return {
+            "run_id": self.config.run_id,
+            "method": self.method.name,
+            "plugin": self.method.plugin,
+            "settings": settings_dict(self.settings),
+            "workload": self.workload.name,
+            "model": self.workload.model_name,
+            "recipe": asdict(self.recipe),
+            "dataset": self.dataset,
+            "spec": asdict(self.spec),
+            "samples": [self.train_samples, self.test_samples],
+            "layout": {"gpus": self.config.gpus, "gpus_per_node": self.config.gpus_per_node,
+                       "nodes": self.nodes},
+            "launcher": self.config.launcher,
+            "device": self.config.device,
+            "schedule": asdict(self.schedule),
+        }
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the facts: equal digests, the same plan."""
+        text = json.dumps(self.facts(), sort_keys=True, default=str)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def to_json(self) -> str:
+        """What a rank receives: the configuration and the plan's facts."""
+        return json.dumps({"config": json.loads(self.config.to_json()), "facts": self.facts()},
+                          sort_keys=True, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunPlan:
+        """The plan of ``to_json``'s text, resolved again here from its configuration;
+        a one-line error when this process resolves other facts than the launcher did."""
+        data = json.loads(text)
+        config = RunConfig.from_json(json.dumps(data["config"]))
+        plan = plan_run(config)
+        sent = json.loads(json.dumps(data["facts"], default=str))
+        here = json.loads(json.dumps(plan.facts(), default=str))
+        differ = [key for key in sorted(set(sent) | set(here)) if sent.get(key) != here.get(key)]
+        if differ:
+            key = differ[0]
+            raise BenchError(
+                f"this rank resolves the run's {key} as {here.get(key)!r}, its launcher as "
+                f"{sent.get(key)!r}: install the same plugins and suite on every node"
+            )
+        return plan
+
+    def restarted(self, **changes) -> RunPlan:
+        """This plan for another start of the run (``resume``, ``overwrite``), under the run
+        id its ranks agreed on, or with the node size its job discovered: the fields of
+        ``RESTART_FIELDS`` change nothing else that was resolved."""
+        unknown = set(changes) - set(RESTART_FIELDS)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} need a plan resolved anew (plan_run)")
+        return replace(self, config=replace(self.config, **changes))
+
+
+def plan_run(config: RunConfig) -> RunPlan:
+    """``config`` resolved into its plan, checked: the run id (a new one when none is
+    given), the layout, the link flags, the recipe overrides' ranges, the workload, the
+    method's settings, the dataset and the schedule. Each problem is one BenchError line.
+
+    Args:
+        config: the configuration with its launcher's facts filled in (the launcher itself,
+            the node size where it has one, the device).
+
+    Returns:
+        The frozen plan.
+    """
+    check_config(config)
+    if config.run_id is None:
+        config = replace(config, run_id=new_run_id(config))
+    method = METHODS.get(config.method)
+    settings = resolve_settings(method.settings, config.options, config.method)
+    workload = WORKLOADS.build(config.workload)
+    overrides = {k: getattr(config, k) for k in RECIPE_OVERRIDES if getattr(config, k) is not None}
+    recipe = replace(workload.recipe, **overrides)
+    dataset = config.dataset or workload.dataset
+    spec = dataset_spec(dataset)
+    train, test = split_sizes(dataset, config.synthetic_size)
+    return RunPlan(config, method, settings, workload, recipe, dataset, spec, train, test,
+                   schedule_of(config, settings, recipe, train))
+
+
+def new_run_id(config: RunConfig) -> str:
+    """A fresh run id: ``<time>-<method>-<workload>-<N>g-<random>`` (``sim-`` first for the
+    simulator)."""
+    run_id = make_run_id(config.method, config.workload, config.gpus)
+    return f"sim-{run_id}" if config.launcher == "sim" else run_id
+
+
+def schedule_of(config: RunConfig, settings, recipe: Recipe, train_samples: int) -> Schedule:
+    """The schedule of a rank's shard: ``train_samples`` over ``config.gpus`` ranks in batches
+    of the recipe's size, as the rank's loader takes them."""
+    shard = train_samples // config.gpus
+    if shard == 0:
+        raise BenchError(f"{train_samples} training samples cannot fill {config.gpus} shards")
+    batch = min(recipe.batch_size, shard)
+    steps_per_epoch = shard // batch
+    round_steps = (settings.steps_per_round(steps_per_epoch)
+                   if isinstance(settings, RoundSettings) else None)
+    epochs = None
+    if config.iterations is None:
+        epochs = config.epochs if config.epochs is not None else recipe.epochs
+    return Schedule(steps_per_epoch, batch, round_steps, epochs, config.iterations)
+
+
+def check_config(config: RunConfig) -> None:
+    """The configuration's own consistency, before anything is resolved from it."""
+    if config.run_id is not None and (
+        not SAFE_RUN_ID.fullmatch(config.run_id) or ".." in config.run_id
+    ):
+        raise BenchError(
+            f"--run-id {config.run_id!r} must be one folder name (letters, digits, '.', '_', "
+            "'-'; no '/' or '..')"
+        )
+    if config.gpus_per_node is not None:
+        check_layout(config.gpus, config.gpus_per_node)
+    elif config.gpus < 1:
+        raise BenchError(f"--gpus must be at least 1, got {config.gpus}")
+    if config.inter_bw is not None and config.network != "emulated":
+        raise BenchError("--inter-bw needs --network emulated")
+    if config.network == "emulated":
+        if config.inter_bw is None:
+            raise BenchError("--network emulated needs --inter-bw, e.g. 1gbit or 200mbit")
+        parse_rate(config.inter_bw)
+        if config.gpus_per_node is None or config.gpus // config.gpus_per_node < 2:
+            raise BenchError("--network emulated needs at least two nodes (--gpus-per-node)")
+    for name, check in RECIPE_CHECKS.items():
+        value = getattr(config, name)
+        if value is not None:
+            check_value("--" + name.replace("_", "-"), value, check)
