@@ -32,8 +32,9 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
 ``TCPStore(use_libuv=)``, ``get_device_properties().uuid``, ``Work.get_future()``,
 ``Future.then`` are in 2.11.
 
-    torch: Generator, Size, Tensor, __version__, _foreach_add, _foreach_add_, _foreach_copy_, _foreach_div,
-        _foreach_lerp_, _foreach_mul_, _foreach_norm, _foreach_sub, _foreach_sub_, allclose,
+    torch: Generator, Size, Tensor, __version__, _foreach_add, _foreach_add_, _foreach_copy_,
+        _foreach_div, _foreach_lerp_, _foreach_mul_, _foreach_norm, _foreach_sub,
+        _foreach_sub_, allclose,
         arange, are_deterministic_algorithms_enabled, as_tensor, bfloat16, bincount, bool,
         cat, channels_last, device, div, dtype, empty, empty_like, equal, float16, float32,
         float64, full, get_float32_matmul_precision, get_num_threads, get_rng_state,
