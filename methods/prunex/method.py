@@ -54,6 +54,7 @@ from methods.prunex.blocks import admm_blocks, averaged_buffers
 from methods.prunex.penalties import initial_penalties
 from suite.api import (
     WIRE_DTYPES,
+    Communicator,
     Method,
     RunContext,
     StepResult,
@@ -404,7 +405,8 @@ class PruneX(Method):
         choice = self.freeze_start
         found = {}
         if choice == "better":
-            losses = torch.stack([self.calibration_loss(self.eval_model(), estimate_bn=False),
+            losses = torch.stack([self.calibration_loss(self.eval_model(self.ctx.comm),
+                                                        estimate_bn=False),
                                   self.calibration_loss(self.model, estimate_bn=True)])
             self.ctx.comm.all_reduce(losses, self.ctx.topology.world, phase=phases.PROJECTION)
             consensus, ranks = (losses / self.ctx.topology.world_size).tolist()
@@ -663,13 +665,15 @@ class PruneX(Method):
     def process_groups(self) -> list:
         return self.structure.process_groups()
 
-    def eval_model(self) -> nn.Module:
+    def eval_model(self, comm: Communicator | None = None) -> nn.Module:
         """The consensus z, with BatchNorm statistics of z itself unless ``--consensus-bn
-        averaged`` (collective: every rank calls it, at the same point)."""
+        averaged`` (collective: every rank calls it, at the same point). ``comm``: inside a
+        step (the freeze's choice) the statistics' all-reduce is the method's traffic and is
+        recorded through it; evaluations leave it unrecorded bookkeeping."""
         if self.estimate_bn and not self.consensus_bn_current:
             batches = self.ctx.loader.calibration_batches(CONSENSUS_BN_BATCHES)
             recalibrate_batchnorm(self.consensus, batches, self.ctx.topology.world,
-                                  self.ctx.device)
+                                  self.ctx.device, comm=comm, phase=phases.PROJECTION)
             self.consensus_bn_current = True
         return self.consensus
 

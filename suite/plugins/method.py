@@ -391,7 +391,8 @@ def by_dtype(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[torch.Tensor
 
 @torch.no_grad()
 def recalibrate_batchnorm(
-    model: nn.Module, batches: list[torch.Tensor], world: CommGroup, device: torch.device
+    model: nn.Module, batches: list[torch.Tensor], world: CommGroup, device: torch.device,
+    *, comm: Communicator | None = None, phase: str | None = None,
 ) -> None:
     """Recompute the BatchNorm running statistics of ``model`` on ``batches`` (torch's
     ``swa_utils.update_bn``: cumulative averages over them), then average them over ``world``
@@ -407,6 +408,10 @@ def recalibrate_batchnorm(
         batches: input batches on ``device`` (e.g. ``ctx.loader.calibration_batches(8)``).
         world: the group the statistics are averaged over.
         device: where the forward passes run.
+        comm: where the statistics are part of the method's work inside a step (PruneX's
+            choice at its freeze), its communicator: the all-reduce is then recorded under
+            ``phase`` like any other; None (evaluation bookkeeping): issued directly, unrecorded.
+        phase: the phase of that all-reduce (with ``comm``).
 
     Example::
 
@@ -420,6 +425,10 @@ def recalibrate_batchnorm(
     update_bn(list(batches), model, device=device)
     stats = [t for norm in norms for t in (norm.running_mean, norm.running_var)]
     flat = flatten(stats)
+    if comm is not None:  # the method's own traffic: recorded like any of its collectives
+        comm.all_reduce(flat, world, phase=phase)
+        unflatten_into(stats, flat.div_(world.size))
+        return
     with watched("all_reduce", "world (BN recalibration)", world.ranks):
         dist.all_reduce(flat, group=world.pg)
         unflatten_into(stats, flat.div_(world.size))
