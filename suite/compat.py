@@ -38,7 +38,7 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
         arange, are_deterministic_algorithms_enabled, as_tensor, bfloat16, bincount, bool,
         cat, channels_last, device, div, dtype, empty, empty_like, equal, float16, float32,
         float64, full, get_float32_matmul_precision, get_num_threads, get_rng_state,
-        inference_mode, int32, int64, is_tensor, isin, linspace, load, long, manual_seed,
+        inference_mode, int8, int32, int64, is_tensor, isin, linspace, load, long, manual_seed,
         maximum, no_grad, nonzero, ones, ones_like, rand, randint, randn, randperm, relu,
         save, set_num_threads, set_rng_state, sin, sort, stack, tensor, uint8, unique,
         where, zeros, zeros_like
@@ -75,9 +75,9 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
     torch.futures: Future
     torch.fx.experimental.optimization: fuse
     torch.multiprocessing: set_forkserver_preload, spawn, start_processes
-    torch.nn: AdaptiveAvgPool2d, BatchNorm2d, Conv2d, CrossEntropyLoss, Flatten, GroupNorm,
-        Hardswish, Identity, LayerNorm, Linear, MaxPool2d, Module, Parameter, ReLU, RMSNorm,
-        Sequential
+    torch.nn: AdaptiveAvgPool2d, BatchNorm2d, Conv2d, CrossEntropyLoss, CrossMapLRN2d,
+        Flatten, GroupNorm, Hardswish, Identity, InstanceNorm2d, LayerNorm, Linear,
+        LocalResponseNorm, MaxPool2d, Module, Parameter, ReLU, RMSNorm, Sequential
     torch.nn.functional: cross_entropy, interpolate, pad
     torch.nn.init: kaiming_normal_
     torch.nn.modules.batchnorm: _BatchNorm

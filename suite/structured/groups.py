@@ -86,16 +86,25 @@ def dependency_graph(model: nn.Module, example_input: torch.Tensor, roots: tuple
     import torch_pruning as tp
 
     traced = copy.deepcopy(model).cpu().eval()
+    # a parameterless norm (LocalResponseNorm) is traced as its elementwise ops, not as
+    # itself: remember the autograd node of each channel-mixing norm's output to know it again
+    graph_nodes_of_norms = set()
+    hooks = [m.register_forward_hook(lambda _m, _i, out: graph_nodes_of_norms.add(out.grad_fn))
+             for m in traced.modules() if isinstance(m, CHANNEL_MIXING_NORMS)]
     try:
         graph = tp.DependencyGraph().build_dependency(
             traced, example_inputs=example_input.detach().cpu()[:1], verbose=False
         )
         groups = list(graph.get_all_groups(root_module_types=list(roots)))
+        graph.channel_mixing_outputs = graph_nodes_of_norms - {None}
     except Exception as exc:  # tracing raises anything the model's forward or TP raises
         why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise BenchError(
             f"cannot trace {what} of {type(model).__name__} with Torch-Pruning ({why})"
         ) from None
+    finally:
+        for hook in hooks:
+            hook.remove()
     return traced, graph, groups
 
 
@@ -127,7 +136,8 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
     group = ChannelGroup(size=len(root_idxs))
     for dep, idxs in tp_group:
         module = dep.target.module
-        if isinstance(module, CHANNEL_MIXING_NORMS):  # with or without parameters
+        if (isinstance(module, CHANNEL_MIXING_NORMS)
+                or getattr(dep.target, "grad_fn", None) in graph.channel_mixing_outputs):
             group.whole = True
         if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
             if dep.target.type == _optype("OUTPUT"):
