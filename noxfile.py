@@ -96,8 +96,8 @@ def sweep_nightly(session, results: str, *extra: str) -> None:
 
 def thresholds(results: str) -> dict:
     """The gate's thresholds for the class the nightly ran on: its reference's gate.json
-    over the defaults (suite.results.reference), each overridden by its NIGHTLY_* variable."""
-    from suite.results.reference import DEFAULT_GATE, classes_of, gate_thresholds
+    over the defaults (suite.gate.reference), each overridden by its NIGHTLY_* variable."""
+    from suite.gate.reference import DEFAULT_GATE, classes_of, gate_thresholds
 
     classes = classes_of(results)
     gate = gate_thresholds(REFERENCE, classes.pop()) if len(classes) == 1 else dict(DEFAULT_GATE)
@@ -122,7 +122,7 @@ def nightly(session):
     out = os.environ.get("NIGHTLY_DIR", ".nox/nightly")
     results, report = f"{out}/results", f"{out}/report"
     history = os.environ.get("NIGHTLY_HISTORY", f"{out}/history.jsonl")
-    from suite.results.reference import missing_reference
+    from suite.gate.reference import missing_reference
 
     refusal = missing_reference(REFERENCE, gpus=int(NIGHTLY[NIGHTLY.index("--gpus") + 1]))
     if refusal:  # before minutes of runs that could be compared with nothing
@@ -155,7 +155,7 @@ def reference(session):
     classes' references are left as they are; the class's gate.json stays."""
     import tempfile
 
-    from suite.results.reference import record_reference
+    from suite.gate.reference import record_reference
 
     staging = tempfile.mkdtemp(prefix="reference-", dir="results")
     sweep_nightly(session, staging, "--force")
@@ -166,10 +166,10 @@ def reference(session):
 def gate_thresholds(session):
     """Measure this class's own thresholds: N nightlies (``-- N``, default 5) without the
     gate, then results/reference/<class>/gate.json from their spread around the reference
-    (suite.results.reference.calibrate_gate). Record the reference first; commit both."""
+    (suite.gate.reference.calibrate_gate). Record the reference first; commit both."""
     import tempfile
 
-    from suite.results.reference import calibrate_gate
+    from suite.gate.reference import calibrate_gate
 
     repeats = int(session.posargs[0]) if session.posargs else 5
     folders = []

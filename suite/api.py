@@ -40,7 +40,7 @@ from suite.plugins.options import AT_LEAST_1, FRACTION, POSITIVE, Check, at_leas
 from suite.plugins.registry import METHODS, WORKLOADS, Look
 from suite.plugins.sgd import SGDBaseline
 from suite.results import stats as _stats
-from suite.results.activity import (
+from suite.gate.activity import (
     crosses_nodes_every_round,
     reaches_keep,
     sends_fraction_of_dense,

@@ -16,7 +16,7 @@ import pandas as pd
 
 from suite.errors import BenchError, RunFailed
 from suite.plugins.registry import METHODS
-from suite.results.compare import (
+from suite.gate.compare import (
     activity_rows,
     as_json,
     compare,
@@ -27,7 +27,7 @@ from suite.results.compare import (
     parse_threshold,
 )
 from suite.results.machine import class_folders
-from suite.results.reference import no_reference
+from suite.gate.reference import no_reference
 
 
 def load_baseline(baseline: str, new_classes: set[str]) -> tuple[pd.DataFrame, list[str]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from suite.plugins.registry import METHODS
-from suite.results.compare import parse_threshold
-from suite.results.trend import MIN_RUNS, add_to_history, find_changes, read_history
+from suite.gate.compare import parse_threshold
+from suite.gate.trend import MIN_RUNS, add_to_history, find_changes, read_history
 
 
 def run_trend(

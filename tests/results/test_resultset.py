@@ -13,7 +13,7 @@ import pytest
 
 from suite.plugins.registry import METHODS
 from suite.results import schema
-from suite.results.compare import load_summaries
+from suite.gate.compare import load_summaries
 from suite.results.resultset import (
     CONFIGURATION,
     RUN_INDEX,

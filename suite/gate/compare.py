@@ -21,7 +21,7 @@ import pandas as pd
 
 from suite.errors import BenchError
 from suite.results import schema, summary
-from suite.results.activity import ActivityCheck, check_run
+from suite.gate.activity import ActivityCheck, check_run
 from suite.results.resultset import (
     COMMIT,
     CONFIGURATION,

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from suite.errors import BenchError
-from suite.results.compare import load_summaries
+from suite.gate.compare import load_summaries
 from suite.results.folder import hardware, numerics
 from suite.results.machine import class_folders, machine_class
 

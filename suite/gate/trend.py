@@ -25,7 +25,7 @@ import pandas as pd
 
 from suite.errors import BenchError
 from suite.results import schema
-from suite.results.compare import load_summaries
+from suite.gate.compare import load_summaries
 from suite.results.resultset import nothing_declared
 from suite.results.schema import Status
 
@@ -72,7 +72,7 @@ class ChangePoint:
 def history_rows(results_dir: str | Path, declared=None) -> list[dict]:
     """One history line per run key of a result set: its commit, time, class and metrics,
     the mean over repeats (seeds); ``declared``: each method's option defaults, as
-    ``bench compare`` matches runs (suite.results.compare.load_summaries)."""
+    ``bench compare`` matches runs (suite.gate.compare.load_summaries)."""
 
     frame, _ = load_summaries(results_dir, declared or nothing_declared)
     ok = frame[frame[schema.STATUS] == Status.OK].copy()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from suite.results.machine import device_model, machine_class
-from suite.results.reference import DEFAULT_GATE
+from suite.gate.reference import DEFAULT_GATE
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results" / "reference" / "cpu-gloo"
@@ -98,7 +98,7 @@ def test_a_set_of_a_class_without_reference_fails_in_one_line(tmp_path, recorded
 def test_the_nightly_refuses_a_class_without_reference_before_it_runs(tmp_path):
     """What `nox -s nightly` asks before its sweep: this machine's class, as its runs will
     record it (in a process under ATEN_CPU_CAPABILITY=default, the portable kernels' class)."""
-    code = ("import json; from suite.results.reference import missing_reference, "
+    code = ("import json; from suite.gate.reference import missing_reference, "
             "this_machine_class; print(json.dumps([this_machine_class(4), "
             f"missing_reference({str(tmp_path)!r}, 4)]))")
 
@@ -191,7 +191,7 @@ def test_a_method_that_does_not_do_its_job_fails_its_activity_check(tmp_path):
 def history_from_reference(path: Path, nights: int, step_at: int | None, factor: float = 1.2):
     """A history of ``nights`` nightlies of the real reference summaries, each a commit of
     its own; from night ``step_at`` on PruneX sends ``factor`` times the bytes."""
-    from suite.results.trend import history_rows
+    from suite.gate.trend import history_rows
 
     rows = history_rows(REFERENCE)
     with path.open("w") as out:
