@@ -24,6 +24,7 @@ from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
 from suite.plugins.options import POSITIVE, Check, check_value, settings_dict
 from suite.plugins.registry import METHODS
+from suite.results import schema
 from suite.results.folder import MANIFEST, SUMMARY
 from suite.run.build import count_iterations, method_settings, resolve_workload
 from suite.structured.masks import StructuredKeepSettings
@@ -34,10 +35,11 @@ SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 #: RunConfig field -> its range (run length, recipe overrides, reliability)
 RECIPE_CHECKS = {
-    **dict.fromkeys(("iterations", "epochs", "eval_every", "batch_size", "lr"), POSITIVE),
-    "momentum": Check(lambda v: 0 <= v < 1, "in [0, 1)"),
-    "weight_decay": Check(lambda v: v >= 0, "at least 0"),
-    "warmup_epochs": Check(lambda v: v >= 0, "at least 0"),
+    **dict.fromkeys(("iterations", schema.EPOCHS, "eval_every", schema.BATCH_SIZE, schema.LR),
+                    POSITIVE),
+    schema.MOMENTUM: Check(lambda v: 0 <= v < 1, "in [0, 1)"),
+    schema.WEIGHT_DECAY: Check(lambda v: v >= 0, "at least 0"),
+    schema.WARMUP_EPOCHS: Check(lambda v: v >= 0, "at least 0"),
     **dict.fromkeys(("checkpoint_every", "checkpoint_minutes", "collective_timeout"), POSITIVE),
     "max_restarts": Check(lambda v: v >= 0, "at least 0"),
     "bn_recalibrate": Check(lambda v: v >= 0, "at least 0"),

@@ -26,7 +26,8 @@ from suite.results import schema
 from suite.results.folder import git_revision, versions
 
 #: RunConfig fields that override the workload's recipe
-RECIPE_OVERRIDES = ("batch_size", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_epochs")
+RECIPE_OVERRIDES = (schema.BATCH_SIZE, schema.LR, schema.MOMENTUM, schema.WEIGHT_DECAY,
+                    schema.LR_SCHEDULE, schema.WARMUP_EPOCHS)
 #: evaluations of a run whose --eval-every is not given
 DEFAULT_EVALUATIONS = 10
 
@@ -125,26 +126,27 @@ def make_manifest(
     """What the run folder's ``manifest.json`` says; ``facts`` adds the launcher-specific
     keys (device, backend, topology, hardware, network or simulation)."""
     return {
-        "run_id": config.run_id,
-        "config": {**json.loads(config.to_json()), "dataset": dataset},
-        "method_settings": {**settings_dict(ctx.settings), **method.resolved_settings()},
-        "recipe": ctx.recipe.__dict__,
-        "planned_iterations": iterations,
-        "budget": {  # what every rank consumes, whatever the method's iteration size
-            "local_steps_per_rank": ctx.budget_steps,
-            "batch_size": ctx.loader.batch_size,
-            "samples_per_rank": ctx.budget_steps * ctx.loader.batch_size,
+        schema.FORMAT_VERSION_KEY: schema.FORMAT_VERSION,
+        schema.RUN_ID: config.run_id,
+        schema.CONFIG: {**json.loads(config.to_json()), schema.DATASET: dataset},
+        schema.METHOD_SETTINGS: {**settings_dict(ctx.settings), **method.resolved_settings()},
+        schema.RECIPE: ctx.recipe.__dict__,
+        schema.PLANNED_ITERATIONS: iterations,
+        schema.BUDGET: {  # what every rank consumes, whatever the method's iteration size
+            schema.LOCAL_STEPS_PER_RANK: ctx.budget_steps,
+            schema.BATCH_SIZE: ctx.loader.batch_size,
+            schema.SAMPLES_PER_RANK: ctx.budget_steps * ctx.loader.batch_size,
         },  # the schedule over it is the recipe's (lr_schedule, warmup_epochs)
-        "steps_per_iteration": method.steps_per_iteration,
+        schema.STEPS_PER_ITERATION: method.steps_per_iteration,
         schema.EXCHANGE_EVERY: method.exchange_every(),
-        "overlapped_phases": list(method.overlapped_phases),
-        "steps_per_epoch": ctx.loader.steps_per_epoch,
-        "train_samples": train_samples,
-        "test_samples": test_samples,
-        "parameters": sum(p.numel() for p in ctx.model.parameters()),
-        "model": ctx.workload.model_name if ctx.workload is not None else None,
-        "versions": versions(),
-        "git_revision": git_revision(),
+        schema.OVERLAPPED_PHASES: list(method.overlapped_phases),
+        schema.STEPS_PER_EPOCH: ctx.loader.steps_per_epoch,
+        schema.TRAIN_SAMPLES: train_samples,
+        schema.TEST_SAMPLES: test_samples,
+        schema.PARAMETERS: sum(p.numel() for p in ctx.model.parameters()),
+        schema.MODEL: ctx.workload.model_name if ctx.workload is not None else None,
+        schema.VERSIONS: versions(),
+        schema.GIT_REVISION: git_revision(),
         **facts,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        schema.STARTED: time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
