@@ -187,7 +187,7 @@ def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
         hover = [f"{method} {title}: {'-' if v is None else f'{v:.4g}{unit}'}<br>night {n}<br>"
                  f"commit {str(c)[:10]}<br>verdict: {html.escape(str(d))}"
                  for v, n, c, d in zip(shown, nights, series[COMMIT_KEY], verdicts)]
-        meta = {"method": method, "metric": metric}
+        meta = {schema.METHOD: method, "metric": metric}
         references = [_number((row or {}).get(metric)) for row in series[REFERENCE]]
         bands = [(row or {}).get(metric) for row in series[BAND]]
         if any(b for b in bands):

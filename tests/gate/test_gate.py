@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from suite.results.machine import device_model, machine_class
 from suite.gate.reference import DEFAULT_GATE
+from suite.results.machine import device_model, machine_class
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results" / "reference" / "cpu-gloo"
@@ -60,10 +60,23 @@ def recorded_class(**env: str) -> str:
 
 def test_the_class_names_the_cpu_kernels_torch_dispatches_to():
     native = recorded_class()
-    if native.split("-")[-2] == "default":
+    if native.split("-")[-2] == "portable":
         pytest.skip("this CPU's native kernels are torch's portable ones already")
     portable = recorded_class(ATEN_CPU_CAPABILITY="default")
-    assert portable != native and "-default-t" in portable, (native, portable)
+    assert portable != native and portable == "cpu-gloo-portable-t1", (native, portable)
+
+
+def test_the_portable_class_names_no_vendor():
+    """Under the portable kernels any CPU joins one class; native kernels keep their vendor."""
+    for vendor, family in (("AuthenticAMD", "25"), ("GenuineIntel", "6"), ("0x41", "0xd0c")):
+        hardware = {"cpu_vendor": vendor, "cpu_family": family, "cpu_capability": "DEFAULT",
+                    "threads_per_rank": 1}
+        assert machine_class({"device": "cpu", "backend": "gloo", "hardware": hardware}) == (
+            "cpu-gloo-portable-t1")
+    intel = {"cpu_vendor": "GenuineIntel", "cpu_family": "6", "cpu_capability": "AVX512",
+             "threads_per_rank": 1}
+    assert machine_class({"device": "cpu", "backend": "gloo", "hardware": intel}) == (
+        "cpu-gloo-intel6-avx512-t1")
 
 
 def as_gpu_runner(data: dict) -> None:
@@ -95,27 +108,45 @@ def test_a_set_of_a_class_without_reference_fails_in_one_line(tmp_path, recorded
         assert "REGRESSION" not in proc.stdout + proc.stderr
 
 
-def test_the_nightly_refuses_a_class_without_reference_before_it_runs(tmp_path):
-    """What `nox -s nightly` asks before its sweep: this machine's class, as its runs will
-    record it (in a process under ATEN_CPU_CAPABILITY=default, the portable kernels' class)."""
-    code = ("import json; from suite.gate.reference import missing_reference, "
-            "this_machine_class; print(json.dumps([this_machine_class(4), "
-            f"missing_reference({str(tmp_path)!r}, 4)]))")
+def plan(root: Path, methods: str = "", **env: str) -> dict:
+    """What `nox -s nightly` decides before its sweep (suite.gate.plan_nightly), in a process
+    of ``env``: the class, reference, methods, environment and note, or the refusal."""
+    code = ("import json, sys; from suite.errors import BenchError; "
+            "from suite.gate import plan_nightly\n"
+            f"try: p = plan_nightly({str(root)!r}, 4, {methods!r} or None)\n"
+            "except BenchError as e: print(json.dumps({'refusal': str(e)})); sys.exit()\n"
+            "print(json.dumps({'class': p.machine_class, 'reference': str(p.reference), "
+            "'methods': list(p.methods), 'env': p.env, 'note': p.note}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env}, check=True).stdout
+    return json.loads(out)
 
-    def ask(**env):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**os.environ, **env}, check=True).stdout
-        return json.loads(out)
 
-    (tmp_path / "cpu-gloo").mkdir()
-    here, refusal = ask()
-    assert here == recorded_class(OMP_NUM_THREADS="1")  # the class its ranks record
-    assert f"no reference for machine class {here}" in refusal and "nox -s reference" in refusal
-    (tmp_path / here).mkdir()
-    assert ask() == [here, None]
-    portable, refusal = ask(ATEN_CPU_CAPABILITY="default")
-    assert portable == recorded_class(ATEN_CPU_CAPABILITY="default", OMP_NUM_THREADS="1")
-    assert (refusal is None) == (portable == here)
+def test_the_nightly_plans_its_class_or_refuses_before_it_runs(tmp_path):
+    """The class its ranks will record; a CPU runner without its own reference falls back to
+    the portable kernels' reference, in one line; without either, a one-line refusal."""
+    here = recorded_class(OMP_NUM_THREADS="1")
+    copy_set(tmp_path / "cpu-gloo-amd25-avx512-t1")
+    refused = plan(tmp_path)
+    if here == "cpu-gloo-amd25-avx512-t1":
+        pytest.skip("this machine is the reference's own class")
+    assert f"no reference for machine class {here}" in refused["refusal"]
+    assert "nox -s reference" in refused["refusal"]
+    copy_set(tmp_path / "cpu-gloo-portable-t1", ("ddp", "prunex", "localsgd-hier"))
+    portable = plan(tmp_path)
+    assert portable["class"] == "cpu-gloo-portable-t1"
+    assert portable["env"] == {"ATEN_CPU_CAPABILITY": "default"}
+    assert portable["methods"] == ["prunex", "ddp", "localsgd-hier"]  # the reduced reference's
+    assert portable["note"] == (f"no reference for {here} in {tmp_path}: the nightly runs under "
+                                "torch's portable kernels (ATEN_CPU_CAPABILITY=default) against "
+                                "cpu-gloo-portable-t1")
+    chosen = plan(tmp_path, "prunex")  # DDP joins: time ratios and activity checks need it
+    assert chosen["methods"] == ["ddp", "prunex"]
+    lacking = plan(tmp_path, "ddp,topk")
+    assert "holds prunex, ddp, localsgd-hier, not topk" in lacking["refusal"]
+    copy_set(tmp_path / here, ("ddp",))
+    native = plan(tmp_path)
+    assert (native["class"], native["env"], native["note"]) == (here, {}, None)
 
 
 def test_the_tree_of_references_is_read_for_the_runs_class(tmp_path):
@@ -231,3 +262,123 @@ def test_a_bad_history_is_one_line(tmp_path, text):
     path.write_text(text)
     proc = bench("trend", path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# -- one gate: the class's gate.json judges a hand run and the nightly alike ------------------
+PORTABLE = REFERENCE.parent / "cpu-gloo-portable-t1"
+
+
+def portable_set(target: Path, methods=("ddp", "prunex", "localsgd-hier")) -> Path:
+    """Real runs of the committed portable reference."""
+    for folder in PORTABLE.iterdir():
+        summary = folder / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text())["method"] in methods:
+            shutil.copytree(folder, target / folder.name)
+    return target
+
+
+def edit(root: Path, method: str, file: str, **changes) -> None:
+    """Change keys of ``file`` (summary.json or manifest.json) of ``method``'s run."""
+    for path in root.rglob(file):
+        data = json.loads(path.read_text())
+        summary = json.loads((path.parent / "summary.json").read_text())
+        if summary["method"] == method:
+            path.write_text(json.dumps({**data, **changes}))
+
+
+def test_a_hand_compare_and_the_nightly_give_one_verdict(tmp_path, monkeypatch):
+    """The nightly's `bench compare` (noxfile.compare_command) and a maintainer's by hand, on
+    the same sets: the same rows and exit code, judged at the class's gate.json (a drop of 3
+    accuracy points passes its 5, where bench compare's own 1-point default would fail)."""
+    import noxfile
+
+    for variable in (*noxfile.OVERRIDES, "NIGHTLY_COMPARE_TIME"):
+        monkeypatch.delenv(variable, raising=False)
+    tree = tmp_path / "reference"
+    portable_set(tree / "cpu-gloo-portable-t1")
+    (tree / "cpu-gloo-portable-t1" / "gate.json").write_text(json.dumps(
+        {"max_accuracy_drop": 5.0, "max_loss_regression": "2%"}))
+    new = portable_set(tmp_path / "new")
+    accuracy = json.loads(next(PORTABLE.glob("prunex-*/summary.json")).read_text())
+    edit(new, "prunex", "summary.json", final_accuracy=accuracy["final_accuracy"] - 0.03)
+    verdicts = []
+    for baseline in (tree, tree / "cpu-gloo-portable-t1"):
+        nightly = noxfile.compare_command(str(baseline), str(new))
+        assert nightly[:4] == ["bench", "compare", str(baseline), str(new)], nightly
+        for command in (nightly[1:], ["compare", baseline, new]):
+            proc = bench(*command, "--format", "json")
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            verdicts.append(json.loads(proc.stdout))
+    assert all(v["rows"] == verdicts[0]["rows"] for v in verdicts)
+    assert verdicts[0]["thresholds"]["cpu-gloo-portable-t1"].endswith(
+        "(cpu-gloo-portable-t1/gate.json)")
+    text = bench("compare", tree, new)
+    assert text.stdout.strip().splitlines()[-1] == (
+        "0 regression(s); cpu-gloo-portable-t1 judged at accuracy 5 points, training loss 2.0%, "
+        "bytes 5.0%, time 15.0% on a runner at most 25% busy (cpu-gloo-portable-t1/gate.json)")
+    flagged = bench("compare", tree, new, "--max-accuracy-drop", "1")
+    assert flagged.returncode == 1 and "--max-accuracy-drop from the command line" in (
+        flagged.stdout), flagged.stdout
+
+
+def runner_load(outside: float, cores: int = 2) -> dict:
+    return {"cores": cores, "outside_load": outside, "others_cores": outside, "steal_cores": 0.0,
+            "own_cores": 1.0, "span_seconds": 9.0, "load_average_start": [6.0, 6.0, 6.0],
+            "load_average_end": [7.5, 7.0, 6.5]}
+
+
+@pytest.mark.parametrize(("outside", "code"), [(1.5, 0), (0.1, 1)])
+def test_time_on_a_busy_runner_is_not_judged(tmp_path, outside, code):
+    """PruneX 45 % slower on a runner whose other processes took 1.5 of its 2 cores: its time
+    says "not judged", while its loss is judged as always; on a quiet runner the same numbers
+    are a REGRESSION."""
+    tree = tmp_path / "reference"
+    portable_set(tree / "cpu-gloo-portable-t1")
+    new = portable_set(tmp_path / "new")
+    prunex = json.loads(next(PORTABLE.glob("prunex-*/summary.json")).read_text())
+    edit(new, "prunex", "summary.json", iteration_seconds=1.455 * prunex["iteration_seconds"])
+    for method in ("ddp", "prunex", "localsgd-hier"):
+        edit(new, method, "manifest.json", runner_load=runner_load(outside))
+    proc = bench("compare", tree, new, "--format", "json")
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    rows = {(r["method"], r["metric"]): r for r in json.loads(proc.stdout)["rows"]}
+    time = rows[("prunex", "time_ratio")]
+    if code == 0:
+        assert time["verdict"] == "not judged: runner busy (load 1.5 on 2 cores)"
+        assert not time["regression"] and time["change"] > 0.3
+    else:
+        assert time["verdict"] == "REGRESSION" and time["regression"]
+    assert rows[("prunex", "final_train_loss")]["verdict"] == "ok"
+    # loss is judged on a busy runner as always
+    edit(new, "prunex", "summary.json", final_train_loss=1.1 * prunex["final_train_loss"])
+    loss = bench("compare", tree, new, "--format", "json")
+    assert loss.returncode == 1
+    judged = {(r["method"], r["metric"]): r for r in json.loads(loss.stdout)["rows"]}
+    assert judged[("prunex", "final_train_loss")]["verdict"] == "REGRESSION"
+
+
+def test_thresholds_from_fewer_nightlies_of_a_reduced_set(tmp_path):
+    """gate-thresholds' arithmetic on recorded nightlies of three methods: two suffice, a busy
+    night's times are left out, one night is refused."""
+    from suite.errors import BenchError
+    from suite.gate import calibrate_gate
+
+    reference = portable_set(tmp_path / "cpu-gloo-portable-t1")
+    nights = []
+    for k, perturbed in enumerate(("default-s0", "avx2-s0")):
+        night = tmp_path / f"night{k}"
+        for folder in (PERTURBATIONS / perturbed).iterdir():
+            if json.loads((folder / "summary.json").read_text())["method"] in (
+                    "ddp", "prunex", "localsgd-hier"):
+                shutil.copytree(folder, night / folder.name)
+                data = json.loads((night / folder.name / "manifest.json").read_text())
+                data["hardware"]["cpu_capability"] = "DEFAULT"  # the class of the reference
+                data["runner_load"] = runner_load(1.5 if k else 0.0)
+                (night / folder.name / "manifest.json").write_text(json.dumps(data))
+        nights.append(night)
+    with pytest.raises(BenchError, match="at least 2 nightlies"):
+        calibrate_gate(reference, nights[:1])
+    gate = json.loads(calibrate_gate(reference, nights).read_text())
+    assert gate["measured"]["methods"] == ["ddp", "localsgd-hier", "prunex"]
+    assert gate["measured"]["nightlies"] == 2 and gate["measured"]["busy_nightlies"] == 1
+    assert gate["max_accuracy_drop"] >= 1.0 and gate["max_time_regression"].endswith("%")

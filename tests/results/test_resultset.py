@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from suite.gate.compare import load_summaries
 from suite.plugins.registry import METHODS
 from suite.results import schema
-from suite.gate.compare import load_summaries
 from suite.results.resultset import (
     CONFIGURATION,
     RUN_INDEX,
