@@ -20,9 +20,12 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from suite.errors import BenchError
 from suite.gate.compare import TIME_RATIO, load_summaries, parse_metrics, parse_threshold
 from suite.results import schema
+from suite.results.folder import hardware, numerics
 from suite.results.machine import CLASS_PATTERN, machine_class
 from suite.results.runner import busy
 from suite.results.schema import Status
@@ -163,11 +166,6 @@ def this_machine_class(gpus: int) -> str:
     """The class a run of ``gpus`` local ranks gets here: CUDA ranks when there is a GPU per
     rank (the local launcher's rule, suite.cluster.ranks.ranks_on_cuda), else CPU ranks of one
     thread each (under ATEN_CPU_CAPABILITY=default: the portable class)."""
-    # lazy: torch costs seconds to import; only this path needs it
-    import torch
-
-    from suite.results.folder import hardware, numerics
-
     if torch.cuda.device_count() >= gpus:
         facts = numerics(torch.device("cuda", 0))
         return machine_class({schema.DEVICE: "cuda", schema.BACKEND: "nccl",

@@ -104,7 +104,7 @@ def history_rows(
     for metric in TREND_METRICS:
         frame[metric] = pd.to_numeric(frame.get(metric), errors="coerce")
     verdicts = judged_by_series(judged) if judged is not None else {}
-    night = str(min(str(value) for value in frame[schema.STARTED]))
+    night = min((str(v) for v in frame[schema.STARTED] if v not in (None, "-")), default="-")
     rows = []
     for key, group in frame.groupby(SERIES_KEY):
         ok = group[group[schema.STATUS] == Status.OK]

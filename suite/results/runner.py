@@ -15,6 +15,7 @@ judged as before.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -57,8 +58,6 @@ def _load_average() -> list[float] | None:
 def own_pids(processes: list | None) -> list[int]:
     """The run's processes on this host, from the summary's ``processes`` ([host, pid] per
     rank) and this process."""
-    import socket
-
     here = socket.gethostname()
     pids = {os.getpid()}
     for entry in processes or []:

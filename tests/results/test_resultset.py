@@ -27,7 +27,7 @@ from suite.results.view import RunView
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results" / "reference"
-PERTURBED = Path(__file__).resolve().parent / "data" / "kernel_perturbations"
+PERTURBED = Path(__file__).resolve().parents[1] / "gate" / "data" / "kernel_perturbations"
 
 
 def test_every_run_is_one_row_with_its_summary_and_view_columns():
