@@ -31,7 +31,7 @@ from suite.gate.compare import KEY, TIME_METRICS, TIME_RATIO, load_summaries
 from suite.gate.judge import Judgement
 from suite.results import schema
 from suite.results.resultset import COMMIT, MACHINE_CLASS, SETTING, nothing_declared
-from suite.results.schema import Status
+from suite.results.schema import Status, Verdict
 
 #: runs a series needs before it gets a verdict: a noise estimate and a segment on each side
 MIN_RUNS = 6
@@ -155,6 +155,15 @@ def thresholds_of(gate) -> dict | None:
             "max_loss_regression": gate.max_loss_regression, "source": gate.describe()}
 
 
+def busy_lines(lines: pd.DataFrame) -> pd.Series:
+    """Which history lines' times the gate did not judge (the runner was busy): their times
+    are left out of the time series' change points too."""
+    if VERDICTS not in lines:
+        return pd.Series(False, index=lines.index)
+    return pd.Series([isinstance(v, dict) and str(v.get(TIME_RATIO, "")).startswith(
+        Verdict.NOT_JUDGED.value) for v in lines[VERDICTS]], index=lines.index)
+
+
 def band(metric: str, reference: float, gate) -> list[float]:
     """The values ``gate`` lets pass around ``reference`` (a change within the threshold)."""
     if metric == schema.FINAL_ACCURACY:
@@ -222,7 +231,8 @@ def find_changes(
 ) -> tuple[list[ChangePoint], list[str], int]:
     """(change points beyond the thresholds, series too short for a verdict, runs in the
     longest series). Times step by ``max_time_regression`` and the training loss by
-    ``max_loss_regression`` where given, else by ``max_regression``."""
+    ``max_loss_regression`` where given, else by ``max_regression``; times the gate did not
+    judge (a busy runner) are left out of their series."""
     found, short, longest = [], [], 0
     for key, series in history.groupby(SERIES_KEY, sort=True):
         series = series.sort_values(WHEN)
@@ -236,6 +246,8 @@ def find_changes(
                 continue
             points = series.assign(value=pd.to_numeric(series[metric], errors="coerce"))
             points = points[points["value"].notna()]  # e.g. no time ratio on a night DDP failed
+            if metric in (TIME_RATIO, schema.ITERATION_SECONDS):  # as the gate: quiet runs only
+                points = points[~busy_lines(points)]
             values = points["value"].to_numpy(dtype=float)
             if len(values) < MIN_RUNS:
                 continue

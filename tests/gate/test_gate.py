@@ -383,3 +383,20 @@ def test_thresholds_from_fewer_nightlies_of_a_reduced_set(tmp_path):
     assert gate["measured"]["methods"] == ["ddp", "localsgd-hier", "prunex"]
     assert gate["measured"]["nightlies"] == 2 and gate["measured"]["busy_nightlies"] == 1
     assert gate["max_accuracy_drop"] >= 1.0 and gate["max_time_regression"].endswith("%")
+
+
+@pytest.mark.parametrize(("verdict", "found"), [("not judged: runner busy (load 1.2 on 2 cores)", 0),
+                                                ("REGRESSION", 1)])
+def test_trend_leaves_out_times_the_gate_did_not_judge(tmp_path, verdict, found):
+    """PruneX's time ratio steps up 40 % from night 7: a change point where the gate judged
+    those times, none where it did not (the runner was busy)."""
+    path = history_from_reference(tmp_path / "h.jsonl", 10, None)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for number, line in enumerate(lines):
+        if line["method"] == "prunex" and number // 11 >= 6:
+            line["time_ratio"] *= 1.4
+            line["verdicts"] = {"time_ratio": verdict}
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    proc = bench("trend", path, "--max-time-regression", "15%")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{found} change point(s)" in proc.stdout, proc.stdout
