@@ -385,8 +385,8 @@ def test_thresholds_from_fewer_nightlies_of_a_reduced_set(tmp_path):
     assert gate["max_accuracy_drop"] >= 1.0 and gate["max_time_regression"].endswith("%")
 
 
-@pytest.mark.parametrize(("verdict", "found"), [("not judged: runner busy (load 1.2 on 2 cores)", 0),
-                                                ("REGRESSION", 1)])
+@pytest.mark.parametrize(("verdict", "found"), [
+    ("not judged: runner busy (load 1.2 on 2 cores)", 0), ("REGRESSION", 1)])
 def test_trend_leaves_out_times_the_gate_did_not_judge(tmp_path, verdict, found):
     """PruneX's time ratio steps up 40 % from night 7: a change point where the gate judged
     those times, none where it did not (the runner was busy)."""
