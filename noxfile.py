@@ -2,6 +2,7 @@
 build is large, and a fresh virtualenv per session would reinstall it every time."""
 
 import os
+import shutil
 import subprocess
 
 import nox
@@ -62,20 +63,18 @@ def smoke(session):
     session.run("bench", "report", results, "-o", report)
 
 
-ALL_METHODS = (
-    "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
-    "gmp-hier,prune-retrain"
-)
-REFERENCE = "results/reference"
+#: the nightly's ranks: 2 nodes of 2
+GPUS = 4
 # a tenth of an epoch, evaluated once at the end: minutes on CPU, seconds on GPUs; rounds of 4
 # local steps, so PruneX's masks settle and freeze within it (its evaluated consensus is only
 # meaningful once they do)
-NIGHTLY = ["--workload", "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--epochs", "0.1",
-           "--eval-every", "100000", "--local-steps", "4"]
-#: what the gate judges: the final training loss (a tenth of an epoch resolves it: a kernel
-#: change moves it at most 0.05 %, a regression tens of %), accuracy (coarsely: a kernel change
-#: moves it by points at this budget), inter-node bytes (exact), and time as a ratio to DDP's
-GATE_METRICS = "accuracy,train-loss,bytes,time-ratio"
+NIGHTLY = ["--workload", "cnn-fmnist", "--gpus", str(GPUS), "--gpus-per-node", "2",
+           "--epochs", "0.1", "--eval-every", "100000", "--local-steps", "4"]
+#: NIGHTLY_* variables -> the flags that override a class's gate.json (in bench compare and
+#: bench trend alike)
+OVERRIDES = {"NIGHTLY_TIME_THRESHOLD": "--max-time-regression",
+             "NIGHTLY_ACCURACY_DROP": "--max-accuracy-drop",
+             "NIGHTLY_LOSS_THRESHOLD": "--max-loss-regression"}
 
 
 def nightly_seeds() -> str:
@@ -84,66 +83,84 @@ def nightly_seeds() -> str:
     TF32 are not, so the gate compares distributions. NIGHTLY_SEEDS overrides."""
     import torch
 
-    default = "0,1,2" if torch.cuda.device_count() >= 4 else "0"
+    default = "0,1,2" if torch.cuda.device_count() >= GPUS else "0"
     return os.environ.get("NIGHTLY_SEEDS", default)
 
 
-def sweep_nightly(session, results: str, *extra: str) -> None:
-    """Every method of the nightly into ``results`` (a failed cell is counted by the gate)."""
-    session.run("bench", "sweep", "--method", ALL_METHODS, *NIGHTLY, "--seed", nightly_seeds(),
-                "--results-dir", results, *extra, success_codes=[0, 1])
+def sweep_nightly(session, results: str, methods, env: dict) -> None:
+    """The nightly's ``methods`` into ``results`` (a failed cell is counted by the gate);
+    re-run on the same folder, it resumes: finished cells are not run again."""
+    session.run("bench", "sweep", "--method", ",".join(methods), *NIGHTLY, "--seed",
+                nightly_seeds(), "--results-dir", results, env=env, success_codes=[0, 1])
 
 
-def thresholds(results: str) -> dict:
-    """The gate's thresholds for the class the nightly ran on: its reference's gate.json
-    over the defaults (suite.results.reference), each overridden by its NIGHTLY_* variable."""
-    from suite.results.reference import DEFAULT_GATE, classes_of, gate_thresholds
+def given_flags(*allowed: str) -> list[str]:
+    """The NIGHTLY_* overrides set in the environment, as flags (none: gate.json judges)."""
+    flags = []
+    for variable, flag in OVERRIDES.items():
+        if os.environ.get(variable) and (not allowed or flag in allowed):
+            flags += [flag, os.environ[variable]]
+    return flags
 
-    classes = classes_of(results)
-    gate = gate_thresholds(REFERENCE, classes.pop()) if len(classes) == 1 else dict(DEFAULT_GATE)
-    overrides = {"max_time_regression": "NIGHTLY_TIME_THRESHOLD",
-                 "max_accuracy_drop": "NIGHTLY_ACCURACY_DROP",
-                 "max_loss_regression": "NIGHTLY_LOSS_THRESHOLD"}
-    return {k: os.environ.get(overrides.get(k, ""), v) for k, v in gate.items()}
+
+def compare_command(reference: str, results: str) -> list[str]:
+    """The nightly's ``bench compare``: what a maintainer types by hand, plus the NIGHTLY_*
+    overrides set (the class's gate.json judges both)."""
+    extra = []
+    if os.environ.get("NIGHTLY_COMPARE_TIME"):
+        from suite.gate import DEFAULT_GATE
+
+        extra = ["--metric", ",".join([*DEFAULT_GATE["metrics"], "time"])]
+    return ["bench", "compare", reference, results, *extra, *given_flags()]
+
+
+def plan_or_error(session):
+    """This runner's nightly plan (suite.gate.plan_nightly), or the session's one-line end."""
+    from suite.errors import BenchError
+    from suite.gate import plan_nightly, reference_root
+
+    try:
+        plan = plan_nightly(reference_root(), GPUS, os.environ.get("NIGHTLY_METHODS"))
+    except BenchError as exc:  # before minutes of runs that could be compared with nothing
+        session.error(str(exc))
+    if plan.note:
+        session.log(plan.note)
+    return plan
 
 
 @nox.session(python=False)
 def nightly(session):
-    """Every method on a tenth of an epoch of Fashion-MNIST (4 ranks, 2 per node; CUDA when
-    there are 4 devices, else CPU), a report, and the regression gate: `bench compare`
-    against the reference of this machine's class (results/reference/<class>/; a class that
-    has none is a one-line failure naming `nox -s reference`) on the final training loss,
-    accuracy, inter-node bytes and time as a ratio to DDP's, with every method's activity
-    check, at the thresholds of the class's gate.json (NIGHTLY_TIME_THRESHOLD,
-    NIGHTLY_ACCURACY_DROP, NIGHTLY_LOSS_THRESHOLD override them); then the run is added to
-    the history (NIGHTLY_HISTORY, default <NIGHTLY_DIR>/history.jsonl) and `bench trend`
-    fails on a change point in it. NIGHTLY_COMPARE_TIME=1 adds absolute times. NIGHTLY_DIR
-    sets where results and the report go."""
-    out = os.environ.get("NIGHTLY_DIR", ".nox/nightly")
-    results, report = f"{out}/results", f"{out}/report"
-    history = os.environ.get("NIGHTLY_HISTORY", f"{out}/history.jsonl")
-    from suite.results.reference import missing_reference
+    """The reference's methods (all eleven, or those a reduced reference holds; NIGHTLY_METHODS
+    chooses among them) on a tenth of an epoch of Fashion-MNIST (4 ranks, 2 per node; CUDA
+    when there are 4 devices, else CPU), a report, and the regression gate: `bench compare`
+    against the reference of this machine's class (results/reference/<class>/; a CPU runner
+    without one runs under the portable kernels against cpu-gloo-portable-t1, saying so in one
+    line; else a one-line failure naming `nox -s reference`) at the class's gate.json, exactly
+    as `bench compare` by hand (NIGHTLY_TIME_THRESHOLD, NIGHTLY_ACCURACY_DROP,
+    NIGHTLY_LOSS_THRESHOLD override it); then the run is added to the history (NIGHTLY_HISTORY,
+    default <NIGHTLY_DIR>/history.jsonl) with the gate's verdicts, `bench trend` fails on a
+    change point in its last run, and `bench dashboard` writes the history's pages next to the
+    report. NIGHTLY_COMPARE_TIME=1 adds absolute times. NIGHTLY_DIR sets where results, report
+    and dashboard go."""
+    from suite.gate import reference_root
 
-    refusal = missing_reference(REFERENCE, gpus=int(NIGHTLY[NIGHTLY.index("--gpus") + 1]))
-    if refusal:  # before minutes of runs that could be compared with nothing
-        session.error(refusal)
-    sweep_nightly(session, results)
+    out = os.environ.get("NIGHTLY_DIR", ".nox/nightly")
+    results, report, dashboard = f"{out}/results", f"{out}/report", f"{out}/dashboard"
+    history = os.environ.get("NIGHTLY_HISTORY", f"{out}/history.jsonl")
+    plan = plan_or_error(session)
+    sweep_nightly(session, results, plan.methods, plan.env)
     session.run("bench", "report", results, "-o", report)
-    gate = thresholds(results)
-    metrics = GATE_METRICS + (",time" if os.environ.get("NIGHTLY_COMPARE_TIME") else "")
-    compare = ["bench", "compare", REFERENCE, results, "--metric", metrics,
-               "--max-regression", gate["max_regression"],
-               "--max-time-regression", gate["max_time_regression"],
-               "--max-accuracy-drop", str(gate["max_accuracy_drop"]),
-               "--max-loss-regression", gate["max_loss_regression"]]
+    root = str(reference_root())
+    compare = compare_command(root, results)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # the job summary gets the table
         with open(summary, "a") as page:
             subprocess.run([*compare, "--format", "markdown"], stdout=page)
     # both verdicts, whatever the first says: a failed gate still belongs in the history
-    trend = ["bench", "trend", history, "--add", results, "--fail-on-last",
-             "--max-time-regression", gate["max_time_regression"]]
+    trend = ["bench", "trend", history, "--add", results, "--against", root, "--fail-on-last",
+             *given_flags("--max-time-regression", "--max-accuracy-drop")]
     failed = [" ".join(cmd[:2]) for cmd in (compare, trend) if subprocess.run(cmd).returncode]
+    session.run("bench", "dashboard", history, "-o", dashboard)
     if failed:
         session.error(f"the nightly gate failed: {', '.join(failed)}")
 
@@ -151,30 +168,46 @@ def nightly(session):
 @nox.session(python=False)
 def reference(session):
     """Record the nightly's reference for this machine's class into
-    results/reference/<class>/ (after an intended change of numbers; commit the diff). Other
-    classes' references are left as they are; the class's gate.json stays."""
-    import tempfile
+    results/reference/<class>/ (after an intended change of numbers; commit the diff): the
+    methods of NIGHTLY_METHODS (a comma list; DDP is always among them; default all eleven) run
+    into a fixed staging folder (.nox/reference-staging/<class>/, NIGHTLY_STAGING), so an
+    interrupted recording resumes where it stopped, then replace the class's reference (its
+    gate.json stays). Other classes' references are left as they are. Under
+    ATEN_CPU_CAPABILITY=default it records the portable class, cpu-gloo-portable-t1."""
+    from suite.gate import (
+        NIGHTLY_METHODS,
+        chosen_methods,
+        record_reference,
+        reference_root,
+        staging_root,
+        this_machine_class,
+    )
 
-    from suite.results.reference import record_reference
-
-    staging = tempfile.mkdtemp(prefix="reference-", dir="results")
-    sweep_nightly(session, staging, "--force")
-    session.log(f"recorded {record_reference(staging, REFERENCE)}")
+    machine = this_machine_class(GPUS)
+    methods = chosen_methods(os.environ.get("NIGHTLY_METHODS"), NIGHTLY_METHODS)
+    staging = staging_root() / machine
+    session.log(f"{machine}: {', '.join(methods)} into {staging} (finished cells are kept)")
+    sweep_nightly(session, str(staging), methods, {})
+    session.log(f"recorded {record_reference(staging, reference_root(), methods)}")
 
 
 @nox.session(python=False, name="gate-thresholds")
 def gate_thresholds(session):
-    """Measure this class's own thresholds: N nightlies (``-- N``, default 5) without the
-    gate, then results/reference/<class>/gate.json from their spread around the reference
-    (suite.results.reference.calibrate_gate). Record the reference first; commit both."""
-    import tempfile
+    """Measure this class's own thresholds: N nightlies (``-- N``; default 5 with the full
+    method set, 3 with a reduced one, at least 2) without the gate, each into a fixed folder
+    that resumes, then the class's gate.json from their spread around the reference
+    (suite.gate.calibrate_gate; nightlies on a busy runner are left out of the time
+    threshold). Record the reference first; commit both."""
+    from suite.gate import MIN_NIGHTLIES, NIGHTLY_METHODS, calibrate_gate, staging_root
 
-    from suite.results.reference import calibrate_gate
-
-    repeats = int(session.posargs[0]) if session.posargs else 5
-    folders = []
-    for _ in range(repeats):
-        folder = tempfile.mkdtemp(prefix="gate-", dir="results")
-        sweep_nightly(session, folder)
-        folders.append(folder)
-    session.log(f"wrote {calibrate_gate(REFERENCE, folders)}")
+    plan = plan_or_error(session)
+    reduced = set(plan.methods) < set(NIGHTLY_METHODS)
+    repeats = int(session.posargs[0]) if session.posargs else (3 if reduced else 5)
+    if repeats < MIN_NIGHTLIES:
+        session.error(f"gate-thresholds needs at least {MIN_NIGHTLIES} nightlies, got {repeats}")
+    folders = [str(staging_root() / f"gate-{plan.machine_class}" / f"night{k}")
+               for k in range(repeats)]
+    for folder in folders:
+        sweep_nightly(session, folder, plan.methods, plan.env)
+    session.log(f"wrote {calibrate_gate(plan.reference, folders)}")
+    shutil.rmtree(staging_root() / f"gate-{plan.machine_class}")  # measured: the next starts afresh

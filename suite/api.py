@@ -26,6 +26,12 @@ from suite.compat import ddp_local_buffers
 from suite.data.datasets import DATASETS
 from suite.data.workload import DatasetSpec, Recipe, TensorData, Workload
 from suite.errors import BenchError
+from suite.gate.activity import (
+    crosses_nodes,
+    crosses_nodes_every_round,
+    reaches_keep,
+    sends_fraction_of_dense,
+)
 from suite.plugins.method import (
     Method,
     NodeAveragingSettings,
@@ -40,12 +46,6 @@ from suite.plugins.options import AT_LEAST_1, FRACTION, POSITIVE, Check, at_leas
 from suite.plugins.registry import METHODS, WORKLOADS, Look
 from suite.plugins.sgd import SGDBaseline
 from suite.results import stats as _stats
-from suite.results.activity import (
-    crosses_nodes,
-    crosses_nodes_every_round,
-    reaches_keep,
-    sends_fraction_of_dense,
-)
 from suite.results.view import RunView
 from suite.structured.masks import (
     StructuredKeepSettings,

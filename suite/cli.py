@@ -156,23 +156,27 @@ def sweep_cmd(**kwargs) -> None:
 @main.command("compare")
 @click.argument("baseline")
 @click.argument("new")
-@click.option("--max-regression", default="5%", show_default=True,
-              help="allowed worsening of times and bytes, relative (5% or 0.05)")
-@click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
-              help="allowed accuracy drop in points (absolute)")
+@click.option("--max-regression", default=None,
+              help="allowed worsening of bytes (and what has no threshold of its own), "
+              "relative (5% or 0.05; default: the class's gate.json against a reference, "
+              "else 5%)")
+@click.option("--max-accuracy-drop", type=float, default=None,
+              help="allowed accuracy drop in points (default: the class's gate.json against a "
+              "reference, else 1.0)")
 @click.option("--max-time-regression", default=None,
-              help="allowed worsening of time metrics, relative (default: --max-regression); "
-              "times are noisier than bytes")
+              help="allowed worsening of time metrics, relative (default: the class's "
+              "gate.json against a reference, else 5%); times are noisier than bytes")
 @click.option("--max-loss-regression", default=None,
-              help="allowed rise of the final training loss, relative (default: "
-              "--max-regression)")
+              help="allowed rise of the final training loss, relative (default: the class's "
+              "gate.json against a reference, else 5%)")
 @click.option("--metric", multiple=True,
               help="metrics to compare (repeat or comma list): final_accuracy (accuracy), "
               "final_train_loss (train-loss: mean training loss of the last half of the "
               "iterations), time_ratio (time-ratio: seconds per local step over DDP's in the "
               "same set), "
               "iteration_seconds (time), time_to_target_seconds (time-to-target), "
-              "inter_node_bytes_per_iteration (bytes); default: all")
+              "inter_node_bytes_per_iteration (bytes); default: the gate's (accuracy, "
+              "train-loss, bytes, time-ratio) against a reference, else all")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True,
               help="markdown: for a CI job summary; json: for scripts")
@@ -188,7 +192,10 @@ def compare_cmd(
     repeats are reduced to their mean and 95 % interval, and with repeats on both sides a
     change counts only when the intervals do not overlap. A BASELINE of per-class folders
     (results/reference/<class>/) is read for the NEW runs' class; a class it lacks fails in
-    one line. Every finished NEW run must also pass its method's activity check."""
+    one line. Against a reference the class's gate.json sets the thresholds and metrics (as
+    the nightly's), flags override them, and the last line says which judged; times measured
+    on a busy runner are "not judged". Every finished NEW run must also pass its method's
+    activity check."""
 
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
@@ -203,26 +210,53 @@ def compare_cmd(
 @click.argument("history")
 @click.option("--add", "add", default=None, metavar="RESULTS_DIR",
               help="first append this result set (a nightly's) to the history")
-@click.option("--max-regression", default="5%", show_default=True,
-              help="smallest relative step of bytes and times that counts")
-@click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
-              help="smallest accuracy step, in points, that counts")
+@click.option("--against", default=None, metavar="REFERENCE",
+              help="judge the added set against this reference as bench compare does, and "
+              "keep each metric's verdict, reference value and threshold band in the history "
+              "(what bench dashboard draws); steps are then judged at its class's thresholds")
+@click.option("--max-regression", default=None,
+              help="smallest relative step of bytes (and times, losses without their own) "
+              "that counts (default: the reference class's gate.json with --against, else 5%)")
+@click.option("--max-accuracy-drop", type=float, default=None,
+              help="smallest accuracy step, in points, that counts (default: as above, else 1)")
 @click.option("--max-time-regression", default=None,
-              help="smallest relative step of times (default: --max-regression)")
+              help="smallest relative step of times (default: as above, else 5%)")
 @click.option("--fail-on-last", is_flag=True,
               help="exit 1 when a series' last run starts a worse segment")
 def trend_cmd(
-    history, add, max_regression, max_accuracy_drop, max_time_regression, fail_on_last
+    history, add, against, max_regression, max_accuracy_drop, max_time_regression,
+    fail_on_last,
 ) -> None:
     """Change points over a nightly history (JSON lines), per machine class, run key and
-    metric (accuracy, bytes, time ratio, time), with the commit where each began."""
+    metric (accuracy, training loss, bytes, time ratio, time), with the commit where each
+    began."""
 
     try:
         code = run_trend(history, add, max_regression, max_accuracy_drop, fail_on_last,
-                         echo=click.echo, max_time_regression=max_time_regression)
+                         echo=click.echo, max_time_regression=max_time_regression,
+                         against=against)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)
+
+
+@main.command("dashboard")
+@click.argument("history")
+@click.option("-o", "--output", default="reports/dashboard", show_default=True,
+              help="site folder")
+def dashboard_cmd(history, output) -> None:
+    """The nightly history (bench trend --add --against) as a static site: a page per machine
+    class (per method: final training loss, accuracy, inter-node bytes and time ratio over the
+    nightlies, the reference and its threshold band, change points marked, the last night's
+    failures first) and an index. Needs no server or network: open DIR/index.html."""
+    # lazy: suite.gate.dashboard imports plotly (~1 s); only this path needs it
+    from suite.gate.dashboard import write_dashboard
+
+    try:
+        path = write_dashboard(history, output)
+    except BenchError as exc:
+        fail(exc)
+    click.echo(f"dashboard: {path}")
 
 
 @main.command("report")

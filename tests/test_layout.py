@@ -17,6 +17,7 @@ LAYERS = [
     "suite.config",
     "suite.processes",
     "suite.results",
+    "suite.gate",
     "suite.data",
     "suite.cluster",
     "suite.plugins",

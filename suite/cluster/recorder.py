@@ -75,7 +75,7 @@ class Recorder:
         self._origin: Mark | None = None  # the iteration's start, spans are offsets from it
         self._bytes: dict[str, float] = defaultdict(float)
         self._started = 0.0
-        self._flushed = {"iterations": 0, "evals": 0, "layers": 0}  # rows already on disk
+        self._flushed = dict.fromkeys(schema.TABLES, 0)  # rows already on disk
         self._chunks = 0
         self._last_flush = time.monotonic()
 

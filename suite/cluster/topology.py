@@ -17,6 +17,7 @@ import torch.distributed as dist
 from suite.cluster.ranks import collective_timeout
 from suite.cluster.watchdog import watched
 from suite.errors import BenchError
+from suite.results import schema
 
 
 @dataclass(frozen=True)
@@ -117,18 +118,20 @@ class Topology:
         return rank // self.gpus_per_node
 
     def describe(self) -> dict:
+        """The manifest's ``topology`` (its keys: suite.results.schema)."""
         return {
-            "world_size": self.world_size,
-            "num_nodes": self.num_nodes,
-            "gpus_per_node": self.gpus_per_node,
-            "emulated_nodes": self.emulated,
-            "node_ranks": self.node_ranks,
-            "leaders": self.leaders,
-            "hostnames": sorted(set(self.hostnames)),
+            schema.WORLD_SIZE: self.world_size,
+            schema.NUM_NODES: self.num_nodes,
+            schema.GPUS_PER_NODE: self.gpus_per_node,
+            schema.EMULATED_NODES: self.emulated,
+            schema.NODE_RANKS: self.node_ranks,
+            schema.LEADERS: self.leaders,
+            schema.HOSTNAMES: sorted(set(self.hostnames)),
             # the hosts the ranks ran on, in rank order, and whether the node size matched them
-            "hosts": [host for host, _ in host_blocks(self.hostnames)],
-            "ranks_per_host": ranks_per_host(self.hostnames),
-            "gpus_per_node_matches_hosts": ranks_per_host(self.hostnames) == self.gpus_per_node,
+            schema.HOSTS: [host for host, _ in host_blocks(self.hostnames)],
+            schema.RANKS_PER_HOST: ranks_per_host(self.hostnames),
+            schema.GPUS_PER_NODE_MATCHES_HOSTS: (
+                ranks_per_host(self.hostnames) == self.gpus_per_node),
         }
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from suite.results import schema
+
 
 class WireCounters:
     def __init__(self, interface: str):
@@ -26,6 +28,6 @@ class WireCounters:
     def stop(self) -> dict[str, float]:
         tx, rx = self.read()
         return {
-            "wire_tx_bytes": float(tx - self._start[0]),
-            "wire_rx_bytes": float(rx - self._start[1]),
+            schema.WIRE_TX_BYTES: float(tx - self._start[0]),
+            schema.WIRE_RX_BYTES: float(rx - self._start[1]),
         }

@@ -22,6 +22,7 @@ from suite.launchers.local import (
 )
 from suite.launchers.slurm import slurm_config, slurm_request, submit_or_print
 from suite.plugins.registry import METHODS
+from suite.results import schema
 from suite.results.folder import MANIFEST, RunFolder
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.plan import RunPlan, plan_run
@@ -52,7 +53,7 @@ def resume_arguments(kwargs: dict) -> dict:
         raise BenchError(f"--resume {folder.path}: no manifest.json (the run never started); "
                          "start it again with --overwrite")
     try:
-        status = (folder.summary() or {}).get("status")
+        status = (folder.summary() or {}).get(schema.STATUS)
     except (OSError, ValueError):
         status = None
     if status == "ok":
@@ -65,7 +66,7 @@ def resume_arguments(kwargs: dict) -> dict:
         )
     recorded = read_experiment(folder.path / MANIFEST)
     resumed = {k: v for k, v in kwargs.items() if k not in recorded}
-    resumed.update(recorded, gpus=[recorded["gpus"]], run_id=folder.path.name,
+    resumed.update(recorded, gpus=[recorded[schema.GPUS]], run_id=folder.path.name,
                    results_dir=str(folder.path.parent), resume=True, overwrite=False)
     return resumed
 
@@ -91,7 +92,7 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
         return
     if len(gpus) > 1:
         raise BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`")
-    config = config_from_flags({**kwargs, "gpus": gpus}, given, warn=echo)
+    config = config_from_flags({**kwargs, schema.GPUS: gpus}, given, warn=echo)
     if launcher == "slurm":
         request = slurm_request(**slurm)
     if config.network == "emulated" and launcher not in ("auto", "local"):
@@ -142,7 +143,7 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     kwargs["launcher"] = "local"
     catalogue = METHODS.option_catalogue()
     grid = {name: option_values(catalogue[name][0], value) for name, value in given.items()}
-    first = {**kwargs, "method": methods[0], "workload": workloads[0]}
+    first = {**kwargs, schema.METHOD: methods[0], schema.WORKLOAD: workloads[0]}
     base = RunConfig.from_flags(first, {}, gpus[0])
     cells = expand(base, workloads, methods, gpus, seeds, grid)
     for cell in cells:

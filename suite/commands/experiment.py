@@ -16,11 +16,12 @@ import difflib
 from pathlib import Path
 
 from suite.errors import BenchError
+from suite.results import schema
 from suite.results.folder import MANIFEST
 from suite.sim.profile import shipped_profiles
 
 #: manifest config keys that record what happened rather than what was asked
-_RECORDED_ONLY = ("run_id", "resume", "overwrite")
+_RECORDED_ONLY = (schema.RUN_ID, "resume", "overwrite")
 
 
 def read_experiment(path: str | Path) -> dict:
@@ -40,7 +41,7 @@ def read_experiment(path: str | Path) -> dict:
         raise BenchError(f"--config {path}: not valid YAML ({first})") from None
     if not isinstance(data, dict):
         raise BenchError(f"--config {path}: expected a mapping of flag names to values")
-    if isinstance(data.get("config"), dict):  # a run folder's manifest
+    if isinstance(data.get(schema.CONFIG), dict):  # a run folder's manifest
         data = _from_manifest(data, path)
     flat: dict = {}
     for key, value in data.items():
@@ -62,19 +63,19 @@ def _key(name) -> str:
 
 
 def _from_manifest(manifest: dict, path) -> dict:
-    config = {k: v for k, v in manifest["config"].items() if k not in _RECORDED_ONLY}
-    if config.get("launcher") in ("local", "torchrun", "slurm"):
-        config["launcher"] = "auto"
-    if manifest.get("simulated"):
-        simulation = manifest.get("simulation", {})
-        name = simulation.get("profile", {}).get("name")
+    config = {k: v for k, v in manifest[schema.CONFIG].items() if k not in _RECORDED_ONLY}
+    if config.get(schema.LAUNCHER) in ("local", "torchrun", "slurm"):
+        config[schema.LAUNCHER] = "auto"
+    if manifest.get(schema.SIMULATED):
+        simulation = manifest.get(schema.SIMULATION, {})
+        name = simulation.get(schema.PROFILE, {}).get(schema.PROFILE_NAME)
         if name not in shipped_profiles():
             raise BenchError(
                 f"--config {path}: simulated on profile {name!r}, which is not shipped; "
                 "give its JSON file with --profile"
             )
-        config["profile"] = name
-        config["replay"] = simulation.get("replayed_iterations")
+        config[schema.PROFILE] = name
+        config["replay"] = simulation.get(schema.REPLAYED_ITERATIONS)
     return config
 
 

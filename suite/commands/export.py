@@ -15,6 +15,7 @@ from suite.data.datasets import dataset_spec, load_data
 from suite.data.workload import example_input
 from suite.errors import BenchError
 from suite.plugins.registry import WORKLOADS
+from suite.results import schema
 from suite.results.folder import RunFolder, write_json, write_torch
 from suite.structured.export import (
     CHECK_SAMPLES,
@@ -54,23 +55,24 @@ def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup
     if not folder.has_manifest:
         raise BenchError(f"{run_dir} is not a run folder (no manifest.json)")
     manifest = folder.manifest()
-    config = manifest["config"]
+    config = manifest[schema.CONFIG]
     if not (run_dir / "masks.pt").is_file():
         raise BenchError(
-            f"{run_dir}: no masks.pt: {config['method']} trains a dense model; runs of prunex, "
-            "prunex-flat, gmp-hier and prune-retrain have masks to export"
+            f"{run_dir}: no masks.pt: {config[schema.METHOD]} trains a dense model; runs of "
+            "prunex, prunex-flat, gmp-hier and prune-retrain have masks to export"
         )
     if not (run_dir / "model.pt").is_file():
         raise BenchError(f"{run_dir}: no model.pt (the run did not finish): nothing to export")
-    workload = WORKLOADS.build(config["workload"])  # loads plugins and their datasets
-    spec = dataset_spec(config["dataset"])
+    workload = WORKLOADS.build(config[schema.WORKLOAD])  # loads plugins and their datasets
+    spec = dataset_spec(config[schema.DATASET])
     model = workload.build_model(spec)
     try:
         state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
         model.load_state_dict(state)
     except Exception as exc:  # unpickling and shape mismatches raise many kinds
         why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise BenchError(f"{run_dir}/model.pt does not fit {config['workload']} ({why})") from None
+        raise BenchError(
+            f"{run_dir}/model.pt does not fit {config[schema.WORKLOAD]} ({why})") from None
     saved = torch.load(run_dir / "masks.pt", map_location="cpu", weights_only=True)
     groups = []
     if any("#" in key for key in saved):  # heads or neurons were pruned
@@ -93,11 +95,11 @@ def export_run(
 
     run_dir = Path(run_dir)
     manifest, model, masks, groups = load_run_model(run_dir)
-    config = manifest["config"]
+    config = manifest[schema.CONFIG]
     _, test, spec = load_data(
-        config["dataset"],
+        config[schema.DATASET],
         data_dir=data_dir or config.get("data_dir"),
-        seed=config.get("seed", 0),
+        seed=config.get(schema.SEED, 0),
         synthetic_size=tuple(config.get("synthetic_size") or (4096, 1024)),
     )
     check = test.images[:CHECK_SAMPLES]
@@ -111,7 +113,7 @@ def export_run(
 
     def measure(net: nn.Module) -> dict:
         return {
-            "parameters": count_parameters(net),
+            schema.PARAMETERS: count_parameters(net),
             "flops": flops_per_image(net, sample),
             **{
                 f"latency_ms_b{b}": latency_ms(net, sample, b, repeats, max_seconds)
@@ -120,27 +122,27 @@ def export_run(
         }
 
     threads = torch.get_num_threads()
-    echo(f"measuring {config['workload']}: dense, then exported ({threads} threads)")
+    echo(f"measuring {config[schema.WORKLOAD]}: dense, then exported ({threads} threads)")
     dense_stats, exported_stats = measure(model), measure(exported)
     exported_stats["test_accuracy"] = accuracy(exported, test.images, test.labels)
     path = Path(output) if output is not None else run_dir / "exported.pt"
     write_torch(path, exported)
     summary = RunFolder(run_dir).summary() or {}
     record = {
-        "run_id": manifest.get("run_id", run_dir.name),
-        "method": config["method"],
-        "workload": config["workload"],
-        "dataset": config["dataset"],
+        schema.RUN_ID: manifest.get(schema.RUN_ID, run_dir.name),
+        schema.METHOD: config[schema.METHOD],
+        schema.WORKLOAD: config[schema.WORKLOAD],
+        schema.DATASET: config[schema.DATASET],
         "model_file": str(path),
         "max_abs_diff": diff,
         "max_abs_diff_fp64": diff64,
         "tolerance": TOLERANCE,  # on max_abs_diff_fp64
         "checked_samples": len(check),
-        "test_samples": len(test.labels),
+        schema.TEST_SAMPLES: len(test.labels),
         "live_parameters": live.parameters,
         "live_buffers": live.buffers,  # BN statistics
         "live_fp32_bytes": live.fp32_bytes,  # what a frozen round packs, leader to leader
-        "run_final_accuracy": summary.get("final_accuracy"),
+        "run_final_accuracy": summary.get(schema.FINAL_ACCURACY),
         "threads": torch.get_num_threads(),
         "dense": dense_stats,
         "exported": exported_stats,

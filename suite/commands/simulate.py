@@ -10,6 +10,7 @@ from pathlib import Path
 from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
 from suite.errors import BenchError
+from suite.results import schema
 from suite.results.folder import RunFolder
 from suite.run.plan import plan_run
 from suite.sim.profile import load_profile, shipped_profiles
@@ -63,8 +64,8 @@ def run_simulations(
         summary = RunFolder(path).summary()
         echo(
             f"{config.method:<12} {config.gpus:>4} GPUs  "
-            f"{summary['iteration_seconds'] * 1e3:9.1f} ms/iteration  "
-            f"{summary['inter_node_bytes_per_iteration'] / 1e6:9.2f} MB inter/iteration  "
+            f"{summary[schema.ITERATION_SECONDS] * 1e3:9.1f} ms/iteration  "
+            f"{summary[schema.INTER_NODE_BYTES_PER_ITERATION] / 1e6:9.2f} MB inter/iteration  "
             f"-> {path}"
         )
         paths.append(path)
@@ -82,5 +83,5 @@ def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
     gpus = kwargs.pop("gpus")
     sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from", "dry_run")}
     kwargs["launcher"] = "sim"
-    base = RunConfig.from_flags({**kwargs, "method": methods[0]}, {}, gpus[0])
+    base = RunConfig.from_flags({**kwargs, schema.METHOD: methods[0]}, {}, gpus[0])
     run_simulations(methods, gpus, base, options, **sim, echo=echo)

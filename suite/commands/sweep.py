@@ -23,6 +23,7 @@ from tqdm import tqdm
 from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
 from suite.plugins.registry import METHODS
+from suite.results import schema
 from suite.results.folder import RunFolder, write_json
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.plan import RunPlan
@@ -52,10 +53,10 @@ def cell_id(config: RunConfig) -> str:
     (a method option at its declared default spelled out or left out) is the same cell."""
     described = json.loads(config.to_json())
     declared = METHODS.defaults(config.method) or {}
-    described["options"] = {k: v for k, v in described["options"].items()
+    described[schema.OPTIONS] = {k: v for k, v in described[schema.OPTIONS].items()
                             if k not in declared or v != declared[k]}
     # what only changes where a run is written or how it is watched leaves the cell as it is
-    for volatile in ("run_id", "results_dir", "launcher", "tag", "tensorboard",
+    for volatile in (schema.RUN_ID, "results_dir", "launcher", "tag", "tensorboard",
                      *RELIABILITY_FIELDS):
         described.pop(volatile, None)
     digest = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:8]
@@ -103,7 +104,7 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
         summary = folder.summary()
     except (OSError, ValueError):
         pass
-    if summary and summary.get("status") == "ok":
+    if summary and summary.get(schema.STATUS) == "ok":
         cell.status, cell.reason = "skipped", "already done"
         return False
     if latest_checkpoint(folder.path) is not None and folder.has_manifest:
@@ -153,13 +154,13 @@ def write_record(cells: list[Cell], results_dir: Path) -> None:
         {
             "cells": [
                 {
-                    "run_id": c.run_id,
-                    "workload": c.config.workload,
-                    "method": c.config.method,
-                    "gpus": c.config.gpus,
-                    "options": c.config.options,
-                    "seed": c.config.seed,
-                    "status": c.status,
+                    schema.RUN_ID: c.run_id,
+                    schema.WORKLOAD: c.config.workload,
+                    schema.METHOD: c.config.method,
+                    schema.GPUS: c.config.gpus,
+                    schema.OPTIONS: c.config.options,
+                    schema.SEED: c.config.seed,
+                    schema.STATUS: c.status,
                     "reason": c.reason,
                 }
                 for c in cells

@@ -3,26 +3,42 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+from suite.commands.compare import declared_activity_check, given_thresholds
+from suite.gate.judge import judge_sets
+from suite.gate.reference import GENERIC, gate_for
+from suite.gate.trend import MIN_RUNS, add_to_history, find_changes, read_history
 from suite.plugins.registry import METHODS
-from suite.results.compare import parse_threshold
-from suite.results.trend import MIN_RUNS, add_to_history, find_changes, read_history
 
 
 def run_trend(
-    history: str, add: str | None, max_regression: str, max_accuracy_drop: float,
-    fail_on_last: bool, *, echo: Callable, max_time_regression: str | None = None,
+    history: str, add: str | None, max_regression: str | None,
+    max_accuracy_drop: float | None, fail_on_last: bool, *, echo: Callable,
+    max_time_regression: str | None = None, against: str | None = None,
 ) -> int:
-    """1 with --fail-on-last when a series' last run starts a worse segment, else 0."""
-    threshold = parse_threshold(max_regression)
-    time_threshold = (
-        threshold if max_time_regression is None else parse_threshold(max_time_regression)
-    )
+    """1 with --fail-on-last when a series' last run starts a worse segment, else 0. With
+    --against REFERENCE the added lines carry the gate's verdicts, and the steps are judged at
+    the reference class's thresholds (flags override them), as ``bench compare`` judges."""
+    given = given_thresholds(max_regression, max_accuracy_drop, max_time_regression, None)
+    gate = GENERIC.overridden(given)
     if add:
-        added = add_to_history(add, history, METHODS.defaults)
+        judged = None
+        if against:
+            judged = judge_sets(against, add, given=given, declared=METHODS.defaults,
+                                check_of=declared_activity_check)
+            if len(judged.gates) == 1:
+                gate = next(iter(judged.gates.values()))
+        added = add_to_history(add, history, METHODS.defaults, judged)
         echo(f"added {added} series point(s) from {add} to {history}")
+    elif against:
+        frame = read_history(history)
+        classes = sorted(set(frame.machine_class) - {"-"})
+        if len(classes) == 1:
+            gate = gate_for(Path(against), classes[0]).overridden(given)
     frame = read_history(history)
-    changes, short, longest = find_changes(frame, threshold, max_accuracy_drop, time_threshold)
+    changes, short, longest = find_changes(frame, gate.max_regression, gate.max_accuracy_drop,
+                                           gate.max_time_regression, gate.max_loss_regression)
     for change in changes:
         echo(change.line())
     if short:
@@ -30,6 +46,6 @@ def run_trend(
              f"(longest here: {longest}): {'; '.join(short[:3])}"
              f"{' ...' if len(short) > 3 else ''}")
     last = [c for c in changes if c.worse and c.in_last_run]
-    echo(f"{len(changes)} change point(s) beyond {threshold:.1%} (bytes, times) or "
-         f"{max_accuracy_drop:g} accuracy points; {len(last)} worse in the last run")
+    echo(f"{len(changes)} change point(s) at {gate.describe()}; {len(last)} worse in the "
+         "last run")
     return 1 if fail_on_last and last else 0

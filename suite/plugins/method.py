@@ -21,6 +21,7 @@ from suite.data.sharding import ShardedLoader
 from suite.data.workload import DatasetSpec, Recipe, Workload, example_input
 from suite.errors import BenchError
 from suite.plugins.options import AT_LEAST_1, POSITIVE, at_least, option
+from suite.results import schema
 
 __all__ = [
     "DEFAULT_MAX_LOCAL_STEPS",
@@ -103,7 +104,7 @@ class NodeAveragingSettings:
         ``--intra-average-period`` steps and crosses nodes once per round of ``round_steps``."""
         period = self.intra_average_period
         intra = period if 0 < period < round_steps else round_steps
-        return {"intra_node": intra, "inter_node": round_steps}
+        return {schema.EXCHANGE_INTRA: intra, schema.EXCHANGE_INTER: round_steps}
 
     def averages_after(self, step: int, round_steps: int) -> bool:
         """Whether the node averages after local step ``step`` (1-based) of a round of
@@ -315,7 +316,8 @@ class Method:
         Returns:
             ``{"intra_node": n, "inter_node": m}``, in local steps.
         """
-        return {"intra_node": self.steps_per_iteration, "inter_node": self.steps_per_iteration}
+        return {schema.EXCHANGE_INTRA: self.steps_per_iteration,
+                schema.EXCHANGE_INTER: self.steps_per_iteration}
 
     def one_off_iterations(self, first: int) -> set[int]:
         """Iterations of an attempt that starts at ``first`` whose time holds a one-off cost of

@@ -111,7 +111,7 @@ class Entry:
     settings: type | None = None  # a dataclass of suite.plugins.options.option fields
     not_simulable: str | None = None  # why `bench sim` cannot replay it (None: it can)
     look: Look | None = None  # how reports draw it (None: its name, grey)
-    #: what a finished run of it must have done (suite.results.activity), or None
+    #: what a finished run of it must have done (suite.gate.activity), or None
     activity: Callable[..., list[str]] | None = None
     #: the third-party entry point that registered it (``"'name' (module)"``; None: a
     #: built-in, or registered outside any entry point)

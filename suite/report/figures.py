@@ -101,18 +101,20 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
     ):
         seconds = epoch_seconds(epochs, train)
         if seconds:
-            rows.append({"series": line, "method": method, "workload": workload, "gpus": gpus,
-                         "epoch_seconds": seconds, "run_id": run_id, "word": ranks_word(device)})
+            rows.append({"series": line, schema.METHOD: method, schema.WORKLOAD: workload,
+                         schema.GPUS: gpus, "epoch_seconds": seconds, schema.RUN_ID: run_id,
+                         "word": ranks_word(device)})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
-    frame = frame.groupby(["workload", "series", "method", "word", "gpus"], as_index=False).agg(
-        epoch_seconds=("epoch_seconds", "median"), run_id=("run_id", ",".join)
+    by = [schema.WORKLOAD, "series", schema.METHOD, "word", schema.GPUS]
+    frame = frame.groupby(by, as_index=False).agg(
+        epoch_seconds=("epoch_seconds", "median"), run_id=(schema.RUN_ID, ",".join)
     )
-    lines = frame.groupby(["workload", "series"]).filter(lambda g: g.gpus.nunique() >= 2)
+    lines = frame.groupby([schema.WORKLOAD, "series"]).filter(lambda g: g.gpus.nunique() >= 2)
     if lines.empty:
         return Skipped(name, title, "every method has runs at one GPU count only; need two")
-    base = lines.loc[lines.groupby(["workload", "series"]).gpus.idxmin()]
+    base = lines.loc[lines.groupby([schema.WORKLOAD, "series"]).gpus.idxmin()]
     base = base.set_index(["workload", "series"])[["gpus", "epoch_seconds"]]
     lines = lines.join(base, on=["workload", "series"], suffixes=("", "_base"))
     lines["speedup"] = lines.epoch_seconds_base / lines.epoch_seconds
@@ -123,7 +125,7 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
     with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
         speed, efficiency = axes[0]
         for series, line in lines.groupby("series", sort=False):
-            line = line.sort_values("gpus")
+            line = line.sort_values(schema.GPUS)
             speed.plot(line.gpus, line.speedup, label=series, ms=4, **styles[series])
             efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series])
         speed.plot(ticks, [g / min(ticks) for g in ticks], color="k", lw=0.8, ls=(0, (1, 1)),
@@ -161,12 +163,12 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
     name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
     frame = runs.runs
     views = list(frame[VIEW])
-    dense_gflops = {view.summary["workload"]: view.export["dense"]["flops"] / 1e9
+    dense_gflops = {view.summary[schema.WORKLOAD]: view.export["dense"]["flops"] / 1e9
                     for view in views if view.export}
     rows = [
-        {"workload": workload, "label": label, "method": method, "density": density,
-         "accuracy": 100 * accuracy, "inter_gb": (inter or 0) / 1e9,
-         "gflops": exported_gflops(view, density, dense_gflops), "run_id": run_id}
+        {schema.WORKLOAD: workload, "label": label, schema.METHOD: method, schema.DENSITY: density,
+         schema.ACCURACY: 100 * accuracy, "inter_gb": (inter or 0) / 1e9,
+         "gflops": exported_gflops(view, density, dense_gflops), schema.RUN_ID: run_id}
         for workload, label, method, density, accuracy, inter, view, run_id in zip(
             frame[schema.WORKLOAD], frame[LABEL], frame[schema.METHOD], frame[FINAL_DENSITY],
             column(frame, schema.FINAL_ACCURACY), column(frame, schema.INTER_NODE_BYTES_TOTAL),
@@ -177,7 +179,7 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
     if per_run.empty:
         return Skipped(name, title, "no run has an accuracy (simulated runs carry none)")
     frame = repeats_reduced(per_run, ["workload", "label", "method"], "accuracy")
-    means = per_run.groupby(["workload", "label"])[["inter_gb", "density", "gflops"]].mean()
+    means = per_run.groupby([schema.WORKLOAD, "label"])[["inter_gb", "density", "gflops"]].mean()
     frame = frame.join(means, on=["workload", "label"])
     workloads = sorted(frame.workload.unique())
     styles = series_styles(zip(frame.label, frame.method))
@@ -219,7 +221,7 @@ def exported_gflops(run: RunView, density: float, dense_gflops: dict[str, float]
     if run.export:
         return run.export["exported"]["flops"] / 1e9
     if density == 1.0 and not (run.folder / "masks.pt").exists():
-        return dense_gflops.get(run.summary["workload"], math.nan)
+        return dense_gflops.get(run.summary[schema.WORKLOAD], math.nan)
     return math.nan
 
 
@@ -237,7 +239,7 @@ def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.Data
     for key, group in frame.groupby(keys, sort=False):
         mean, half, n = mean_ci(group[value])
         rows.append({**dict(zip(keys, key)), value: mean, f"{value}_ci95": half, "repeats": n,
-                     "run_id": ",".join(group.run_id)})
+                     schema.RUN_ID: ",".join(group.run_id)})
     return pd.DataFrame(rows)
 
 
@@ -258,13 +260,13 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
     styles = series_styles(zip(frame.run, frame.method))
     with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
         for label, curve in frame.groupby("run", sort=False):
-            points = curve.groupby("iteration").agg(
-                train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
+            points = curve.groupby(schema.ITERATION).agg(
+                train_seconds=(schema.TRAIN_SECONDS, "mean"), inter_gb=("inter_gb", "mean"),
                 accuracy=("accuracy_pct", "mean"), spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
             )
             band = points.spread.fillna(0)
             low, high = (points.accuracy - band).clip(0, 100), (points.accuracy + band).clip(0, 100)
-            for ax, x in zip(axes[0], ("train_seconds", "inter_gb")):
+            for ax, x in zip(axes[0], (schema.TRAIN_SECONDS, "inter_gb")):
                 ax.plot(points[x], points.accuracy, ms=3, label=label, **styles[label])
                 ax.fill_between(points[x], low, high, color=styles[label]["color"], alpha=0.2,
                                 lw=0)
@@ -276,7 +278,8 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
             ax.set_ylabel("test accuracy (%)")
         legend_outside(fig, axes, ncol=2)
         files = save(fig, out, name)
-    table = frame[["run_id", "run", "iteration", "epoch", "train_seconds", "inter_gb", "accuracy"]]
+    table = frame[[schema.RUN_ID, "run", schema.ITERATION, schema.EPOCH, schema.TRAIN_SECONDS,
+                   "inter_gb", schema.ACCURACY]]
     note = "repeats of a configuration: mean per evaluation, band the 95 % interval"
     return Figure(name, title, files, table, sorted(frame.run_id.unique()), note)
 
@@ -287,7 +290,7 @@ def comm_seconds_per_step(runs: ResultSet) -> pd.DataFrame:
     of its run's own communication columns, in its file's order (runs that recorded the same
     columns are summed together), so every number is that of the run alone."""
     rows = runs.table("iterations")
-    recorded = runs.columns.get("iterations", pd.Series(dtype=object))
+    recorded = runs.columns.get(schema.ITERATIONS, pd.Series(dtype=object))
     signatures: dict[tuple, list[int]] = {}
     for position, columns in enumerate(recorded):
         comm = tuple(c for c in columns or () if is_comm_column(c))
@@ -317,11 +320,11 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
     if per_step.empty:
         return Skipped(name, title, "no run recorded communication phases")
     owner = per_step[RUN_INDEX].to_numpy()
-    frame = pd.DataFrame({"iteration": per_step[schema.ITERATION].to_numpy(),
+    frame = pd.DataFrame({schema.ITERATION: per_step[schema.ITERATION].to_numpy(),
                           "comm_ms": 1e3 * per_step["per_step"].to_numpy(),
                           "run": runs.runs[LABEL].to_numpy()[owner],
-                          "method": runs.runs[schema.METHOD].to_numpy()[owner],
-                          "run_id": runs.runs[schema.RUN_ID].to_numpy()[owner]})
+                          schema.METHOD: runs.runs[schema.METHOD].to_numpy()[owner],
+                          schema.RUN_ID: runs.runs[schema.RUN_ID].to_numpy()[owner]})
     order = frame.groupby("run", sort=False).comm_ms.median().sort_values().index.tolist()
     styles = series_styles(zip(frame.run, frame.method))
     with paper_figure(width or "two", height=0.3 * len(order) + 0.5) as (fig, axes):
@@ -337,7 +340,7 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
         if len(positive) and positive.max() > 100 * positive.min():
             log_scale(ax)
         files = save(fig, out, name)
-    table = frame.groupby(["run", "run_id"], as_index=False).comm_ms.agg(
+    table = frame.groupby(["run", schema.RUN_ID], as_index=False).comm_ms.agg(
         ["mean", "median", "std", "max"]
     )
     return Figure(name, title, files, table, sorted(frame.run_id.unique()),
@@ -360,7 +363,7 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
         phases = phases or {}
         if phases:
             steps = steps or 1
-            rows.append({"run": label, "run_id": run_id,
+            rows.append({"run": label, schema.RUN_ID: run_id,
                          **{k: v / steps for k, v in phases.items()}})
             overlapped |= {(label, p) for p in overlaps if p in phases}
             methods[label] = method
@@ -368,13 +371,13 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
         return Skipped(name, title, "no run recorded phase timings")
     per_run = pd.DataFrame(rows).fillna(0.0)
     ids = per_run.groupby("run").run_id.agg(",".join)  # repeats share a bar, none is dropped
-    frame = per_run.drop(columns="run_id").groupby("run").mean()
+    frame = per_run.drop(columns=schema.RUN_ID).groupby("run").mean()
     frame = frame[frame.sum().sort_values(ascending=False).index]
     stacked = frame.copy()
     for label, phase in overlapped:
         stacked.loc[label, phase] = 0.0
     totals = stacked.sum(axis=1)
-    repeats = per_run.set_index("run").drop(columns="run_id")
+    repeats = per_run.set_index("run").drop(columns=schema.RUN_ID)
     spread = [mean_ci(repeats.loc[[label]].sum(axis=1)
                       - sum(repeats.loc[[label], p] for lb, p in overlapped if lb == label))[1]
               for label in frame.index]
@@ -412,7 +415,7 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
     local step over training, so step- and round-based methods compare."""
     name, title = "fig06_inter_node_volume", "Inter-node message size and volume"
     rows = runs.table("iterations")
-    recorded = runs.columns.get("iterations", pd.Series(dtype=object))
+    recorded = runs.columns.get(schema.ITERATIONS, pd.Series(dtype=object))
     has_bytes = np.array([schema.BYTES_INTER in (c or ()) for c in recorded], dtype=bool)
     rows = rows[has_bytes[rows[RUN_INDEX].to_numpy()]] if len(rows) else rows
     if rows.empty:
@@ -424,12 +427,14 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
     steps = np.array([s or 1 for s in column(runs_frame, schema.STEPS_PER_ITERATION)],
                      dtype=object)
     labels, methods = runs_frame[LABEL].to_numpy(), runs_frame[schema.METHOD].to_numpy()
-    frame = pd.DataFrame({"epoch": per_iter.epoch, "run": labels[owner], "method": methods[owner],
+    frame = pd.DataFrame({schema.EPOCH: per_iter.epoch, "run": labels[owner],
+                          schema.METHOD: methods[owner],
                           "mb_per_step": per_iter.inter / 1e6 / steps[owner].astype(float)})
     inter = sums_per_run(per_iter.inter, per_iter[RUN_INDEX])
     epochs = column(runs_frame, schema.EPOCHS)
     per_run = pd.DataFrame([
-        {"run": labels[i], "method": methods[i], "run_id": runs_frame[schema.RUN_ID].iat[i],
+        {"run": labels[i], schema.METHOD: methods[i],
+         schema.RUN_ID: runs_frame[schema.RUN_ID].iat[i],
          "inter_gb_total": total / 1e9,
          "inter_gb_per_epoch": total / 1e9 / (epochs.iat[i] or math.nan)}
         for i, total in inter.items()
@@ -446,7 +451,7 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
         if total.inter_gb_per_epoch.max() > 100 * max(total.inter_gb_per_epoch.min(), 1e-12):
             log_scale(bars)
         for label, curve in frame.groupby("run", sort=False):
-            mean = curve.groupby("epoch").mb_per_step.mean()
+            mean = curve.groupby(schema.EPOCH).mb_per_step.mean()
             steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
                           label=label, **styles[label])
         steps_ax.set_xlabel("epoch")
@@ -487,17 +492,18 @@ def residuals(
     part = (
         layers[layers.layer.isin(picked)]
         .melt(
-            id_vars=["iteration", "layer"], value_vars=["r_intra", "r_inter"], var_name="residual"
+            id_vars=[schema.ITERATION, schema.LAYER], value_vars=[schema.R_INTRA, schema.R_INTER],
+            var_name="residual",
         )
         .dropna()
     )
     with paper_figure(width or "one", ratio=0.9) as (fig, axes):
         ax = axes[0, 0]
         colors = dict(zip(picked, ("#0077BB", "#EE7733", "#009988", "#CC3311", "#33BBEE")))
-        for (layer, kind), line in part.groupby(["layer", "residual"], sort=False):
+        for (layer, kind), line in part.groupby([schema.LAYER, "residual"], sort=False):
             ax.plot(line.iteration, line.value, color=colors[layer], marker=".", ms=3,
-                    ls="-" if kind == "r_intra" else "--",
-                    label=layer.removesuffix(".weight") if kind == "r_intra" else None)
+                    ls="-" if kind == schema.R_INTRA else "--",
+                    label=layer.removesuffix(".weight") if kind == schema.R_INTRA else None)
         ax.plot([], [], color="k", ls="-", label="intra-node")
         ax.plot([], [], color="k", ls="--", label="inter-node")
         log_scale(ax, "y")
@@ -531,7 +537,7 @@ def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | 
         for ax, penalty in zip(axes[0], ("rho1", "rho2")):
             part = frame[frame.penalty == penalty]
             for label, line in part.groupby("run", sort=False):
-                mean = line.groupby("iteration").value.mean()  # repeats: their mean
+                mean = line.groupby(schema.ITERATION).value.mean()  # repeats: their mean
                 ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
                         label=label, **styles[label])
             if part.value.max() > 10 * part.value.min():
@@ -601,7 +607,7 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
     saved, position = None, None
     # PruneX's learned masks first (the paper's figure), then those of the pruning baselines
     learned = sorted(candidates, key=lambda i: (not views.iat[i].method.startswith("prunex"),
-                                                -views.iat[i].summary["gpus"]))
+                                                -views.iat[i].summary[schema.GPUS]))
     for position in learned:
         saved = read_masks(views.iat[position])
         if saved is not None:
@@ -627,7 +633,7 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(False)
-            rows.append({"layer": layer, "shape": tuple(keep.shape), "density": density})
+            rows.append({schema.LAYER: layer, "shape": tuple(keep.shape), schema.DENSITY: density})
         fig.suptitle(run_display(runs, position), fontsize=8)
         files = save(fig, out, name)
     return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept")

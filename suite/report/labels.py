@@ -44,8 +44,8 @@ def display_parts(method: str, shown_options: str, gpus, device, setting: str) -
     """The pieces of a figure label: method, options (``shown_options``: sorted JSON),
     ranks, setting."""
     return {
-        "method": method_style(method).name,
-        "options": options_text(json.loads(shown_options)),
+        schema.METHOD: method_style(method).name,
+        schema.OPTIONS: options_text(json.loads(shown_options)),
         "ranks": f"{gpus} {ranks_word(device)}",
         "setting": setting_suffix(setting),
     }
@@ -108,6 +108,6 @@ def line_table(runs: pd.DataFrame, parts: pd.DataFrame | None = None) -> pd.Seri
     return pd.Series(
         [", ".join(p for p in (method, options) if p) + setting
          + (f", {workload}" if several else "")
-         for method, options, setting, workload in zip(parts["method"], parts["options"],
+         for method, options, setting, workload in zip(parts[schema.METHOD], parts[schema.OPTIONS],
                                                        parts["setting"], workloads)],
         index=runs.index, dtype=object)

@@ -24,9 +24,10 @@ from suite.results.resultset import (
 from suite.results.view import RunView
 
 #: the columns of ``evals.parquet`` and ``layers.parquet`` the figures draw
-EVAL_COLUMNS = (schema.ITERATION, schema.EPOCH, "train_seconds", schema.ACCURACY,
+EVAL_COLUMNS = (schema.ITERATION, schema.EPOCH, schema.TRAIN_SECONDS, schema.ACCURACY,
                 schema.INTER_NODE_BYTES)
-LAYER_COLUMNS = (schema.ITERATION, "layer", "constrained", "r_intra", "r_inter", "rho1", "rho2")
+LAYER_COLUMNS = (schema.ITERATION, schema.LAYER, schema.CONSTRAINED, schema.R_INTRA,
+                 schema.R_INTER, schema.RHO1, schema.RHO2)
 #: the runs frame's columns of the display parts (suite.report.labels.PARTS): ``part_method``
 PART_PREFIX = "part_"
 #: the runs frame's column of the density of the pruned layers at the end (1.0: dense)
@@ -45,7 +46,8 @@ def iteration_column(column: str) -> bool:
     return column in drawn or is_comm_column(column)
 
 
-TABLE_COLUMNS = {"iterations": iteration_column, "evals": EVAL_COLUMNS, "layers": LAYER_COLUMNS}
+TABLE_COLUMNS = {schema.ITERATIONS_TABLE: iteration_column, schema.EVALS_TABLE: EVAL_COLUMNS,
+                 schema.LAYERS_TABLE: LAYER_COLUMNS}
 
 
 def load_runs(results_dir: str | Path) -> tuple[ResultSet, list[str]]:

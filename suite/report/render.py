@@ -29,8 +29,9 @@ from suite.results.stats import mean_ci
 from suite.results.view import RunView
 
 #: what makes runs repeats of one configuration (they differ only in the seed)
-CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting", "batch_size",
-          "lr", "lr_schedule", "epochs", "simulated"]
+CONFIG = [schema.METHOD, schema.WORKLOAD, schema.DATASET, schema.GPUS, schema.NODES,
+          schema.OPTIONS, "setting", schema.BATCH_SIZE, schema.LR, schema.LR_SCHEDULE,
+          schema.EPOCHS, schema.SIMULATED]
 #: per-run numbers averaged over repeats; those in WITH_CI also get a 95 % half-width
 AVERAGED = ["final_acc", "best_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch",
             "inter_MB_per_iter", "density", "exported_params_M", "exported_GFLOPs"]
@@ -52,35 +53,36 @@ def run_table(runs: ResultSet) -> pd.DataFrame:
         r = dict(zip(keys, values))
         epochs = r[schema.EPOCHS] or float("nan")
         rows.append({
-            "run_id": r[schema.RUN_ID],
-            "method": r[schema.METHOD],
-            "workload": r[schema.WORKLOAD],
-            "dataset": r[schema.DATASET],
-            "gpus": r[schema.GPUS],
-            "nodes": r[schema.NODES],
-            "options": ",".join(f"{k}={v}" for k, v in shown[r[SHOWN_OPTIONS]].items()),
+            schema.RUN_ID: r[schema.RUN_ID],
+            schema.METHOD: r[schema.METHOD],
+            schema.WORKLOAD: r[schema.WORKLOAD],
+            schema.DATASET: r[schema.DATASET],
+            schema.GPUS: r[schema.GPUS],
+            schema.NODES: r[schema.NODES],
+            schema.OPTIONS: ",".join(f"{k}={v}" for k, v in shown[r[SHOWN_OPTIONS]].items()),
             # what repeats are grouped by: the resolved settings (options shows them)
             "configuration": r[CONFIGURATION],
             "setting": r[SETTING],
-            "batch_size": r[BATCH_SIZE],
-            "lr": r[LR],
-            "lr_schedule": r[LR_SCHEDULE],
-            "seed": r[schema.SEED],
+            schema.BATCH_SIZE: r[BATCH_SIZE],
+            schema.LR: r[LR],
+            schema.LR_SCHEDULE: r[LR_SCHEDULE],
+            schema.SEED: r[schema.SEED],
             "final_acc": r[schema.FINAL_ACCURACY],
             "best_acc": r[schema.BEST_ACCURACY],
-            "epochs": round(epochs, 3),
+            schema.EPOCHS: round(epochs, 3),
             "s_per_iter": r[schema.ITERATION_SECONDS],
             "ms_per_step": ms_per_step(r[schema.SAMPLES_PER_RANK], r[BATCH_SIZE],
                                        r[schema.TRAIN_SECONDS]),
             "train_s": r[schema.TRAIN_SECONDS],
             "inter_MB_per_epoch": (r[schema.INTER_NODE_BYTES_TOTAL] or 0) / 1e6 / epochs,
             "inter_MB_per_iter": (r[schema.INTER_NODE_BYTES_PER_ITERATION] or 0) / 1e6,
-            "density": r[FINAL_DENSITY],
+            schema.DENSITY: r[FINAL_DENSITY],
             "exported_params_M": exported(r[VIEW], "parameters") / 1e6,
             "exported_GFLOPs": exported(r[VIEW], "flops") / 1e9,
-            "simulated": bool(r[schema.SIMULATED]),
+            schema.SIMULATED: bool(r[schema.SIMULATED]),
         })
-    return pd.DataFrame(rows).sort_values(["workload", "method", "gpus", "seed"], kind="stable")
+    order = [schema.WORKLOAD, schema.METHOD, schema.GPUS, schema.SEED]
+    return pd.DataFrame(rows).sort_values(order, kind="stable")
 
 
 def exported(run: RunView, key: str) -> float:
@@ -115,7 +117,7 @@ def summary_table(per_run: pd.DataFrame) -> pd.DataFrame:
             if column in WITH_CI:
                 row[f"{column}_ci95"] = half
         rows.append(row)
-    order = ["run_id", *CONFIG, "repeats", "seeds"]
+    order = [schema.RUN_ID, *CONFIG, "repeats", "seeds"]
     frame = pd.DataFrame(rows)
     return frame[order + [c for c in frame.columns if c not in order]]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from suite.config import RunConfig
+from suite.results import schema
 from suite.results.folder import RunFolder, write_torch
 from suite.results.summary import summarize
 
@@ -34,7 +35,7 @@ def finish_folder(
     summary = summarize(
         config=config,
         manifest=manifest,
-        dataset=manifest["config"]["dataset"],
+        dataset=manifest[schema.CONFIG][schema.DATASET],
         iterations_done=iterations_done,
         iterations=folder.table("iterations"),
         evals=folder.table("evals") if evaluated else None,

@@ -39,18 +39,18 @@ from suite import compat
 from suite.results import schema
 from suite.results.schema import ENDED, Status
 
-TABLES = ("iterations", "evals", "layers")
+TABLES = schema.TABLES
 
 
 def setting_of(summary: dict, manifest: dict) -> str:
     """Where a run's times come from: ``real``, ``emulated RATE`` or ``sim PROFILE``. Runs of
     different settings are never compared or drawn as one line."""
     if summary.get(schema.SIMULATED):
-        profile = (manifest.get("simulation") or {}).get("profile") or {}
-        return f"sim {profile.get('name', '?')}"
-    network = manifest.get("network") or {}
-    if network.get("mode") == "emulated":
-        return f"emulated {network.get('inter_bw', '?')}"
+        profile = (manifest.get(schema.SIMULATION) or {}).get(schema.PROFILE) or {}
+        return f"sim {profile.get(schema.PROFILE_NAME, '?')}"
+    network = manifest.get(schema.NETWORK) or {}
+    if network.get(schema.NETWORK_MODE) == "emulated":
+        return f"emulated {network.get(schema.INTER_BW, '?')}"
     return "real"
 
 
@@ -63,6 +63,7 @@ def identity_summary(config) -> dict:
     """The keys that say which run a folder holds, written before any rank starts, so a run
     killed at any point is still listed and compared (as failed) under its own name."""
     return {
+        schema.FORMAT_VERSION_KEY: schema.FORMAT_VERSION,
         schema.RUN_ID: config.run_id,
         schema.STATUS: Status.RUNNING,
         schema.ERROR: None,
@@ -72,7 +73,8 @@ def identity_summary(config) -> dict:
         schema.GPUS_PER_NODE: config.gpus_per_node,
         schema.OPTIONS: config.options,
         schema.SEED: config.seed,
-        schema.LAUNCHER: {"host": socket.gethostname(), "pid": os.getpid()},
+        schema.LAUNCHER: {schema.LAUNCHER_HOST: socket.gethostname(),
+                          schema.LAUNCHER_PID: os.getpid()},
         schema.STARTED: time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -126,16 +128,16 @@ def hardware() -> dict:
     (``torch.backends.cpu.get_cpu_capability()``, which ``ATEN_CPU_CAPABILITY`` lowers), and
     the threads of this rank (suite.results.machine names the class from them)."""
     info = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
+        schema.PLATFORM: platform.platform(),
+        schema.PROCESSOR: platform.processor() or platform.machine(),
+        schema.CPU_COUNT: os.cpu_count(),
         **cpu_identity(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads_per_rank": torch.get_num_threads(),
-        "cuda_devices": [],
+        schema.CPU_CAPABILITY: torch.backends.cpu.get_cpu_capability(),
+        schema.THREADS_PER_RANK: torch.get_num_threads(),
+        schema.CUDA_DEVICES: [],
     }
     if torch.cuda.is_available():
-        info["cuda_devices"] = [
+        info[schema.CUDA_DEVICES] = [
             torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
         ]
     return info
@@ -158,7 +160,7 @@ def cpu_identity() -> dict:
     vendor = fields.get("vendor_id") or fields.get("CPU implementer") or platform.machine()
     family = fields.get("cpu family") or fields.get("CPU part") or ""
     name = fields.get("model name") or fields.get("Model name") or platform.processor()
-    return {"cpu_vendor": vendor, "cpu_family": family, "cpu_model_name": name}
+    return {schema.CPU_VENDOR: vendor, schema.CPU_FAMILY: family, schema.CPU_MODEL_NAME: name}
 
 
 def versions() -> dict:
@@ -167,16 +169,17 @@ def versions() -> dict:
     import torchvision
 
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "timm": timm.__version__,
-        "pandas": pd.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "nccl": nccl_version(),
+        schema.PYTHON_VERSION: platform.python_version(),
+        schema.TORCH_VERSION: torch.__version__,
+        schema.TORCHVISION_VERSION: torchvision.__version__,
+        schema.TIMM_VERSION: timm.__version__,
+        schema.PANDAS_VERSION: pd.__version__,
+        schema.CUDA_VERSION: torch.version.cuda,
+        schema.CUDNN_VERSION: (torch.backends.cudnn.version()
+                               if torch.backends.cudnn.is_available() else None),
+        schema.NCCL_VERSION: nccl_version(),
         # the APIs newer than the supported floor that this torch lacks (suite.compat)
-        "torch_fallbacks": compat.fallbacks(),
+        schema.TORCH_FALLBACKS: compat.fallbacks(),
     }
 
 
@@ -192,13 +195,13 @@ def numerics(device: torch.device) -> dict:
     """What a GPU number depends on beyond the code: the device, and the switches that trade
     exactness for speed (TF32) or speed for reproducibility (determinism)."""
     facts = {
-        "device": str(device),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        schema.DEVICE: str(device),
+        schema.DETERMINISTIC_ALGORITHMS: torch.are_deterministic_algorithms_enabled(),
+        schema.FLOAT32_MATMUL_PRECISION: torch.get_float32_matmul_precision(),
+        schema.TF32_MATMUL: torch.backends.cuda.matmul.allow_tf32,
+        schema.TF32_CUDNN: torch.backends.cudnn.allow_tf32,
+        schema.CUDNN_DETERMINISTIC: torch.backends.cudnn.deterministic,
+        schema.CUDNN_BENCHMARK: torch.backends.cudnn.benchmark,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -281,7 +284,7 @@ class RunFolder:
         self.merge_parts()
         for table in TABLES:
             frame = self.table(table)
-            if frame is not None and "iteration" in frame:
+            if frame is not None and schema.ITERATION in frame:
                 write_table(
                     self.path / f"{table}.parquet", frame[frame.iteration < iterations_done]
                 )

@@ -3,8 +3,11 @@
 
 A class names what makes runs bit-identical, or at least numerically alike: on CPU ranks the
 CPU vendor and family, the kernels torch dispatches to (its CPU capability: ``avx512``,
-``avx2``, ``default`` under ``ATEN_CPU_CAPABILITY=default``) and the threads per rank; on CUDA
-the device model and its compute capability; and the collective backend. A nightly compares
+``avx2``) and the threads per rank; on CUDA the device model and its compute capability; and
+the collective backend. Under torch's portable kernels (``ATEN_CPU_CAPABILITY=default``) the
+vendor stops mattering at the gate's thresholds (an Intel Xeon's nightly against an AMD
+EPYC's: 0 regressions over eleven methods), so that class names no vendor:
+``cpu-gloo-portable-t1``, a class any CPU runner can join. A nightly compares
 against the reference recorded on its own class (``results/reference/<class>/``), never a
 run against a reference of other kernels: on another CPU generation a tenth of an epoch moves
 a method's accuracy by as much as a change of seed. Runs recorded before the class named
@@ -14,10 +17,13 @@ these (``cpu-gloo``, ``cuda-nccl-h100``) keep the short name they had.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from suite.results import schema
 
 #: how a class name starts; a folder whose subfolders are named so is a tree of references
 CLASS_PATTERN = re.compile(r"^(cpu|cuda)-[a-z0-9]+(-[a-z0-9._]+)*$")
+#: torch's portable CPU kernels, as ``get_cpu_capability()`` names them (lowered)
+PORTABLE_CAPABILITY = "default"
 #: /proc/cpuinfo vendor ids as a class names them
 VENDORS = {"authenticamd": "amd", "genuineintel": "intel", "hygongenuine": "hygon",
            "0x41": "arm", "0x61": "apple", "0x48": "hisilicon"}
@@ -27,30 +33,35 @@ def machine_class(manifest: dict) -> str:
     """``cpu-gloo-amd25-avx512-t1`` (device kind, backend, CPU vendor and family, torch's CPU
     capability, threads per rank); ``cuda-nccl-h100-sm90`` (device kind, backend, device
     model, compute capability); ``sim-<profile>`` for simulated runs, whose numbers come from
-    a profile, not a machine. A manifest recorded before these were (no CPU capability, no
-    compute capability) gets the short class it had then."""
-    if manifest.get("simulated"):
-        profile = (manifest.get("simulated_profile") or {}).get("name") or "profile"
+    a profile, not a machine; ``cpu-gloo-portable-t1`` for CPU ranks on the portable kernels,
+    whatever the vendor. A manifest recorded before these were (no CPU capability, no compute
+    capability) gets the short class it had then."""
+    if manifest.get(schema.SIMULATED):
+        profile = ((manifest.get(schema.SIMULATION) or {}).get(schema.PROFILE) or {}).get(
+            schema.PROFILE_NAME) or "profile"
         return f"sim-{slug(str(profile))}"
-    device = str(manifest.get("device") or "cpu").split(":")[0]
-    backend = str(manifest.get("backend") or "gloo")
-    hardware = manifest.get("hardware") or {}
+    device = str(manifest.get(schema.DEVICE) or "cpu").split(":")[0]
+    backend = str(manifest.get(schema.BACKEND) or "gloo")
+    hardware = manifest.get(schema.HARDWARE) or {}
     if device != "cuda":
-        if not hardware.get("cpu_capability"):
+        capability = slug(str(hardware.get(schema.CPU_CAPABILITY) or ""))
+        if not capability:
             return f"{device}-{backend}"
-        return (f"{device}-{backend}-{cpu_kind(hardware)}-{slug(hardware['cpu_capability'])}"
-                f"-t{hardware.get('threads_per_rank', 1)}")
-    numerics = manifest.get("numerics") or {}
-    base = f"cuda-{backend}-{device_model(numerics.get('device_name') or '')}"
-    capability = numerics.get("compute_capability")
+        threads = f"t{hardware.get(schema.THREADS_PER_RANK, 1)}"
+        if capability == PORTABLE_CAPABILITY:
+            return f"{device}-{backend}-portable-{threads}"
+        return f"{device}-{backend}-{cpu_kind(hardware)}-{capability}-{threads}"
+    numerics = manifest.get(schema.NUMERICS) or {}
+    base = f"cuda-{backend}-{device_model(numerics.get(schema.DEVICE_NAME) or '')}"
+    capability = numerics.get(schema.COMPUTE_CAPABILITY)
     return f"{base}-sm{capability.replace('.', '')}" if capability else base
 
 
 def cpu_kind(hardware: dict) -> str:
     """``amd25``: the CPU vendor and family (one microarchitecture generation, roughly)."""
-    vendor = str(hardware.get("cpu_vendor") or "cpu").lower()
+    vendor = str(hardware.get(schema.CPU_VENDOR) or "cpu").lower()
     vendor = VENDORS.get(vendor, slug(vendor).replace("-", "") or "cpu")
-    family = slug(str(hardware.get("cpu_family") or "")).replace("-", "")
+    family = slug(str(hardware.get(schema.CPU_FAMILY) or "")).replace("-", "")
     return f"{vendor}{family}"
 
 
@@ -63,10 +74,3 @@ def device_model(name: str) -> str:
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
-
-
-def class_folders(root: Path) -> dict[str, Path]:
-    """The per-class reference folders under ``root`` (empty when ``root`` is one set)."""
-    if not root.is_dir():
-        return {}
-    return {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and CLASS_PATTERN.match(p.name)}

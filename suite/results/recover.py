@@ -14,9 +14,10 @@ from pathlib import Path
 
 from suite.errors import BenchError
 from suite.processes import python_alive
+from suite.results import schema
 from suite.results.folder import RunFolder
 from suite.results.schema import ENDED, ITERATIONS_RECORDED, PROCESSES, STATUS
-from suite.results.view import identity_from_manifest
+from suite.results.upgrade import identity_from_manifest
 
 KILLED = "killed: its processes ended without recording why (finalized by bench recover)"
 
@@ -25,8 +26,9 @@ def live_processes(summary: dict) -> tuple[list[int], list[str]]:
     """(pids of the run still alive on this host, other hosts whose processes cannot be
     checked from here)."""
     here = socket.gethostname()
-    launcher = summary.get("launcher") or {}
-    pairs = [(launcher.get("host"), launcher.get("pid"))] if launcher else []
+    launcher = summary.get(schema.LAUNCHER) or {}
+    pairs = ([(launcher.get(schema.LAUNCHER_HOST), launcher.get(schema.LAUNCHER_PID))]
+             if launcher else [])
     pairs += [tuple(p) for p in summary.get(PROCESSES) or []]
     alive, elsewhere = [], set()
     for host, pid in pairs:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from suite.errors import BenchError
-from suite.results import schema
+from suite.results import schema, summary
 from suite.results.folder import TABLES
 from suite.results.schema import Status
 from suite.results.view import RunView, first_line, run_folders
@@ -44,15 +44,15 @@ SETTING = "setting"
 CONFIGURATION = "configuration"
 SHOWN_OPTIONS = "shown_options"
 #: the manifest's recipe: batch size, lr, and its schedule (``schedule_of``)
-BATCH_SIZE = "batch_size"
+BATCH_SIZE = schema.BATCH_SIZE
 LR = schema.LR
-LR_SCHEDULE = "lr_schedule"
+LR_SCHEDULE = schema.LR_SCHEDULE
 #: the manifest's device (``cpu``, ``cuda``), git revision and start time
 DEVICE = "device"
 COMMIT = "commit"
 STARTED = schema.STARTED
 #: the manifest's phases that ran during local_compute (DDP's comm hooks; None: not recorded)
-OVERLAPPED_PHASES = "overlapped_phases"
+OVERLAPPED_PHASES = schema.OVERLAPPED_PHASES
 #: every run view column, in the order ``runs`` holds them
 VIEW_COLUMNS = (FOLDER, VIEW, MACHINE_CLASS, SETTING, CONFIGURATION, SHOWN_OPTIONS, BATCH_SIZE,
                 LR, LR_SCHEDULE, DEVICE, COMMIT, STARTED, OVERLAPPED_PHASES)
@@ -189,22 +189,37 @@ def view_columns(view: RunView, declared: dict | None) -> dict:
         SETTING: view.setting,
         CONFIGURATION: json.dumps(view.configuration(declared), sort_keys=True),
         SHOWN_OPTIONS: json.dumps(view.shown_options(declared), sort_keys=True),
-        BATCH_SIZE: recipe.get("batch_size"),
-        LR: recipe.get("lr"),
-        # runs recorded before schedules existed trained at a constant lr
+        BATCH_SIZE: recipe.get(schema.BATCH_SIZE),
+        LR: recipe.get(schema.LR),
         LR_SCHEDULE: schedule_of(recipe) if recipe else None,
-        DEVICE: view.manifest.get("device"),
-        COMMIT: view.manifest.get("git_revision"),
-        STARTED: view.manifest.get("started"),
-        OVERLAPPED_PHASES: view.manifest.get("overlapped_phases"),
+        DEVICE: view.manifest.get(schema.DEVICE),
+        COMMIT: view.manifest.get(schema.GIT_REVISION),
+        STARTED: view.manifest.get(schema.STARTED),
+        OVERLAPPED_PHASES: view.manifest.get(schema.OVERLAPPED_PHASES),
     }
 
 
 def schedule_of(recipe: dict) -> str:
     """``cosine+warmup0.1`` or ``constant``: the lr schedule a manifest's recipe names."""
-    kind = recipe.get("lr_schedule", "constant")
-    warmup = recipe.get("warmup_epochs") or 0
+    kind = recipe[schema.LR_SCHEDULE]
+    warmup = recipe[schema.WARMUP_EPOCHS] or 0
     return f"{kind}+warmup{warmup:g}" if warmup else kind
+
+
+def final_train_losses(views: list[RunView]) -> list[float | None]:
+    """Each run's final training loss: its summary's, or for a run of format 1 summarized
+    before the key existed, from its rows (the iterations and losses of all such runs read at
+    once: the part of suite.results.upgrade that needs rows)."""
+    losses = [view.summary.get(schema.FINAL_TRAIN_LOSS) for view in views]
+    older = [i for i, view in enumerate(views) if schema.FINAL_TRAIN_LOSS not in view.summary]
+    if older:
+        rows, recorded = read_tables([views[i] for i in older], "iterations",
+                                     (schema.ITERATION, schema.LOSS))
+        from_rows = summary.final_train_losses(rows, RUN_INDEX)
+        for position, i in enumerate(older):
+            columns = recorded[position] or ()
+            losses[i] = from_rows.get(position) if schema.LOSS in columns else None
+    return losses
 
 
 def read_tables(

@@ -1,10 +1,16 @@
-"""Every key a run folder's results hold, and the words of their statuses and verdicts, in one
+"""Every key a run folder's files hold, and the words of their statuses and verdicts, in one
 list (as MLCommons' mllog keeps its log keys): writers and readers use these names, never a
-bare string, so a typo fails at import and a key is renamed everywhere at once.
+bare string, so a typo fails at import and a key is renamed everywhere at once
+(tests/results/test_schema.py fails on a key spelled out elsewhere in ``suite/``).
 
-Sections: ``summary.json`` (the run's identity, then its numbers), ``iterations.parquet`` (one
-row per iteration and rank), ``evals.parquet`` (one row per evaluation), ``layers.parquet``
-(PruneX: per round and ADMM block), and the verdicts of ``bench compare``.
+Sections: the format's version (``FORMAT_VERSION``, written into every ``summary.json`` and
+``manifest.json``; older folders are read through ``suite.results.upgrade``), ``summary.json``
+(the run's identity, then its numbers), ``manifest.json`` (what ran, where, with what; its
+sections' keys below it), ``iterations.parquet`` (one row per iteration and rank),
+``evals.parquet`` (one row per evaluation), ``layers.parquet`` (PruneX: per round and ADMM
+block), and the verdicts of ``bench compare``. The tuples ``SUMMARY_FILE_KEYS``,
+``MANIFEST_FILE_KEYS``, ``ITERATION_COLUMNS``, ``EVAL_COLUMNS`` and ``LAYER_COLUMNS`` list
+each file's keys; a method may add columns of its own to its rows (``StepResult`` values).
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ class Status(StrEnum):
 
 #: statuses of a run that ended
 ENDED = (Status.OK, Status.FAILED, Status.INTERRUPTED)
+
+# -- the format's version ------------------------------------------------------------------------
+#: the run-folder format this code writes: 1, the folders before versions were written (no
+#: ``format_version``; the committed references); 2, every key below declared, the version in
+#: summary and manifest, the runner's load over the run in the manifest
+FORMAT_VERSION = 2
+#: where summary.json and manifest.json say which format wrote them (absent: 1)
+FORMAT_VERSION_KEY = "format_version"
 
 # -- summary.json: identity (written before any rank starts) ----------------------------------
 RUN_ID = "run_id"
@@ -89,6 +103,10 @@ RESUMED_AT_ITERATION = "resumed_at_iteration"
 CHECKPOINTS_WRITTEN = "checkpoints_written"
 CHECKPOINT_SECONDS_MEAN = "checkpoint_seconds_mean"
 CHECKPOINT_BYTES = "checkpoint_bytes"
+#: PruneX: where its masks froze ({iteration, samples_per_rank}; absent: never)
+MASKS_FROZEN_AT = "masks_frozen_at"
+#: a simulated run's accuracy came from this real run (``--accuracy-from``)
+ACCURACY_FROM = "accuracy_from"
 
 #: the keys every finished run's summary has (``error`` is None unless it failed)
 SUMMARY_KEYS = (
@@ -97,6 +115,155 @@ SUMMARY_KEYS = (
     INTER_NODE_BYTES_PER_ITERATION, WALL_SECONDS, TRAIN_SECONDS, ITERATION_SECONDS,
     TIME_TO_TARGET_SECONDS, TARGET_ACCURACY, PHASE_SECONDS, OPTIONS, SIMULATED,
 )
+
+#: every key summary.json may hold
+SUMMARY_FILE_KEYS = (
+    FORMAT_VERSION_KEY, RUN_ID, STATUS, ERROR, METHOD, WORKLOAD, DATASET, GPUS, NODES,
+    GPUS_PER_NODE, OPTIONS, SEED, LAUNCHER, STARTED, ENDED_AT, PROCESSES, HOSTS, ITERATIONS,
+    ITERATIONS_RECORDED, STEPS_PER_ITERATION, EXCHANGE_EVERY, EPOCHS, SAMPLES_PER_RANK,
+    FINAL_ACCURACY, FINAL_TRAIN_LOSS, BEST_ACCURACY, TARGET_ACCURACY, TIME_TO_TARGET_SECONDS,
+    CONVERGED, SIMULATED, INTER_NODE_BYTES_TOTAL, INTRA_NODE_BYTES_TOTAL,
+    INTER_NODE_BYTES_PER_ITERATION, WIRE_INTER_BYTES_TOTAL, WIRE_TO_ALGORITHMIC_RATIO,
+    WALL_SECONDS, TRAIN_SECONDS, ITERATION_SECONDS, PHASE_SECONDS, SETUP_SECONDS,
+    CONNECT_SECONDS, WARMUP_SECONDS, FIRST_ITERATION_SECONDS, EVALUATION_SECONDS,
+    SAMPLES_PER_SECOND_PER_RANK, WARNINGS, RESTARTS, RESUMED_AT_ITERATION, CHECKPOINTS_WRITTEN,
+    CHECKPOINT_SECONDS_MEAN, CHECKPOINT_BYTES, MASKS_FROZEN_AT, ACCURACY_FROM,
+)
+#: the launcher's entry of the summary (``bench recover`` checks its process)
+LAUNCHER_HOST = "host"
+LAUNCHER_PID = "pid"
+
+# -- manifest.json: what ran, where, with what (written before the first iteration) ------------
+#: the resolved RunConfig, as an experiment file holds it (suite.config; its fields' names)
+CONFIG = "config"
+#: every method option with its default filled in, and what the method derived
+METHOD_SETTINGS = "method_settings"
+#: the frozen run plan every rank resolved (suite.run.plan.RunPlan.facts) and its digest
+PLAN = "plan"
+PLAN_DIGEST = "digest"
+RECIPE = "recipe"
+PLANNED_ITERATIONS = "planned_iterations"
+BUDGET = "budget"
+#: phases that ran during local_compute (DDP's comm hooks)
+OVERLAPPED_PHASES = "overlapped_phases"
+STEPS_PER_EPOCH = "steps_per_epoch"
+TRAIN_SAMPLES = "train_samples"
+TEST_SAMPLES = "test_samples"
+PARAMETERS = "parameters"
+MODEL = "model"
+VERSIONS = "versions"
+GIT_REVISION = "git_revision"
+DEVICE = "device"
+BACKEND = "backend"
+TOPOLOGY = "topology"
+NUMERICS = "numerics"
+GROUP_BACKENDS = "group_backends"
+GPU_SHARING = "gpu_sharing"
+LIVE_LOGS = "live_logs"
+HARDWARE = "hardware"
+NETWORK = "network"
+SIMULATION = "simulation"
+#: how busy the runner was over the run (suite.results.runner): time is judged only on a quiet
+#: runner
+RUNNER_LOAD = "runner_load"
+#: every key manifest.json may hold (and RUN_ID, STEPS_PER_ITERATION, EXCHANGE_EVERY,
+#: SIMULATED, STARTED of the summary's names)
+MANIFEST_FILE_KEYS = (
+    FORMAT_VERSION_KEY, RUN_ID, CONFIG, METHOD_SETTINGS, RECIPE, PLANNED_ITERATIONS, BUDGET,
+    STEPS_PER_ITERATION, EXCHANGE_EVERY, OVERLAPPED_PHASES, STEPS_PER_EPOCH, TRAIN_SAMPLES,
+    TEST_SAMPLES, PARAMETERS, MODEL, VERSIONS, GIT_REVISION, DEVICE, BACKEND, TOPOLOGY,
+    NUMERICS, GROUP_BACKENDS, GPU_SHARING, LIVE_LOGS, HARDWARE, SIMULATED, NETWORK, SIMULATION,
+    RUNNER_LOAD, STARTED,
+)
+
+# manifest.json's ``recipe`` (suite.data.workload.Recipe's fields) and ``budget``
+BATCH_SIZE = "batch_size"
+MOMENTUM = "momentum"
+WEIGHT_DECAY = "weight_decay"
+LR_SCHEDULE = "lr_schedule"
+WARMUP_EPOCHS = "warmup_epochs"
+#: local steps every rank takes, whatever the method's iteration size
+LOCAL_STEPS_PER_RANK = "local_steps_per_rank"
+
+# manifest.json's ``hardware`` (suite.results.folder.hardware)
+PLATFORM = "platform"
+PROCESSOR = "processor"
+CPU_COUNT = "cpu_count"
+CPU_VENDOR = "cpu_vendor"
+CPU_FAMILY = "cpu_family"
+CPU_MODEL_NAME = "cpu_model_name"
+#: torch's CPU kernels (``avx512``, ``avx2``, ``default`` under ATEN_CPU_CAPABILITY=default)
+CPU_CAPABILITY = "cpu_capability"
+THREADS_PER_RANK = "threads_per_rank"
+CUDA_DEVICES = "cuda_devices"
+
+# manifest.json's ``numerics`` (suite.results.folder.numerics; and DEVICE)
+DETERMINISTIC_ALGORITHMS = "deterministic_algorithms"
+FLOAT32_MATMUL_PRECISION = "float32_matmul_precision"
+TF32_MATMUL = "tf32_matmul"
+TF32_CUDNN = "tf32_cudnn"
+CUDNN_DETERMINISTIC = "cudnn_deterministic"
+CUDNN_BENCHMARK = "cudnn_benchmark"
+DEVICE_NAME = "device_name"
+DEVICE_MEMORY_BYTES = "device_memory_bytes"
+COMPUTE_CAPABILITY = "compute_capability"
+
+# manifest.json's ``topology`` (suite.cluster.topology.Topology.describe; and GPUS_PER_NODE,
+# HOSTS)
+WORLD_SIZE = "world_size"
+NUM_NODES = "num_nodes"
+EMULATED_NODES = "emulated_nodes"
+NODE_RANKS = "node_ranks"
+LEADERS = "leaders"
+HOSTNAMES = "hostnames"
+RANKS_PER_HOST = "ranks_per_host"
+GPUS_PER_NODE_MATCHES_HOSTS = "gpus_per_node_matches_hosts"
+
+# manifest.json's ``network`` (``mode``: loopback or emulated; an emulated link's rate) and
+# ``simulation`` (the profile a simulated run was priced on, by its ``name``)
+NETWORK_MODE = "mode"
+INTER_BW = "inter_bw"
+PROFILE = "profile"
+PROFILE_NAME = "name"
+STEP_SECONDS = "step_seconds"
+STEP_SECONDS_SOURCE = "step_seconds_source"
+HOST_MEMORY_BANDWIDTH = "host_memory_bandwidth_Bps"
+REPLAYED_ITERATIONS = "replayed_iterations"
+STATIONARY_AFTER_REPLAY = "stationary_after_replay"
+
+# manifest.json's ``versions`` (suite.results.folder.versions)
+PYTHON_VERSION = "python"
+TORCH_VERSION = "torch"
+TORCHVISION_VERSION = "torchvision"
+TIMM_VERSION = "timm"
+PANDAS_VERSION = "pandas"
+CUDA_VERSION = "cuda"
+CUDNN_VERSION = "cudnn"
+NCCL_VERSION = "nccl"
+TORCH_FALLBACKS = "torch_fallbacks"
+
+# manifest.json's ``runner_load`` (suite.results.runner): over the run, on the host of rank 0
+#: the cores this host has
+CORES = "cores"
+#: /proc/loadavg's 1-, 5- and 15-minute load averages at the start and at the end of the run
+LOAD_AVERAGE_START = "load_average_start"
+LOAD_AVERAGE_END = "load_average_end"
+#: CPU seconds per second of the run that processes outside the run took (all cores)
+OTHERS_CORES = "others_cores"
+#: CPU seconds per second of the run stolen by the hypervisor (/proc/stat's steal)
+STEAL_CORES = "steal_cores"
+#: CPU seconds per second of the run its own processes on this host took
+OWN_CORES = "own_cores"
+#: the load outside the run, in cores: others plus steal (what the time verdict is judged on)
+OUTSIDE_LOAD = "outside_load"
+#: seconds the sample spans
+SPAN_SECONDS = "span_seconds"
+
+# -- the tables: <name>.parquet ----------------------------------------------------------------
+ITERATIONS_TABLE = "iterations"
+EVALS_TABLE = "evals"
+LAYERS_TABLE = "layers"
+TABLES = (ITERATIONS_TABLE, EVALS_TABLE, LAYERS_TABLE)
 
 # -- iterations.parquet: one row per (iteration, rank) -----------------------------------------
 ITERATION = "iteration"
@@ -119,6 +286,22 @@ BYTES_INTER = "bytes_inter"
 ONE_OFF = "one_off"
 #: a phase's seconds are the column ``t_<phase>`` (suite.cluster.phases names them)
 PHASE_PREFIX = "t_"
+#: emulated links: the bytes the leader's interface sent and received in the iteration
+WIRE_TX_BYTES = "wire_tx_bytes"
+WIRE_RX_BYTES = "wire_rx_bytes"
+#: PruneX's and the structured baselines' own scalars (a method may add others of its own)
+FROZEN = "frozen"
+MASK_DRIFT = "mask_drift"
+MASK_DRIFT_FRACTION = "mask_drift_fraction"
+PACKED_BYTES = "packed_bytes"
+RHO1_MEAN = "rho1_mean"
+RHO2_MEAN = "rho2_mean"
+#: iterations.parquet's columns (and a ``t_<phase>`` column per phase)
+ITERATION_COLUMNS = (
+    ITERATION, RANK, T_ITERATION, LOSS, SAMPLES, EPOCH, LR, DENSITY, PRUNABLE_DENSITY,
+    BYTES_INTRA, BYTES_INTER, ONE_OFF, WIRE_TX_BYTES, WIRE_RX_BYTES, FROZEN, MASK_DRIFT,
+    MASK_DRIFT_FRACTION, PACKED_BYTES, RHO1_MEAN, RHO2_MEAN,
+)
 
 
 def phase_column(phase: str) -> str:
@@ -142,6 +325,25 @@ TEST_LOSS = "test_loss"
 TRAIN_LOSS = "train_loss"
 INTER_NODE_BYTES = "inter_node_bytes"  # cumulative, summed over ranks
 INTRA_NODE_BYTES = "intra_node_bytes"
+#: evals.parquet's columns (and ITERATION, EPOCH, WALL_SECONDS, TRAIN_SECONDS)
+EVAL_COLUMNS = (ITERATION, EPOCH, ACCURACY, TEST_LOSS, TRAIN_LOSS, INTER_NODE_BYTES,
+                INTRA_NODE_BYTES, WALL_SECONDS, TRAIN_SECONDS)
+
+# -- layers.parquet: PruneX, one row per (round, ADMM block) -------------------------------------
+LAYER = "layer"
+#: whether the block is under the structured constraint (pruned), or only averaged
+CONSTRAINED = "constrained"
+#: primal residuals inside a node and between nodes, and the dual residuals
+R_INTRA = "r_intra"
+R_INTER = "r_inter"
+S_INTRA = "s_intra"
+S_INTER = "s_inter"
+#: the block's penalties (rho1: intra-node, rho2: inter-node)
+RHO1 = "rho1"
+RHO2 = "rho2"
+#: layers.parquet's columns (and ITERATION, DENSITY)
+LAYER_COLUMNS = (ITERATION, LAYER, CONSTRAINED, DENSITY, R_INTRA, R_INTER, S_INTRA, S_INTER,
+                 RHO1, RHO2)
 
 
 class Verdict(StrEnum):
@@ -153,6 +355,8 @@ class Verdict(StrEnum):
     IMPROVED = "improved"
     REGRESSION = "REGRESSION"
     NOT_APPLICABLE = "n/a"
+    #: a time metric of a run on a busy runner (suite.results.runner): not judged
+    NOT_JUDGED = "not judged"
 
     def text(self, finding: str | None = None) -> str:
         """The verdict as the tables print it: ``REGRESSION: prunex did not prune``."""

@@ -70,26 +70,27 @@ def summarize(
     """summary.json's numbers from the run's merged tables. ``attempt_start``: the first
     iteration of the attempt that finished (where a resumed or restarted run continued),
     whose time is ``first_iteration_seconds``; None: the table's first."""
-    topo = manifest["topology"]
-    budget = manifest.get("budget") or {}
-    local_steps = iterations_done * manifest["steps_per_iteration"]
+    topo = manifest[schema.TOPOLOGY]
+    budget = manifest.get(schema.BUDGET) or {}
+    local_steps = iterations_done * manifest[schema.STEPS_PER_ITERATION]
     if budget:  # the last round of a round-based method may be cut short
-        local_steps = min(local_steps, budget["local_steps_per_rank"])
-    batch = budget.get("batch_size", manifest["recipe"]["batch_size"])
+        local_steps = min(local_steps, budget[schema.LOCAL_STEPS_PER_RANK])
+    batch = budget.get(schema.BATCH_SIZE, manifest[schema.RECIPE][schema.BATCH_SIZE])
     summary = {
-        schema.RUN_ID: manifest["run_id"],
+        schema.FORMAT_VERSION_KEY: schema.FORMAT_VERSION,
+        schema.RUN_ID: manifest[schema.RUN_ID],
         schema.STATUS: status,
         schema.ERROR: None,
         schema.METHOD: config.method,
         schema.WORKLOAD: config.workload,
         schema.DATASET: dataset,
-        schema.GPUS: topo["world_size"],
-        schema.NODES: topo["num_nodes"],
-        schema.GPUS_PER_NODE: topo["gpus_per_node"],
+        schema.GPUS: topo[schema.WORLD_SIZE],
+        schema.NODES: topo[schema.NUM_NODES],
+        schema.GPUS_PER_NODE: topo[schema.GPUS_PER_NODE],
         schema.ITERATIONS: iterations_done,
-        schema.STEPS_PER_ITERATION: manifest["steps_per_iteration"],
+        schema.STEPS_PER_ITERATION: manifest[schema.STEPS_PER_ITERATION],
         schema.EXCHANGE_EVERY: manifest.get(schema.EXCHANGE_EVERY),  # None: recorded before
-        schema.EPOCHS: local_steps / manifest["steps_per_epoch"],
+        schema.EPOCHS: local_steps / manifest[schema.STEPS_PER_EPOCH],
         schema.SAMPLES_PER_RANK: local_steps * batch,
         schema.FINAL_ACCURACY: None,
         schema.BEST_ACCURACY: None,
@@ -99,7 +100,7 @@ def summarize(
         schema.CONVERGED: converged,
         schema.OPTIONS: config.options,
         schema.SEED: config.seed,
-        schema.SIMULATED: bool(manifest.get("simulated", False)),
+        schema.SIMULATED: bool(manifest.get(schema.SIMULATED, False)),
     }
     if iterations is not None and len(iterations):
         per_iter = iterations.groupby(schema.ITERATION)
@@ -120,8 +121,8 @@ def summarize(
             schema.PHASE_SECONDS: phase_means(iterations),
             schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
         })
-        if "wire_tx_bytes" in iterations.columns:  # emulated links: what crossed the wire
-            wire = float(iterations["wire_tx_bytes"].sum())
+        if schema.WIRE_TX_BYTES in iterations.columns:  # emulated links: what crossed the wire
+            wire = float(iterations[schema.WIRE_TX_BYTES].sum())
             summary.update({
                 schema.WIRE_INTER_BYTES_TOTAL: wire,
                 schema.WIRE_TO_ALGORITHMIC_RATIO: wire / inter if inter else None,

@@ -17,6 +17,7 @@ from suite.results import schema
 from suite.results.folder import MANIFEST, SUMMARY, RunFolder, setting_of
 from suite.results.machine import machine_class
 from suite.results.summary import final_train_loss
+from suite.results.upgrade import upgrade, upgrade_table
 
 
 @dataclass
@@ -44,6 +45,8 @@ class RunView:
     summary: dict
     manifest: dict = field(default_factory=dict)
     dense_bytes: float | None = None
+    #: the format the folder was written in (suite.results.upgrade; read in the current one)
+    format_version: int = schema.FORMAT_VERSION
     #: files that could not be read, with the reason (a report lists them and goes on)
     unreadable: list[str] = field(default_factory=list)
     #: the tables read so far (name -> frame, None: absent or unreadable)
@@ -52,8 +55,8 @@ class RunView:
 
     @classmethod
     def read(cls, folder: str | Path) -> RunView:
-        """The run in ``folder``; raises BenchError when its summary cannot be read. A
-        summary written before the run's identity was recorded takes it from the manifest."""
+        """The run in ``folder``, in the current format whatever format wrote it
+        (suite.results.upgrade); raises BenchError when its summary cannot be read."""
         run = RunFolder(folder)
         try:
             summary = run.summary()
@@ -66,9 +69,7 @@ class RunView:
             view.manifest = run.manifest() or {}
         except (OSError, ValueError) as exc:
             view.unreadable.append(f"{run.path / MANIFEST}: {type(exc).__name__}")
-        if summary.get(schema.METHOD) is None:  # killed before its identity was recorded
-            known = identity_from_manifest(view.manifest)
-            summary.update({k: v for k, v in known.items() if summary.get(k) is None})
+        view.format_version = upgrade(summary, view.manifest)
         return view
 
     # -- identity ---------------------------------------------------------------------------
@@ -92,7 +93,7 @@ class RunView:
     def settings(self) -> dict:
         """The method's resolved settings (the manifest's ``method_settings``: every option
         with its default filled in, and what the method derived)."""
-        return self.manifest.get("method_settings") or {}
+        return self.manifest.get(schema.METHOD_SETTINGS) or {}
 
     @property
     def given_options(self) -> dict:
@@ -132,7 +133,7 @@ class RunView:
 
     @property
     def recipe(self) -> dict:
-        return self.manifest.get("recipe") or {}
+        return self.manifest.get(schema.RECIPE) or {}
 
     @property
     def epochs(self) -> float | None:
@@ -165,10 +166,11 @@ class RunView:
             return None
         try:
             # what pd.read_parquet returns, at a fifth of its cost for a small file
-            return pq.ParquetFile(path, memory_map=True).read(use_threads=False).to_pandas()
+            frame = pq.ParquetFile(path, memory_map=True).read(use_threads=False).to_pandas()
         except Exception as exc:  # pyarrow raises several kinds for a damaged file
             self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
             return None
+        return upgrade_table(name, frame, self.format_version)
 
     @cached_property
     def iterations(self) -> pd.DataFrame:
@@ -190,22 +192,6 @@ class RunView:
         except (OSError, ValueError) as exc:
             self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
             return None
-
-
-def identity_from_manifest(manifest: dict) -> dict:
-    """The identity keys of a run, from its manifest (for summaries written before them)."""
-    config = manifest.get("config") or {}
-    topology = manifest.get("topology") or {}
-    return {
-        schema.RUN_ID: manifest.get("run_id"),
-        schema.METHOD: config.get("method"),
-        schema.WORKLOAD: config.get("workload"),
-        schema.DATASET: config.get("dataset"),
-        schema.GPUS: topology.get("world_size", config.get("gpus")),
-        schema.GPUS_PER_NODE: topology.get("gpus_per_node", config.get("gpus_per_node")),
-        schema.OPTIONS: config.get("options"),
-        schema.SEED: config.get("seed"),
-    }
 
 
 def run_folders(root: str | Path) -> list[Path]:

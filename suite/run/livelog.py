@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from suite.results import schema
+
 #: the run folder's subfolder that holds the event files
 FOLDER = "tensorboard"
-SCALARS = ("density", "mask_drift", "mask_drift_fraction", "packed_bytes", "lr")
+SCALARS = (schema.DENSITY, schema.MASK_DRIFT, schema.MASK_DRIFT_FRACTION, schema.PACKED_BYTES,
+           schema.LR)
 
 
 class TensorBoardLog:
@@ -31,7 +34,7 @@ class TensorBoardLog:
         self.layers_seen = 0
 
     def iteration(self, row: dict, mean_loss: float, inter: float, intra: float) -> None:
-        step = row["iteration"]
+        step = row[schema.ITERATION]
         add = self.writer.add_scalar
         add("train/loss", mean_loss, step)
         add("bytes/inter_node", inter, step)
@@ -45,8 +48,9 @@ class TensorBoardLog:
     def layers(self, rows: list[dict]) -> None:
         """PruneX's per-layer rows recorded since the last call: rho1 and rho2."""
         for row in rows[self.layers_seen :]:
-            for key in ("rho1", "rho2"):
-                self.writer.add_scalar(f"{key}/{row['layer']}", row[key], row["iteration"])
+            for key in (schema.RHO1, schema.RHO2):
+                self.writer.add_scalar(f"{key}/{row[schema.LAYER]}", row[key],
+                                       row[schema.ITERATION])
         self.layers_seen = len(rows)
 
     def evaluation(self, iteration: int, accuracy: float, test_loss: float) -> None:

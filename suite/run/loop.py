@@ -29,6 +29,7 @@ from suite.plugins.method import StepResult
 from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder
+from suite.results.runner import load_over, own_pids, sample
 from suite.run.agreement import Agreement, NonFiniteLoss, Settled
 from suite.run.build import check_steps_taken
 from suite.run.checkpoint import (
@@ -395,6 +396,10 @@ def finish(run: Run, result: LoopResult) -> None:
     barrier("rows flushed")
     if dist.get_rank() == 0:
         run.folder.merge_parts()
+        processes = (run.folder.summary() or {}).get(schema.PROCESSES)
+        run.manifest[schema.RUNNER_LOAD] = load_over(run.runner_start,
+                                                     sample(own_pids(processes)))
+        run.folder.write_manifest(run.manifest)
         with run.stop.held():
             finish_folder(
                 run.folder,

@@ -30,6 +30,8 @@ from suite.errors import BenchError
 from suite.plugins.method import Method
 from suite.results import schema
 from suite.results.folder import RunFolder, hardware, identity_summary, numerics
+from suite.results.runner import own_pids, sample
+from suite.results.schema import Status
 from suite.run.build import build_method, evaluation_points, make_manifest
 from suite.run.evaluation import Evaluator, calibration_batches
 from suite.run.livelog import FOLDER as TENSORBOARD_FOLDER
@@ -64,6 +66,8 @@ class Run:
     setup_seconds: dict = field(default_factory=dict)  # before the first iteration, for the summary
     checkpoints: list[dict] = field(default_factory=list)  # seconds and bytes of each save
     steps_per_iteration: int = 1  # local steps of one of the method's iterations
+    #: rank 0: the runner's counters when the ranks started (suite.results.runner)
+    runner_start: dict | None = None
 
     @property
     def config(self) -> RunConfig:
@@ -169,17 +173,18 @@ def setup(
     processes: list = [None] * world_size
     with watched("all_gather_object", "world (the ranks' processes)"):
         dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
+    runner_start = sample(own_pids(processes)) if rank == 0 else None
     if rank == 0:
         folder.write_manifest(manifest)
         folder.write_summary(
             {
                 **(folder.summary() or {}),
                 **identity_summary(config),
-                "dataset": plan.dataset,
-                "nodes": topology.num_nodes,
-                "status": "running",
-                "processes": processes,
-                "restarts": restart_count(),
+                schema.DATASET: plan.dataset,
+                schema.NODES: topology.num_nodes,
+                schema.STATUS: Status.RUNNING,
+                schema.PROCESSES: processes,
+                schema.RESTARTS: restart_count(),
             }
         )
     wire = None
@@ -207,6 +212,7 @@ def setup(
         setup_seconds={schema.SETUP_SECONDS: time.perf_counter() - started,
                        schema.CONNECT_SECONDS: connect, schema.WARMUP_SECONDS: warmup},
         steps_per_iteration=steps,
+        runner_start=runner_start,
     )
 
 
@@ -240,5 +246,5 @@ def network_description(folder: RunFolder, config: RunConfig) -> dict:
     launcher beside the run)."""
     described = folder.path / "network.json"
     if config.network == "emulated" and described.exists():
-        return {**json.loads(described.read_text()), "inter_bw": config.inter_bw}
-    return {"mode": config.network}
+        return {**json.loads(described.read_text()), schema.INTER_BW: config.inter_bw}
+    return {schema.NETWORK_MODE: config.network}

@@ -24,6 +24,7 @@ from suite.cluster import phases
 from suite.cluster.comm import Communicator, nbytes
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
+from suite.results import schema
 from suite.sim.costmodel import Link, collective_time
 from suite.sim.profile import Profile
 from suite.sim.standins import SimLoader, sim_topology
@@ -185,7 +186,7 @@ def rank_rows(leader_row: dict, events: list[Event], world: int, gpus_per_node: 
         topo = sim_topology(world, gpus_per_node, rank)
         recorder = Recorder(rank, torch.device("cpu"))
         accountant = Communicator(topo, recorder, torch.device("cpu"))
-        recorder.begin_iteration(leader_row["iteration"])
+        recorder.begin_iteration(leader_row[schema.ITERATION])
         seconds = dict.fromkeys(comm_phases, 0.0)
         for event in events:
             group = getattr(topo, event.group)
@@ -196,7 +197,8 @@ def rank_rows(leader_row: dict, events: list[Event], world: int, gpus_per_node: 
             seconds[event.phase] += event.seconds
         counted = recorder.end_iteration()
         row = dict(leader_row, rank=rank)
-        row.update(bytes_intra=counted["bytes_intra"], bytes_inter=counted["bytes_inter"])
+        row.update({schema.BYTES_INTRA: counted[schema.BYTES_INTRA],
+                    schema.BYTES_INTER: counted[schema.BYTES_INTER]})
         if rank:
             row.update({f"t_{phase}": s for phase, s in seconds.items()})
         rows.append(row)

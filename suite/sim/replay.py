@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from suite.errors import BenchError
 from suite.plugins.registry import METHODS
+from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder, write_table
 from suite.run.build import build_method, check_steps_taken, make_manifest
@@ -63,14 +64,14 @@ def borrowed_accuracy(run_dir: str | None) -> Borrowed | None:
     if run_dir is None:
         return None
     summary = RunFolder(run_dir).summary()
-    if summary is None or summary.get("status") != "ok":
+    if summary is None or summary.get(schema.STATUS) != "ok":
         raise BenchError(f"--accuracy-from {run_dir}: not a finished run folder (no ok summary)")
-    if summary.get("simulated"):
+    if summary.get(schema.SIMULATED):
         raise BenchError(f"--accuracy-from {run_dir}: a simulated run has no accuracy to lend")
     return Borrowed(
-        summary.get("run_id", Path(run_dir).name),
-        summary.get("final_accuracy"),
-        summary.get("best_accuracy"),
+        summary.get(schema.RUN_ID, Path(run_dir).name),
+        summary.get(schema.FINAL_ACCURACY),
+        summary.get(schema.BEST_ACCURACY),
     )
 
 
@@ -145,24 +146,25 @@ def simulate_run(
     folder = RunFolder(Path(config.results_dir) / plan.run_id)
     folder.path.mkdir(parents=True, exist_ok=True)
     stationary = replayed == iterations or (
-        rows[-1].get("frozen", True) is not False and _same_schedule(rows, config.gpus, replayed)
+        rows[-1].get(schema.FROZEN, True) is not False
+        and _same_schedule(rows, config.gpus, replayed)
     )
     manifest = make_manifest(
         plan, ctx, method, iterations=iterations, steps_per_iteration=steps,
         device="simulated", backend="simulated",
         topology={  # a simulated cluster has no hosts
             **{k: v for k, v in topology.describe().items() if k != "hostnames"},
-            "emulated_nodes": False,
+            schema.EMULATED_NODES: False,
         },
         simulated=True,
         simulation={
-            "profile": profile.raw,
-            "step_seconds": step_seconds,
-            "step_seconds_source": step_source,
-            "host_memory_bandwidth_Bps": host_bw,
-            "replayed_iterations": replayed,
-            "stationary_after_replay": stationary,
-            "accuracy_from": accuracy.run_id if accuracy else None,
+            schema.PROFILE: profile.raw,
+            schema.STEP_SECONDS: step_seconds,
+            schema.STEP_SECONDS_SOURCE: step_source,
+            schema.HOST_MEMORY_BANDWIDTH: host_bw,
+            schema.REPLAYED_ITERATIONS: replayed,
+            schema.STATIONARY_AFTER_REPLAY: stationary,
+            schema.ACCURACY_FROM: accuracy.run_id if accuracy else None,
         },
     )
     folder.write_manifest(manifest)
@@ -183,7 +185,7 @@ def simulate_run(
         manifest=manifest,
         artifacts=method.artifacts(),  # masks.pt: what the replay's masks were
         iterations_done=iterations,
-        wall_seconds=float(frame.groupby("iteration")["t_iteration"].max().sum()),
+        wall_seconds=float(frame.groupby(schema.ITERATION)[schema.T_ITERATION].max().sum()),
         time_to_target=None,
         converged=False,
         extra=extra,
@@ -199,11 +201,12 @@ def _same_schedule(rows: list[dict], world: int, replayed: int) -> bool:
     end = replayed * world
     a, b = rows[end - 2 * world : end - world], rows[end - world : end]
     return all(
-        x["bytes_inter"] == y["bytes_inter"] and x["bytes_intra"] == y["bytes_intra"]
+        x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
+        and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA]
         for x, y in zip(a, b)
     )
 
 
 def _frame(rows: list[dict]):
 
-    return pd.DataFrame(rows).sort_values(["iteration", "rank"], kind="stable")
+    return pd.DataFrame(rows).sort_values([schema.ITERATION, schema.RANK], kind="stable")

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from suite.gate.compare import load_summaries
 from suite.plugins.registry import METHODS
 from suite.results import schema
-from suite.results.compare import load_summaries
 from suite.results.resultset import (
     CONFIGURATION,
     RUN_INDEX,
@@ -27,7 +27,7 @@ from suite.results.view import RunView
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "results" / "reference"
-PERTURBED = Path(__file__).resolve().parent / "data" / "kernel_perturbations"
+PERTURBED = Path(__file__).resolve().parents[1] / "gate" / "data" / "kernel_perturbations"
 
 
 def test_every_run_is_one_row_with_its_summary_and_view_columns():

@@ -61,8 +61,8 @@ def crosses_nodes_every_round(view: RunView) -> list[str]:
 def reaches_keep(view: RunView, tolerance: float = 0.05) -> list[str]:
     """Structured pruning: the last round's density of the tensors the keeps can prune is at
     most the asked keep plus ``tolerance`` (a 1-channel stem or a depthwise conv, whose
-    channel set a channel keep cannot prune, is not judged; runs recorded before that column
-    are judged on the density of every pruned layer). The asked keep of the conv sets is the
+    channel set a channel keep cannot prune, is not judged; runs of format 1 are judged on the
+    density of every pruned layer, suite.results.upgrade). The asked keep of the conv sets is the
     product of the filter, channel and shape keeps; heads and neurons each keep their own
     fraction; where several families are pruned, the largest of them bounds the whole.
 
@@ -78,9 +78,7 @@ def reaches_keep(view: RunView, tolerance: float = 0.05) -> list[str]:
     families = [math.prod(k for k in conv if k is not None)] if any(conv) else []
     families += [settings[k] for k in ("head_keep", "mlp_keep") if settings.get(k) is not None]
     asked = max(families) if families else 0.5
-    rows = view.iterations
-    column = schema.PRUNABLE_DENSITY if schema.PRUNABLE_DENSITY in rows else schema.DENSITY
-    density = float(rows[column].iloc[-1])
+    density = float(view.iterations[schema.PRUNABLE_DENSITY].iloc[-1])
     if not math.isfinite(density):
         return ["recorded no density of the pruned layers in its last round"]
     if density > asked + tolerance:

@@ -6,10 +6,13 @@ simulated run never meets a real one, nor a 0.1-epoch run a 1-epoch run. Repeats
 reduced to their mean with a 95 % t interval. Accuracy changes are absolute (points), times and
 bytes relative to the baseline, all signed so that positive is better. A change worse than its
 threshold is a regression, except that with repeats on both sides the two intervals must also
-not overlap. A key whose NEW runs all failed (or were interrupted, or never finished) is a
-regression too, and so is one whose runs' traffic was not counted (several nodes, intra-node
-bytes and no inter-node bytes: its inter-node collectives went past the communicator), which
-is not ranked at all. Keys present on one side only are listed, never dropped silently.
+not overlap, and that a time measured on a busy runner (its run's or its DDP twin's manifest
+says other processes took more than the gate's share of the cores: suite.results.runner) is
+"not judged" instead, on either side; loss, accuracy and bytes are judged as always. A key
+whose NEW runs all failed (or were interrupted, or never finished) is a regression too, and so
+is one whose runs' traffic was not counted (several nodes, intra-node bytes and no inter-node
+bytes: its inter-node collectives went past the communicator), which is not ranked at all.
+Keys present on one side only are listed, never dropped silently.
 """
 
 from __future__ import annotations
@@ -22,23 +25,22 @@ from pathlib import Path
 import pandas as pd
 
 from suite.errors import BenchError
-from suite.results import schema, summary
-from suite.results.activity import ActivityCheck, check_run
+from suite.gate.activity import ActivityCheck, check_run
+from suite.results import schema
 from suite.results.resultset import (
     COMMIT,
     CONFIGURATION,
     FOLDER,
-    RUN_INDEX,
     STARTED,
     VIEW,
     Declared,
+    final_train_losses,
     nothing_declared,
     read_result_set,
-    read_tables,
 )
+from suite.results.runner import busy
 from suite.results.schema import Status, Verdict
 from suite.results.stats import half_width
-from suite.results.view import RunView
 
 # metric -> +1 when higher is better, -1 when lower is better
 #: a run's seconds per local step over its DDP twin's (computed here, not recorded)
@@ -62,11 +64,12 @@ ALIASES = {
     "bytes": schema.INTER_NODE_BYTES_PER_ITERATION,
 }
 KEY = ["machine_class", "method", "workload", "dataset", "gpus", "options", "setting",
-       "batch_size", "lr", "lr_schedule", "epochs"]
+       schema.BATCH_SIZE, schema.LR, schema.LR_SCHEDULE, schema.EPOCHS]
 #: the timing metrics, which may get a threshold of their own (--max-time-regression)
 TIME_METRICS = (TIME_RATIO, schema.ITERATION_SECONDS, schema.TIME_TO_TARGET_SECONDS)
 #: what a run and its DDP twin (the dense reference of time ratios and activity checks) share
-TWIN = ["machine_class", "workload", "dataset", "gpus", "setting", "batch_size", "epochs"]
+TWIN = ["machine_class", schema.WORKLOAD, schema.DATASET, schema.GPUS, "setting", schema.BATCH_SIZE,
+        schema.EPOCHS]
 
 
 def parse_threshold(text: str) -> float:
@@ -115,6 +118,7 @@ def load_summaries(
                  for folder, status in zip(frame[FOLDER], frame[schema.STATUS])
                  if status == Status.RUNNING]
     frame[schema.FINAL_TRAIN_LOSS] = final_train_losses(list(frame[VIEW]))
+    frame[schema.RUNNER_LOAD] = [view.manifest.get(schema.RUNNER_LOAD) for view in frame[VIEW]]
     frame[schema.OPTIONS] = frame[CONFIGURATION]
     frame[COMMIT] = [value or "-" for value in frame[COMMIT]]
     frame[STARTED] = [value or "-" for value in frame[STARTED]]
@@ -128,21 +132,6 @@ def load_summaries(
     frame[KEY] = frame[KEY].astype(object).where(frame[KEY].notna(), "-").astype(str)
     frame[TIME_RATIO] = time_ratios(frame)
     return frame, warnings
-
-
-def final_train_losses(views: list[RunView]) -> list[float | None]:
-    """Each run's final training loss: its summary's, or for a run summarized before the key
-    existed, from its rows (the iterations and losses of all such runs read at once)."""
-    losses = [view.summary.get(schema.FINAL_TRAIN_LOSS) for view in views]
-    older = [i for i, view in enumerate(views) if schema.FINAL_TRAIN_LOSS not in view.summary]
-    if older:
-        rows, recorded = read_tables([views[i] for i in older], "iterations",
-                                     (schema.ITERATION, schema.LOSS))
-        from_rows = summary.final_train_losses(rows, RUN_INDEX)
-        for position, i in enumerate(older):
-            columns = recorded[position] or ()
-            losses[i] = from_rows.get(position) if schema.LOSS in columns else None
-    return losses
 
 
 def uncounted_traffic(summary: dict) -> str | None:
@@ -173,6 +162,25 @@ def time_ratios(frame: pd.DataFrame) -> pd.Series:
                       for i, k in enumerate(keys)], index=frame.index)
 
 
+def busy_keys(runs: pd.DataFrame, max_share: float | None) -> dict[tuple, str]:
+    """Key -> why its times cannot be judged: one of its runs, or of its DDP twins (whose time
+    its time ratio divides by), ran on a runner busier than ``max_share`` of its cores."""
+    if max_share is None or runs.empty or schema.RUNNER_LOAD not in runs:
+        return {}
+    said = [busy(load, max_share) for load in runs[schema.RUNNER_LOAD]]
+    twins = list(zip(*(runs[k] for k in TWIN)))
+    dense = {}
+    for why, method, twin in zip(said, runs[schema.METHOD], twins):
+        if why and method == "ddp":
+            dense.setdefault(twin, why)
+    found = {}
+    for why, run_key, twin in zip(said, zip(*(runs[k] for k in KEY)), twins):
+        why = why or dense.get(twin)
+        if why:
+            found.setdefault(run_key, why)
+    return found
+
+
 def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
     """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count, of
     the runs that finished with their traffic counted."""
@@ -196,10 +204,13 @@ def compare(
     max_accuracy_drop: float = 1.0,
     max_time_regression: float | None = None,
     max_loss_regression: float | None = None,
+    max_outside_load: float | None = None,
 ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """The comparison table and the lists of unmatched keys. ``max_regression`` is relative
     (bytes, and times and training loss unless ``max_time_regression`` and
-    ``max_loss_regression`` are given); ``max_accuracy_drop`` is in accuracy points."""
+    ``max_loss_regression`` are given); ``max_accuracy_drop`` is in accuracy points;
+    ``max_outside_load``: the share of a runner's cores other processes may take before its
+    times are not judged (None: always judged)."""
     limits = {m: max_regression for m in METRICS}
     if max_time_regression is not None:
         limits.update({m: max_time_regression for m in TIME_METRICS})
@@ -209,6 +220,7 @@ def compare(
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
     labels = {**shown_options_of(baseline), **shown_options_of(new)}
     new_values_keys = set(new_values.index)
+    busy_times = {**busy_keys(baseline, max_outside_load), **busy_keys(new, max_outside_load)}
     failed = failed_rows(new, new_keys - new_values_keys)
     rows = []
     for run_key in sorted(base_keys & new_keys, key=str):
@@ -220,7 +232,10 @@ def compare(
             after = stats_of(new_values, run_key, metric)
             change, unit, verdict = judge(metric, before, after, limits[metric],
                                           max_accuracy_drop)
-            rows.append(table_row(run_key, metric, verdict, baseline=before["mean"],
+            finding = None
+            if metric in TIME_METRICS and run_key in busy_times and change is not None:
+                verdict, finding = Verdict.NOT_JUDGED, busy_times[run_key]
+            rows.append(table_row(run_key, metric, verdict, finding, baseline=before["mean"],
                                   new=after["mean"], baseline_ci=before["half"],
                                   new_ci=after["half"], repeats=f"{before['n']}/{after['n']}",
                                   change=change, unit=unit))
@@ -229,10 +244,10 @@ def compare(
         if run_key not in new_values_keys:
             rows.append(failed[run_key])
     for row in rows:
-        row["shown_options"] = labels.get(tuple(row[k] for k in KEY), row["options"])
+        row["shown_options"] = labels.get(tuple(row[k] for k in KEY), row[schema.OPTIONS])
     unmatched = {
-        "only in baseline": [_describe(k) for k in sorted(base_keys - new_keys, key=str)],
-        "only in new": [_describe(k) for k in new_only],
+        "only in baseline": [describe_key(k) for k in sorted(base_keys - new_keys, key=str)],
+        "only in new": [describe_key(k) for k in new_only],
     }
     return pd.DataFrame(rows), unmatched
 
@@ -248,7 +263,7 @@ def table_row(run_key: tuple, metric: str, verdict: Verdict, finding: str | None
 
 def shown_options_of(runs: pd.DataFrame) -> dict[tuple, str]:
     """key -> the options its runs show in a table (without what methods derived)."""
-    column = runs["shown_options"] if "shown_options" in runs else runs["options"]
+    column = runs["shown_options"] if "shown_options" in runs else runs[schema.OPTIONS]
     return dict(zip(map(tuple, runs[KEY].values.tolist()), column))
 
 
@@ -361,13 +376,14 @@ def failed_rows(new: pd.DataFrame, failed_keys: set[tuple]) -> dict[tuple, dict]
     return rows
 
 
-def _describe(run_key: tuple) -> str:
+def describe_key(run_key: tuple) -> str:
     fields = dict(zip(KEY, run_key))
     machine = fields["machine_class"]
     text = f"[{machine}] " if machine != "-" else ""
-    text += f"{fields['method']} {fields['workload']} on {fields['dataset']} {fields['gpus']} ranks"
-    text += f" {fields['options']} ({fields['setting']}; batch {fields['batch_size']}, "
-    return text + f"lr {fields['lr']}, {fields['epochs']} epochs)"
+    text += (f"{fields[schema.METHOD]} {fields[schema.WORKLOAD]} on {fields[schema.DATASET]} "
+             f"{fields[schema.GPUS]} ranks")
+    text += f" {fields[schema.OPTIONS]} ({fields['setting']}; batch {fields[schema.BATCH_SIZE]}, "
+    return text + f"lr {fields[schema.LR]}, {fields[schema.EPOCHS]} epochs)"
 
 
 def shown(table: pd.DataFrame) -> pd.DataFrame:
@@ -389,7 +405,7 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
 
     out["change"] = [change(row) for _, row in table.iterrows()]
     if "shown_options" in table:
-        out["options"] = table["shown_options"].fillna(table["options"])
+        out[schema.OPTIONS] = table["shown_options"].fillna(table[schema.OPTIONS])
     for side in ("baseline", "new"):
         halves = table[f"{side}_ci"] if f"{side}_ci" in table else [None] * len(table)
         out[side] = [value(m, h) for m, h in zip(table[side], halves)]
@@ -407,8 +423,12 @@ def format_table(table: pd.DataFrame, fmt: str = "text") -> str:
 
 
 def as_json(
-    table: pd.DataFrame, unmatched: dict, regressions: int, warnings: list, matched: int
+    table: pd.DataFrame, unmatched: dict, regressions: int, warnings: list, matched: int,
+    thresholds: dict | None = None,
 ) -> str:
+    """``bench compare --format json``: the rows, the unmatched keys, the counts, warnings,
+    and per machine class the thresholds that judged it."""
     rows = json.loads(table.to_json(orient="records")) if len(table) else []
     return json.dumps({"rows": rows, "unmatched": unmatched, "regressions": regressions,
-                       "matched": matched, "warnings": warnings}, indent=2)
+                       "matched": matched, schema.WARNINGS: warnings,
+                       "thresholds": thresholds or {}}, indent=2)

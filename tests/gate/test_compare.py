@@ -151,7 +151,7 @@ def test_a_multi_node_run_without_inter_node_bytes_is_not_ranked(tmp_path):
 
 
 def test_a_method_without_its_own_check_must_cross_nodes():
-    from suite.results.activity import crosses_nodes
+    from suite.gate.activity import crosses_nodes
     from suite.results.view import RunView
 
     view = RunView(folder=None, summary={"nodes": 2, "inter_node_bytes_total": 0.0})

@@ -1,0 +1,249 @@
+"""``bench dashboard HISTORY -o DIR``: the nightly history as a static site, a page per machine
+class and an index (asv's site per machine, Conbench's series per benchmark).
+
+A class page lists the last night's failures first (failed runs, regressions, activity checks
+not passed), then, per method, the gate's metrics over the nightlies: the final training loss,
+accuracy, inter-node bytes per iteration and the time ratio to DDP, one series each, every
+point with its commit, date and the gate's verdict on hover, the reference's value and the
+band its thresholds let pass drawn behind it, and the change points ``bench trend`` finds at
+the class's thresholds marked. Plotly draws it; its script is written once beside the pages
+(``plotly.min.js``), so the site needs no server and no network: open ``index.html``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from suite.errors import BenchError
+from suite.gate.compare import TIME_RATIO
+from suite.gate.reference import GENERIC
+from suite.gate.trend import (
+    BAND,
+    COMMIT_KEY,
+    NIGHT,
+    REFERENCE,
+    SERIES_KEY,
+    THRESHOLDS,
+    VERDICTS,
+    WHEN,
+    ChangePoint,
+    find_changes,
+    read_history,
+)
+from suite.results import schema
+from suite.results.resultset import MACHINE_CLASS
+from suite.results.schema import Status, Verdict
+
+#: what a class page draws per method: metric -> (title, scale of the values shown, unit)
+PANELS = {
+    schema.FINAL_TRAIN_LOSS: ("final training loss", 1.0, ""),
+    schema.FINAL_ACCURACY: ("accuracy", 100.0, "%"),
+    schema.INTER_NODE_BYTES_PER_ITERATION: ("inter-node bytes per iteration", 1e-6, " MB"),
+    TIME_RATIO: ("time ratio to DDP", 1.0, ""),
+}
+SCRIPT = "plotly.min.js"
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222 }
+h1 { font-size: 1.5em } h2 { font-size: 1.15em; margin-top: 1.6em }
+table { border-collapse: collapse } td, th { padding: .25em .7em; border-bottom: 1px solid #ddd;
+  text-align: left } .bad { color: #b00020; font-weight: 600 } .good { color: #1b7f3b }
+.note { color: #555; font-size: .9em }
+"""
+
+
+def page_name(machine: str) -> str:
+    """The class page's file name (``cpu-gloo-portable-t1.html``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", machine) + ".html"
+
+
+def write_dashboard(history: str | Path, output: str | Path) -> Path:
+    """Write the site for ``history`` into ``output``; returns its ``index.html``.
+
+    Raises:
+        BenchError: the history is missing, empty or not JSON lines.
+    """
+    frame = read_history(history)
+    for column in (*SERIES_KEY, NIGHT, WHEN, COMMIT_KEY, schema.STATUS, VERDICTS, REFERENCE,
+                   BAND, THRESHOLDS):
+        if column not in frame:
+            frame[column] = None
+    frame[NIGHT] = frame[NIGHT].fillna(frame[WHEN])
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    # lazy: plotly costs ~1 s to import; only this command needs it
+    from plotly.offline import get_plotlyjs
+
+    (out / SCRIPT).write_text(get_plotlyjs())
+    classes = []
+    for machine, rows in frame.groupby(MACHINE_CLASS, sort=True):
+        changes = class_changes(rows)
+        failures = last_night_failures(rows)
+        (out / page_name(machine)).write_text(class_page(machine, rows, changes, failures))
+        classes.append((machine, rows, failures))
+    index = out / "index.html"
+    index.write_text(index_page(classes, Path(history).name))
+    return index
+
+
+def class_changes(rows: pd.DataFrame) -> list[ChangePoint]:
+    """The change points ``bench trend`` finds in a class's series, at the thresholds of its
+    last judged line (bench compare's defaults where no line was judged)."""
+    judged = [t for t in rows.sort_values(NIGHT)[THRESHOLDS] if isinstance(t, dict)]
+    gate = judged[-1] if judged else vars(GENERIC)
+    changes, _, _ = find_changes(rows, gate["max_regression"], gate["max_accuracy_drop"],
+                                 gate["max_time_regression"], gate["max_loss_regression"])
+    return changes
+
+
+def last_night_failures(rows: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(method, what, why) of the class's last night: runs that did not finish, then every
+    verdict that failed the gate."""
+    last = rows[rows[NIGHT] == rows[NIGHT].max()]
+    found = []
+    for _, row in last.sort_values(schema.METHOD).iterrows():
+        if row[schema.STATUS] not in (None, Status.OK.value):
+            found.append((row[schema.METHOD], "status", str(row[schema.STATUS])))
+        for what, verdict in (row[VERDICTS] or {}).items():
+            if str(verdict).startswith(Verdict.REGRESSION.value):
+                found.append((row[schema.METHOD], what, str(verdict)))
+    return found
+
+
+def series_label(key: dict) -> str:
+    """A series as the page names it: the method, with its options when it has any."""
+    options = key.get(schema.OPTIONS)
+    shown = "" if options in (None, "{}", "-") else f" {options}"
+    return f"{key[schema.METHOD]}{shown}"
+
+
+def class_page(machine: str, rows: pd.DataFrame, changes: list[ChangePoint],
+               failures: list[tuple[str, str, str]]) -> str:
+    """One class's page: its failures, then a figure per series (method)."""
+    nights = sorted(rows[NIGHT].unique())
+    parts = [f"<h1>{html.escape(machine)}</h1>",
+             f"<p class='note'>{len(nights)} nightlies, {html.escape(nights[0])} to "
+             f"{html.escape(nights[-1])}. <a href='index.html'>All classes</a></p>",
+             "<h2>Last night's failures</h2>"]
+    if failures:
+        parts.append("<table id='failures'><tr><th>method</th><th>what</th><th>verdict</th></tr>"
+                     + "".join(f"<tr><td>{html.escape(m)}</td><td>{html.escape(w)}</td>"
+                               f"<td class='bad'>{html.escape(v)}</td></tr>"
+                               for m, w, v in failures) + "</table>")
+    else:
+        parts.append("<p id='failures' class='good'>none: every run finished and passed the "
+                     "gate</p>")
+    figures = []
+    for number, (key, series) in enumerate(rows.groupby(SERIES_KEY, sort=True)):
+        fields = dict(zip(SERIES_KEY, key))
+        marked = [c for c in changes if tuple(c.key) == tuple(key)]
+        div = f"series-{number}"
+        parts.append(f"<h2>{html.escape(series_label(fields))}</h2><div id='{div}'></div>")
+        figures.append((div, series_figure(fields, series.sort_values(NIGHT), marked)))
+    judged = [t for t in rows.sort_values(NIGHT)[THRESHOLDS] if isinstance(t, dict)]
+    if judged:
+        parts.append(f"<p class='note'>Judged at {html.escape(judged[-1]['source'])}; the band "
+                     "is what passes around the reference, a red cross a change point "
+                     "(bench trend).</p>")
+    script = "\n".join(f"var figure = {figure.to_json()};\n"
+                       f"Plotly.newPlot({json.dumps(div)}, figure.data, figure.layout, "
+                       "{responsive: true});" for div, figure in figures)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(machine)}"
+            f" nightly</title><style>{STYLE}</style><script src='{SCRIPT}'></script></head>"
+            f"<body>{''.join(parts)}<script>{script}</script></body></html>")
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
+    """A row of panels, one per gate metric: the series, the reference and its band, the
+    change points. Every trace carries ``meta`` (kind, method, metric) for readers of the
+    page."""
+    # lazy: plotly costs ~1 s to import; only this command needs it
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    method = key[schema.METHOD]
+    figure = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[
+        title + (f" ({unit.strip()})" if unit else "") for title, _, unit in PANELS.values()])
+    nights = list(series[NIGHT])
+    for column, (metric, (title, scale, unit)) in enumerate(PANELS.items(), start=1):
+        values = [_number(v) for v in (series[metric] if metric in series
+                                       else [None] * len(series))]
+        shown = [None if v is None else v * scale for v in values]
+        verdicts = [(row or {}).get(metric, "not judged (no reference)")
+                    for row in series[VERDICTS]]
+        hover = [f"{method} {title}: {'-' if v is None else f'{v:.4g}{unit}'}<br>night {n}<br>"
+                 f"commit {str(c)[:10]}<br>verdict: {html.escape(str(d))}"
+                 for v, n, c, d in zip(shown, nights, series[COMMIT_KEY], verdicts)]
+        meta = {schema.METHOD: method, "metric": metric}
+        references = [_number((row or {}).get(metric)) for row in series[REFERENCE]]
+        bands = [(row or {}).get(metric) for row in series[BAND]]
+        if any(b for b in bands):
+            low = [None if not b else b[0] * scale for b in bands]
+            high = [None if not b else b[1] * scale for b in bands]
+            figure.add_trace(go.Scatter(x=nights, y=low, mode="lines", line={"width": 0},
+                                        hoverinfo="skip", showlegend=False,
+                                        meta={**meta, "kind": "band"}), row=1, col=column)
+            figure.add_trace(go.Scatter(x=nights, y=high, mode="lines", line={"width": 0},
+                                        fill="tonexty", fillcolor="rgba(27,127,59,0.12)",
+                                        hoverinfo="skip", showlegend=False,
+                                        meta={**meta, "kind": "band"}), row=1, col=column)
+        if any(r is not None for r in references):
+            figure.add_trace(go.Scatter(
+                x=nights, y=[None if r is None else r * scale for r in references],
+                mode="lines", line={"dash": "dash", "color": "#1b7f3b", "width": 1},
+                name="reference", hoverinfo="skip", showlegend=False,
+                meta={**meta, "kind": "reference"}), row=1, col=column)
+        colours = ["#b00020" if str(d).startswith(Verdict.REGRESSION.value) else "#1f4e99"
+                   for d in verdicts]
+        figure.add_trace(go.Scatter(x=nights, y=shown, mode="lines+markers", name=title,
+                                    marker={"color": colours, "size": 7},
+                                    line={"color": "#1f4e99"}, hovertext=hover,
+                                    hoverinfo="text", showlegend=False,
+                                    meta={**meta, "kind": "series"}), row=1, col=column)
+        steps = [c for c in changes if c.metric == metric]
+        if steps:
+            whens = list(series[WHEN])
+            at = [whens.index(c.when) for c in steps if c.when in whens]
+            figure.add_trace(go.Scatter(
+                x=[nights[i] for i in at], y=[shown[i] for i in at], mode="markers",
+                marker={"symbol": "x", "size": 14, "color": "#b00020"},
+                hovertext=[c.line() for c in steps if c.when in whens], hoverinfo="text",
+                showlegend=False, meta={**meta, "kind": "change"}), row=1, col=column)
+    figure.update_layout(height=300, margin={"l": 40, "r": 10, "t": 40, "b": 40},
+                         template="plotly_white", hovermode="closest")
+    figure.update_xaxes(tickangle=30, tickfont={"size": 9})
+    return figure
+
+
+def index_page(classes: list, source: str) -> str:
+    """The index: a line per class with its last night and its failures, linked."""
+    rows = []
+    for machine, frame, failures in classes:
+        last = frame[frame[NIGHT] == frame[NIGHT].max()]
+        rows.append(
+            f"<tr><td><a href='{page_name(machine)}'>{html.escape(machine)}</a></td>"
+            f"<td>{frame[NIGHT].nunique()}</td><td>{html.escape(str(last[NIGHT].iloc[0]))}</td>"
+            f"<td>{html.escape(str(last[COMMIT_KEY].iloc[0])[:10])}</td>"
+            f"<td class='{'bad' if failures else 'good'}'>"
+            f"{len(failures) or 'none'}</td></tr>")
+    if not rows:
+        raise BenchError(f"{source}: no machine class in the history")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>prunex-bench nightly"
+            f"</title><style>{STYLE}</style></head><body><h1>prunex-bench nightly</h1>"
+            f"<p class='note'>From {html.escape(source)}: a page per machine class.</p>"
+            "<table id='classes'><tr><th>machine class</th><th>nightlies</th><th>last night"
+            "</th><th>commit</th><th>last night's failures</th></tr>"
+            f"{''.join(rows)}</table></body></html>")

@@ -1,0 +1,360 @@
+"""The reference policy: where the nightly's committed references live (one folder per machine
+class), which reference a runner is judged against and with which thresholds (its class's
+``gate.json``, read by ``bench compare`` itself, so a hand run and the nightly agree), which
+methods the gate runs, recording a reference (``nox -s reference``) and measuring a class's
+thresholds (``nox -s gate-thresholds``).
+
+A CPU runner whose class has no reference of its own is judged under torch's portable
+kernels (``ATEN_CPU_CAPABILITY=default``) against the portable class's reference: there the
+vendor stops mattering at the gate's thresholds (an Intel Xeon against the AMD EPYC's
+reference: 0 regressions over the eleven methods, accuracy within 0.58 point, the training
+loss within 0.1 %, bytes equal; benchmarks/measured/nightly_gate.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from suite.errors import BenchError
+from suite.gate.compare import TIME_RATIO, load_summaries, parse_metrics, parse_threshold
+from suite.results import schema
+from suite.results.folder import hardware, numerics
+from suite.results.machine import CLASS_PATTERN, machine_class
+from suite.results.runner import busy
+from suite.results.schema import Status
+
+#: the committed references, one folder per machine class (NIGHTLY_REFERENCE overrides)
+REFERENCE_ROOT = Path("results/reference")
+#: where ``nox -s reference`` records before the set replaces the class's reference: a fixed
+#: folder per class, so an interrupted recording resumes (NIGHTLY_STAGING overrides)
+STAGING_ROOT = Path(".nox/reference-staging")
+#: a class's gate thresholds, in its reference folder
+GATE_FILE = "gate.json"
+#: every method of the full nightly (NIGHTLY_METHODS chooses fewer; DDP is always among them:
+#: the time ratios and activity checks divide by it)
+NIGHTLY_METHODS = ("prunex", "prunex-flat", "ddp", "ddp-bf16", "ddp-fp16", "powersgd", "topk",
+                   "topk-hier", "localsgd-hier", "gmp-hier", "prune-retrain")
+DENSE = "ddp"
+#: the environment that makes CPU ranks use torch's portable kernels
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default"}
+#: the thresholds of a class that has not measured its own, from cpu-gloo-amd25-avx512-t1's
+#: perturbation study (benchmarks/measured/nightly_gate.md): a kernel change (AVX2, the
+#: portable kernels, 2 threads per rank) moved the same seed's final training loss by at most
+#: 0.05 % and accuracy by up to 2.2 points at a tenth of an epoch, the learning rate off by 10x
+#: raised the loss by 43-78 %; bytes are exact; the time ratio's largest deviation over 5
+#: quiet nightlies was 8.6 %. Time is judged only where other processes took at most a quarter
+#: of the runner's cores over the run: a load of L cores outside a run of R ranks slows them by
+#: up to L/R, which at a quarter of 2 cores is already a third of the time threshold.
+DEFAULT_GATE = {
+    "max_accuracy_drop": 5.0,
+    "max_loss_regression": "2%",
+    "max_regression": "5%",
+    "max_time_regression": "15%",
+    "max_outside_load": "25%",
+    "metrics": ["accuracy", "train-loss", "bytes", "time-ratio"],
+}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The thresholds one comparison is judged with, and where they come from.
+
+    Attributes:
+        max_regression: bytes (and anything without its own threshold), relative.
+        max_accuracy_drop: accuracy points.
+        max_time_regression: times and the time ratio, relative.
+        max_loss_regression: the final training loss, relative.
+        max_outside_load: the share of a runner's cores other processes may take before its
+            times are not judged (None: always judged).
+        metrics: what is compared (``bench compare --metric``'s names).
+        source: where the thresholds come from, as the verdict line says.
+    """
+
+    max_regression: float
+    max_accuracy_drop: float
+    max_time_regression: float
+    max_loss_regression: float
+    max_outside_load: float | None
+    metrics: tuple[str, ...]
+    source: str
+
+    def describe(self) -> str:
+        """``accuracy 5 points, training loss 2%, bytes 5%, time 15% (cpu-gloo-...'s
+        gate.json)``: the verdict line's account of its thresholds."""
+        quiet = ("" if self.max_outside_load is None else
+                 f" on a runner at most {self.max_outside_load:.0%} busy")
+        return (f"accuracy {self.max_accuracy_drop:g} points, training loss "
+                f"{self.max_loss_regression:.1%}, bytes {self.max_regression:.1%}, time "
+                f"{self.max_time_regression:.1%}{quiet} ({self.source})")
+
+    def overridden(self, given: dict) -> Gate:
+        """These thresholds with the ones given on the command line (None: not given)."""
+        chosen = {k: v for k, v in given.items() if v is not None}
+        if not chosen:
+            return self
+        flags = ", ".join("--" + k.replace("_", "-") for k in chosen)
+        return replace(self, **chosen, source=f"{self.source}; {flags} from the command line")
+
+
+#: ``bench compare``'s thresholds for two sets neither of which is a reference
+GENERIC = Gate(0.05, 1.0, 0.05, 0.05, None, tuple(parse_metrics(())),
+               "bench compare's defaults: the baseline is no reference")
+
+
+def gate_of(folder: Path) -> Gate:
+    """A class's thresholds: its reference's ``gate.json`` over ``DEFAULT_GATE``."""
+    path = Path(folder) / GATE_FILE
+    measured = json.loads(path.read_text()) if path.is_file() else {}
+    values = {**DEFAULT_GATE, **{k: v for k, v in measured.items() if k in DEFAULT_GATE}}
+    source = (f"{Path(folder).name}/{GATE_FILE}" if path.is_file()
+              else f"the gate's defaults: {Path(folder).name} has no {GATE_FILE}")
+    outside = values["max_outside_load"]
+    return Gate(
+        max_regression=parse_threshold(values["max_regression"]),
+        max_accuracy_drop=float(values["max_accuracy_drop"]),
+        max_time_regression=parse_threshold(values["max_time_regression"]),
+        max_loss_regression=parse_threshold(values["max_loss_regression"]),
+        max_outside_load=None if outside is None else parse_threshold(outside),
+        metrics=tuple(parse_metrics(tuple(values["metrics"]))),
+        source=source,
+    )
+
+
+def class_folders(root: Path) -> dict[str, Path]:
+    """The per-class reference folders under ``root`` (empty when ``root`` is one set)."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    return {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and CLASS_PATTERN.match(p.name)}
+
+
+def is_reference(path: Path) -> bool:
+    """A tree of class folders, one class's folder (named by its class), or a set with a
+    ``gate.json``: a baseline the gate's thresholds apply to."""
+    path = Path(path)
+    return bool(class_folders(path)) or bool(CLASS_PATTERN.match(path.name)) or (
+        (path / GATE_FILE).is_file())
+
+
+def gate_for(baseline: Path, machine: str) -> Gate:
+    """The thresholds NEW runs of class ``machine`` are judged with against ``baseline``."""
+    folders = class_folders(Path(baseline))
+    if machine in folders:
+        return gate_of(folders[machine])
+    if not folders and is_reference(Path(baseline)):
+        return gate_of(Path(baseline))
+    return GENERIC
+
+
+def reference_root() -> Path:
+    return Path(os.environ.get("NIGHTLY_REFERENCE") or REFERENCE_ROOT)
+
+
+def staging_root() -> Path:
+    return Path(os.environ.get("NIGHTLY_STAGING") or STAGING_ROOT)
+
+
+# -- which class, which reference, which methods -------------------------------------------------
+def this_machine_class(gpus: int) -> str:
+    """The class a run of ``gpus`` local ranks gets here: CUDA ranks when there is a GPU per
+    rank (the local launcher's rule, suite.cluster.ranks.ranks_on_cuda), else CPU ranks of one
+    thread each (under ATEN_CPU_CAPABILITY=default: the portable class)."""
+    if torch.cuda.device_count() >= gpus:
+        facts = numerics(torch.device("cuda", 0))
+        return machine_class({schema.DEVICE: "cuda", schema.BACKEND: "nccl",
+                              schema.NUMERICS: facts})
+    machine = {**hardware(), schema.THREADS_PER_RANK: 1}
+    return machine_class({schema.DEVICE: "cpu", schema.BACKEND: "gloo", schema.HARDWARE: machine})
+
+
+def portable_class(threads: int = 1) -> str:
+    """``cpu-gloo-portable-t1``: CPU ranks on torch's portable kernels, any vendor."""
+    hardware = {schema.CPU_CAPABILITY: "default", schema.THREADS_PER_RANK: threads}
+    return machine_class({schema.DEVICE: "cpu", schema.BACKEND: "gloo", schema.HARDWARE: hardware})
+
+
+def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
+    portable = portable_class()
+    hint = ""
+    if any(m.startswith("cpu-") for m in missing) and portable in held:
+        hint = (f" (a CPU nightly without its own reference runs under the portable kernels "
+                f"against {portable}: `nox -s nightly`)")
+    return (f"no reference for machine class {', '.join(sorted(missing))} in {baseline} (it "
+            f"holds {', '.join(sorted(held)) or 'none'}); record one on such a machine with "
+            f"`nox -s reference` and commit it{hint}")
+
+
+def reference_methods(folder: Path) -> tuple[str, ...]:
+    """The methods a reference holds (finished runs), in the nightly's order."""
+    frame, _ = load_summaries(folder)
+    held = set(frame.loc[frame[schema.STATUS] == Status.OK, schema.METHOD])
+    return tuple([m for m in NIGHTLY_METHODS if m in held] + sorted(held - set(NIGHTLY_METHODS)))
+
+
+def chosen_methods(requested: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """NIGHTLY_METHODS (a comma list) or ``default``, with DDP always among them."""
+    names = [m for m in (requested or "").split(",") if m.strip()]
+    methods = tuple(dict.fromkeys(m.strip() for m in names)) or default
+    return methods if DENSE in methods else (DENSE, *methods)
+
+
+@dataclass(frozen=True)
+class NightlyPlan:
+    """What a nightly runs here and against what.
+
+    Attributes:
+        machine_class: the class its runs will record.
+        reference: that class's reference folder.
+        methods: the methods it runs (the reference's, or NIGHTLY_METHODS among them).
+        env: environment for its ranks (the portable kernels' where it falls back to them).
+        note: the one line that says it fell back to the portable kernels (None: native).
+    """
+
+    machine_class: str
+    reference: Path
+    methods: tuple[str, ...]
+    env: dict
+    note: str | None = None
+
+
+def plan_nightly(root: Path, gpus: int, requested: str | None = None) -> NightlyPlan:
+    """The nightly of this runner: its native class's reference, else (CPU ranks) the portable
+    class's under the portable kernels, else a one-line refusal naming ``nox -s reference``;
+    the reference's methods, or those NIGHTLY_METHODS asks for if it holds them all.
+
+    Raises:
+        BenchError: no reference to judge this runner against, or methods the reference
+            lacks (the gate would compare them with nothing).
+    """
+    folders = class_folders(Path(root))
+    native = this_machine_class(gpus)
+    env, note = {}, None
+    if native in folders:
+        machine = native
+    elif native.startswith("cpu-") and portable_class() in folders:
+        machine, env = portable_class(), dict(PORTABLE_ENV)
+        note = (f"no reference for {native} in {root}: the nightly runs under torch's portable "
+                f"kernels (ATEN_CPU_CAPABILITY=default) against {machine}")
+    else:
+        raise BenchError(no_reference({native}, str(root), set(folders)))
+    held = reference_methods(folders[machine])
+    methods = chosen_methods(requested, held)
+    lacking = [m for m in methods if m not in held]
+    if lacking:
+        raise BenchError(f"the reference {folders[machine]} holds {', '.join(held)}, not "
+                         f"{', '.join(lacking)} (NIGHTLY_METHODS); record them with "
+                         f"NIGHTLY_METHODS={','.join(methods)} nox -s reference")
+    return NightlyPlan(machine, folders[machine], methods, env, note)
+
+
+# -- recording a reference and measuring its thresholds ------------------------------------------
+def record_reference(staging: Path, root: Path, methods: tuple[str, ...] | None = None) -> Path:
+    """Copy the finished runs of ``methods`` (default: all) of a recorded set into
+    ``root/<its class>/``, replacing that class's previous reference but keeping its
+    ``gate.json``, then remove the staging folder (``nox -s reference``); returns the new
+    folder.
+
+    Raises:
+        BenchError: the set holds runs of several classes, or a chosen method has no finished
+            run in it (nothing is replaced then).
+    """
+    staging, root = Path(staging), Path(root)
+    frame, _ = load_summaries(staging)
+    classes = set(frame.machine_class) - {"-"}
+    if len(classes) != 1:
+        raise BenchError(f"{staging}: a reference holds runs of one machine class, found "
+                         f"{sorted(classes) or 'none'}")
+    wanted = frame if methods is None else frame[frame[schema.METHOD].isin(methods)]
+    finished = set(wanted.loc[wanted[schema.STATUS] == Status.OK, schema.METHOD])
+    missing = sorted(set(methods or finished) - finished)
+    if missing:
+        raise BenchError(f"{staging}: no finished run of {', '.join(missing)}; run `nox -s "
+                         "reference` again (it resumes) or remove the folder to start over")
+    target = root / classes.pop()
+    new = root / f".{target.name}.new"
+    shutil.rmtree(new, ignore_errors=True)
+    for folder in wanted["folder"]:
+        shutil.copytree(folder, new / Path(folder).name,
+                        ignore=shutil.ignore_patterns("model.pt", "checkpoints", "parts"))
+    if (target / GATE_FILE).is_file():  # measured thresholds outlive a re-recorded reference
+        shutil.copy(target / GATE_FILE, new / GATE_FILE)
+    if target.exists():
+        shutil.rmtree(target)
+    new.rename(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def classes_of(results: str | Path) -> set[str]:
+    """The machine classes of the runs under ``results``."""
+    return set(load_summaries(results)[0].machine_class) - {"-"}
+
+
+#: the fewest nightlies a spread is measured from: 5 for the full method set, as few as 3 with
+#: a reduced one (fewer methods, each of its series measured as often), never under 2
+MIN_NIGHTLIES = 2
+
+
+def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
+    """Write a class's ``gate.json`` from repeated nightlies of it (``nox -s
+    gate-thresholds``): the time-ratio threshold is 1.5 times the largest deviation of a
+    method's time ratio from the reference seen in them (at least 5 %; nightlies on a busy
+    runner are left out of it), the accuracy drop twice the largest accuracy deviation (at
+    least 1 point), the training-loss threshold five times its largest deviation (at least
+    1 %); the methods measured and the nightlies' count are written beside them.
+
+    Raises:
+        BenchError: fewer than ``MIN_NIGHTLIES``, or nightlies of another class.
+    """
+    if len(nightlies) < MIN_NIGHTLIES:
+        raise BenchError(f"a spread needs at least {MIN_NIGHTLIES} nightlies, got {len(nightlies)}")
+    reference = Path(reference)
+    ref = load_summaries(reference)[0].set_index(schema.METHOD)
+    gate = gate_of(reference)
+    deviations: dict[str, list[float]] = {TIME_RATIO: [], schema.FINAL_ACCURACY: [],
+                                          schema.FINAL_TRAIN_LOSS: []}
+    methods: set[str] = set()
+    busy_nights = 0
+    for folder in nightlies:
+        frame, _ = load_summaries(folder)
+        if set(frame.machine_class) - {"-", reference.name}:
+            raise BenchError(f"{folder} holds runs of {sorted(set(frame.machine_class))}, not "
+                             f"{reference.name}; calibrate one class at a time")
+        loads = [busy(load, gate.max_outside_load or math.inf) for load in frame.runner_load]
+        busy_nights += any(loads)
+        for (_, run), loaded in zip(frame.set_index(schema.METHOD).iterrows(), loads):
+            if run.name not in ref.index:
+                continue
+            methods.add(run.name)
+            base = ref.loc[run.name]
+            if not loaded:
+                deviations[TIME_RATIO].append(abs(run[TIME_RATIO] / base[TIME_RATIO] - 1))
+            accuracy = run[schema.FINAL_ACCURACY] - base[schema.FINAL_ACCURACY]
+            deviations[schema.FINAL_ACCURACY].append(100 * abs(accuracy))
+            loss = run[schema.FINAL_TRAIN_LOSS] / base[schema.FINAL_TRAIN_LOSS] - 1
+            deviations[schema.FINAL_TRAIN_LOSS].append(abs(loss))
+    worst = {k: max((v for v in values if math.isfinite(v)), default=None)
+             for k, values in deviations.items()}
+    time_worst, accuracy_worst, loss_worst = (worst[TIME_RATIO], worst[schema.FINAL_ACCURACY],
+                                              worst[schema.FINAL_TRAIN_LOSS])
+    values = {
+        "max_time_regression": (DEFAULT_GATE["max_time_regression"] if time_worst is None
+                                else f"{max(5.0, math.ceil(150 * time_worst)):g}%"),
+        "max_accuracy_drop": max(1.0, round(2 * (accuracy_worst or 0.0), 1)),
+        "max_loss_regression": f"{max(1.0, math.ceil(500 * (loss_worst or 0.0))):g}%",
+        "max_regression": DEFAULT_GATE["max_regression"],
+        "max_outside_load": DEFAULT_GATE["max_outside_load"],
+        "metrics": DEFAULT_GATE["metrics"],
+        "measured": {"nightlies": len(nightlies), "methods": sorted(methods),
+                     "busy_nightlies": busy_nights, "largest_deviations": worst},
+    }
+    path = reference / GATE_FILE
+    path.write_text(json.dumps(values, indent=2) + "\n")
+    return path

@@ -1,0 +1,280 @@
+"""``bench trend HISTORY``: change points over the nightly history, per method and metric.
+
+One committed reference cannot see drift (0.8 points a week never crosses a 1-point gate);
+a history can. Each nightly appends its result set to a JSON-lines history (``--add``): one
+line per run key with the nightly's commit, time, machine class and metrics (the mean over its
+repeats), and, judged against the reference (``--against``), the gate's verdict of each metric,
+the reference's value and the band its thresholds allow (what ``bench dashboard`` draws); a
+key whose runs all failed gets a line too, with its status and no numbers. Per machine class,
+key and metric, the series in time order goes to a change-point detector: ``ruptures``' PELT
+with a least-squares cost and a BIC penalty (2 sigma^2 log n), sigma the series' noise
+estimated from its successive differences (median absolute deviation, robust to the steps it
+looks for), floored so deterministic series do not split on rounding.
+A change point counts when its step is also beyond the gate's threshold (``--max-regression``
+relative, ``--max-accuracy-drop`` points). Apache Otava (e-divisive) was the first choice;
+its 0.8.0 pins numpy 2.2 and scipy < 1.17, which would downgrade the numpy 2.4 that torch and
+pandas use here, and pulls BigQuery, Postgres and Slack clients; ruptures has no such pins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from suite.errors import BenchError
+from suite.gate.compare import KEY, TIME_METRICS, TIME_RATIO, load_summaries
+from suite.gate.judge import Judgement
+from suite.results import schema
+from suite.results.resultset import COMMIT, MACHINE_CLASS, SETTING, nothing_declared
+from suite.results.schema import Status, Verdict
+
+#: runs a series needs before it gets a verdict: a noise estimate and a segment on each side
+MIN_RUNS = 6
+#: metric -> +1 when higher is better, -1 when lower is better
+TREND_METRICS = {
+    schema.FINAL_ACCURACY: +1,
+    schema.FINAL_TRAIN_LOSS: -1,
+    schema.INTER_NODE_BYTES_PER_ITERATION: -1,
+    TIME_RATIO: -1,
+    schema.ITERATION_SECONDS: -1,
+}
+SERIES_KEY = [MACHINE_CLASS, schema.METHOD, schema.WORKLOAD, schema.DATASET, schema.GPUS,
+              schema.OPTIONS, SETTING]
+# -- a history line's keys, beyond SERIES_KEY, schema.STATUS and the metrics ---------------------
+COMMIT_KEY = "commit"
+#: when the key's first run started; NIGHT: when the set's first run started (one per nightly)
+WHEN = "when"
+NIGHT = "night"
+REPEATS = "repeats"
+#: metric (and ``activity``, ``status``) -> the gate's verdict, as bench compare prints it
+VERDICTS = "verdicts"
+#: metric -> the reference's value
+REFERENCE = "reference"
+#: metric -> [low, high]: the values the gate's thresholds let pass around the reference
+BAND = "band"
+#: the thresholds that judged the line: Gate's fields (``source``: Gate.describe)
+THRESHOLDS = "thresholds"
+
+
+@dataclass
+class ChangePoint:
+    series: str
+    metric: str
+    index: int  # the first run after the change
+    commit: str
+    when: str
+    before: float
+    after: float
+    change: float  # signed, positive is better: points for accuracy, else relative
+    unit: str
+    length: int  # runs in the series
+    key: tuple = ()  # the series' SERIES_KEY values
+
+    @property
+    def in_last_run(self) -> bool:
+        return self.index == self.length - 1
+
+    @property
+    def worse(self) -> bool:
+        return self.change < 0
+
+    def line(self) -> str:
+        shown = f"{self.change:+.2f} pts" if self.unit == "points" else f"{self.change:+.1%}"
+        return (f"{self.series} {self.metric}: change at run {self.index + 1} (commit "
+                f"{self.commit[:10]}, {self.when}): {self.before:.4g} -> {self.after:.4g} "
+                f"({shown}, {'worse' if self.worse else 'better'})")
+
+
+def history_rows(
+    results_dir: str | Path, declared=None, judged: Judgement | None = None
+) -> list[dict]:
+    """One history line per run key of a result set: its commit, time, class, status and
+    metrics, the mean over repeats (seeds); ``declared``: each method's option defaults, as
+    ``bench compare`` matches runs (suite.gate.compare.load_summaries); ``judged``: the gate's
+    judgement of the set, whose verdicts, reference values and bands the lines carry."""
+
+    frame, _ = load_summaries(results_dir, declared or nothing_declared)
+    if not (frame[schema.STATUS] == Status.OK).any():
+        raise BenchError(f"{results_dir}: no finished runs to add to the history")
+    for metric in TREND_METRICS:
+        frame[metric] = pd.to_numeric(frame.get(metric), errors="coerce")
+    verdicts = judged_by_series(judged) if judged is not None else {}
+    night = min((str(v) for v in frame[schema.STARTED] if v not in (None, "-")), default="-")
+    rows = []
+    for key, group in frame.groupby(SERIES_KEY):
+        ok = group[group[schema.STATUS] == Status.OK]
+        row = {
+            **dict(zip(SERIES_KEY, key)),
+            COMMIT_KEY: str(group[COMMIT].iloc[0]),
+            WHEN: str(group[schema.STARTED].min()),
+            NIGHT: night,
+            REPEATS: len(ok),
+            schema.STATUS: Status.OK.value if len(ok) else str(group[schema.STATUS].iloc[0]),
+            **{m: (float(ok[m].mean()) if ok[m].notna().any() else None)
+               for m in TREND_METRICS},
+        }
+        row.update(verdicts.get(key, {}))
+        rows.append(row)
+    return rows
+
+
+def judged_by_series(judged: Judgement) -> dict[tuple, dict]:
+    """Series key -> its lines' VERDICTS, REFERENCE, BAND and THRESHOLDS from the gate's
+    table."""
+    found: dict[tuple, dict] = {}
+    table = judged.table
+    if table.empty:
+        return found
+    for _, row in table.iterrows():
+        fields = dict(zip(KEY, (row[k] for k in KEY)))
+        series = tuple(fields[k] for k in SERIES_KEY)
+        gate = judged.gates.get(fields[MACHINE_CLASS])
+        entry = found.setdefault(series, {VERDICTS: {}, REFERENCE: {}, BAND: {},
+                                          THRESHOLDS: thresholds_of(gate)})
+        metric = row["metric"]
+        entry[VERDICTS][metric] = row["verdict"]
+        base = row.get("baseline")
+        if metric in TREND_METRICS and isinstance(base, float) and math.isfinite(base):
+            entry[REFERENCE][metric] = base
+            if gate is not None:
+                entry[BAND][metric] = band(metric, base, gate)
+    return found
+
+
+def thresholds_of(gate) -> dict | None:
+    """A gate as a history line keeps it (None: none judged the line)."""
+    if gate is None:
+        return None
+    return {"max_regression": gate.max_regression, "max_accuracy_drop": gate.max_accuracy_drop,
+            "max_time_regression": gate.max_time_regression,
+            "max_loss_regression": gate.max_loss_regression, "source": gate.describe()}
+
+
+def busy_lines(lines: pd.DataFrame) -> pd.Series:
+    """Which history lines' times the gate did not judge (the runner was busy): their times
+    are left out of the time series' change points too."""
+    if VERDICTS not in lines:
+        return pd.Series(False, index=lines.index)
+    return pd.Series([isinstance(v, dict) and str(v.get(TIME_RATIO, "")).startswith(
+        Verdict.NOT_JUDGED.value) for v in lines[VERDICTS]], index=lines.index)
+
+
+def band(metric: str, reference: float, gate) -> list[float]:
+    """The values ``gate`` lets pass around ``reference`` (a change within the threshold)."""
+    if metric == schema.FINAL_ACCURACY:
+        return [reference - gate.max_accuracy_drop / 100, reference + gate.max_accuracy_drop / 100]
+    limit = {schema.FINAL_TRAIN_LOSS: gate.max_loss_regression,
+             **dict.fromkeys(TIME_METRICS, gate.max_time_regression)}.get(
+                 metric, gate.max_regression)
+    return [reference * (1 - limit), reference * (1 + limit)]
+
+
+def add_to_history(
+    results_dir: str | Path, history: str | Path, declared=None, judged: Judgement | None = None
+) -> int:
+    rows = history_rows(results_dir, declared, judged)
+    path = Path(history)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        for row in rows:
+            out.write(json.dumps(row, sort_keys=True) + "\n")
+    return len(rows)
+
+
+def read_history(history: str | Path) -> pd.DataFrame:
+    path = Path(history)
+    if not path.is_file():
+        raise BenchError(f"history {path} does not exist (bench trend --add RESULTS {path} "
+                         "starts one)")
+    lines = []
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            lines.append(json.loads(text))
+        except json.JSONDecodeError:
+            raise BenchError(f"history {path}: line {number} is not JSON") from None
+    if not lines:
+        raise BenchError(f"history {path} is empty")
+    return pd.DataFrame(lines)
+
+
+def noise(values: np.ndarray, floor: float) -> float:
+    """The series' noise (sigma) from its successive differences, robust to steps."""
+    diffs = np.diff(values)
+    mad = float(np.median(np.abs(diffs - np.median(diffs)))) if len(diffs) else 0.0
+    return max(1.4826 * mad / math.sqrt(2), floor)
+
+
+def change_points(values: np.ndarray, floor: float) -> list[int]:
+    """Indices where a new segment starts (PELT, least squares, BIC penalty)."""
+    # lazy: ruptures costs ~0.7 s to import; only this path needs it
+    import ruptures
+
+    sigma = noise(values, floor)
+    penalty = 2 * sigma**2 * math.log(len(values))
+    breaks = ruptures.Pelt(model="l2", min_size=1, jump=1).fit(values.reshape(-1, 1))
+    return [b for b in breaks.predict(pen=penalty) if b < len(values)]
+
+
+def find_changes(
+    history: pd.DataFrame,
+    max_regression: float,
+    max_accuracy_drop: float,
+    max_time_regression: float | None = None,
+    max_loss_regression: float | None = None,
+) -> tuple[list[ChangePoint], list[str], int]:
+    """(change points beyond the thresholds, series too short for a verdict, runs in the
+    longest series). Times step by ``max_time_regression`` and the training loss by
+    ``max_loss_regression`` where given, else by ``max_regression``; times the gate did not
+    judge (a busy runner) are left out of their series."""
+    found, short, longest = [], [], 0
+    for key, series in history.groupby(SERIES_KEY, sort=True):
+        series = series.sort_values(WHEN)
+        name = f"[{key[0]}] {key[1]} {key[2]} {key[4]} ranks {key[5]}"
+        longest = max(longest, len(series))
+        if len(series) < MIN_RUNS:
+            short.append(f"{name}: {len(series)} run(s)")
+            continue
+        for metric, sign in TREND_METRICS.items():
+            if metric not in series:  # a history begun before the metric was kept
+                continue
+            points = series.assign(value=pd.to_numeric(series[metric], errors="coerce"))
+            points = points[points["value"].notna()]  # e.g. no time ratio on a night DDP failed
+            if metric in (TIME_RATIO, schema.ITERATION_SECONDS):  # as the gate: quiet runs only
+                points = points[~busy_lines(points)]
+            values = points["value"].to_numpy(dtype=float)
+            if len(values) < MIN_RUNS:
+                continue
+            accuracy = metric == schema.FINAL_ACCURACY
+            # rounding-level noise: 0.05 points of accuracy, 0.2 % of bytes and times
+            floor = 0.0005 if accuracy else 0.002 * float(np.median(np.abs(values)))
+            timing = metric in (TIME_RATIO, schema.ITERATION_SECONDS)
+            limit = max_accuracy_drop if accuracy else max_regression
+            if timing and max_time_regression is not None:
+                limit = max_time_regression
+            if metric == schema.FINAL_TRAIN_LOSS and max_loss_regression is not None:
+                limit = max_loss_regression
+            for start in change_points(values, floor):
+                before = float(np.mean(values[max(0, start - 3) : start]))
+                after = float(np.mean(values[start : start + 3]))
+                if accuracy:
+                    change = 100 * (after - before)
+                elif before:
+                    change = (after - before) / abs(before)
+                else:
+                    change = math.inf if after else 0.0
+                change *= sign
+                if abs(change) <= limit:
+                    continue
+                row = points.iloc[start]
+                found.append(ChangePoint(name, metric, start, str(row[COMMIT_KEY]),
+                                         str(row[WHEN]), before, after, change,
+                                         "points" if accuracy else "relative",
+                                         len(points), key))
+    return found, short, longest

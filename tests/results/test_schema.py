@@ -1,0 +1,125 @@
+"""The run-folder format is declared in one place: every key a reader or writer in ``suite/``
+uses is a name of ``suite.results.schema``, never a string spelled out, so a key renamed there
+is renamed everywhere (asv keeps its result keys in one module the same way)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from suite.results import schema
+
+SUITE = Path(__file__).resolve().parents[2] / "suite"
+
+#: where a string in a key's position is not a run folder's key, though it spells one: the
+#: command line's keyword arguments are named after options (``kwargs["gpus"]`` is --gpus)
+ALLOWED_RECEIVERS = {"kwargs"}
+#: (module, word): the few other places a key's word means something else
+ALLOWED = {
+    ("suite/launchers/slurm.py", "nodes"),  # submitit's parameters
+    ("suite/launchers/slurm.py", "gpus_per_node"),
+    ("suite/run/loop.py", "torch"),  # a checkpoint's random states, by library
+    ("suite/run/loop.py", "cuda"),
+    ("suite/run/loop.py", "method"),  # a checkpoint's method state
+    ("suite/run/loop.py", "loss"),  # the progress bar's words
+    ("suite/gate/compare.py", "accuracy"),  # --metric's alias of final_accuracy
+    ("suite/commands/preflight.py", "accuracy_from"),  # the --accuracy-from option
+    ("suite/commands/simulate.py", "accuracy_from"),
+    ("suite/cluster/ranks.py", "world_size"),  # init_process_group's keywords
+    ("suite/plugins/method.py", "lr"),  # torch's optimizer param groups
+}
+#: modules of other formats whose keys spell some of the run folder's: a hardware profile and
+#: its calibration plan (suite.sim), the command line's option names
+OTHER_FORMATS = {"suite/sim/calibrate.py", "suite/sim/fit.py", "suite/sim/measure.py",
+                 "suite/sim/profile.py", "suite/commands/flags.py"}
+
+
+def declared_keys() -> set[str]:
+    """Every key the schema declares: the string constants of its module (keys, columns and
+    the keys of the manifest's sections), less the column prefix."""
+    return {value for name, value in vars(schema).items()
+            if name.isupper() and isinstance(value, str) and value != schema.PHASE_PREFIX}
+
+
+def reads_run_folders(path: Path, tree: ast.Module) -> bool:
+    """The run-folder format's own rooms, and every module that imports from them."""
+    if path.parent.name in ("results", "gate"):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith(("suite.results", "suite.gate"))):
+            return True
+    return False
+
+
+def receiver(node: ast.AST) -> str:
+    """The root name of what is indexed (``kwargs`` of ``kwargs["gpus"]``)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def key_literals(tree: ast.Module, distinctive: set[str] = frozenset()) -> list[tuple[int, str]]:
+    """String constants in a key's position: an index (``x["k"]``), the key of
+    ``.get``/``.pop``/``.setdefault``, a membership test (``"k" in x``), a dict display's key,
+    and the column arguments of a frame's ``groupby``/``sort_values``; and anywhere, a string
+    that is one of the ``distinctive`` keys (``final_accuracy``: no other word is spelled so),
+    as grep would find it."""
+    found = [(node.lineno, node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and node.value in distinctive]
+    for node in ast.walk(tree):
+        constants: list[ast.AST] = []
+        if isinstance(node, ast.Subscript):
+            if receiver(node.value) not in ALLOWED_RECEIVERS:
+                constants.append(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("get", "pop", "setdefault") and node.args:
+                if receiver(node.func.value) not in ALLOWED_RECEIVERS:
+                    constants.append(node.args[0])
+            if node.func.attr in ("groupby", "sort_values", "drop_duplicates"):
+                for arg in node.args[:1]:
+                    constants += arg.elts if isinstance(arg, (ast.List, ast.Tuple)) else [arg]
+        elif isinstance(node, ast.Compare) and any(
+                isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            constants.append(node.left)
+        elif isinstance(node, ast.Dict):
+            constants += [key for key in node.keys if key is not None]
+        for constant in constants:
+            if isinstance(constant, ast.Constant) and isinstance(constant.value, str):
+                found.append((constant.lineno, constant.value))
+    return found
+
+
+def test_no_result_key_is_spelled_out_in_suite():
+    keys = declared_keys()
+    distinctive = {key for key in keys if "_" in key}
+    spelled = []
+    for path in sorted(SUITE.rglob("*.py")):
+        module = str(path.relative_to(SUITE.parent))
+        if path == SUITE / "results" / "schema.py" or module in OTHER_FORMATS:
+            continue
+        tree = ast.parse(path.read_text())
+        # every module: the distinctive keys, as grep finds them; the modules that read or
+        # write run folders: every key in a key's position too
+        found = key_literals(tree, distinctive)
+        if not reads_run_folders(path, tree):
+            found = [(line, value) for line, value in found if value in distinctive]
+        spelled += sorted({f"{module}:{line}: {value!r}" for line, value in found
+                           if value in keys and (module, value) not in ALLOWED})
+    assert not spelled, "result keys spelled out (use suite.results.schema's names):\n" + (
+        "\n".join(spelled))
+
+
+def test_the_check_finds_a_spelled_out_key():
+    """The scan itself: each key position it claims to see is seen, and kwargs are not."""
+    code = ('summary["final_accuracy"]; run.get("method"); "loss" in rows\n'
+            '{"run_id": 1}; frame.groupby(["iteration", "rank"]); kwargs["gpus"]\n')
+    assert [value for _, value in key_literals(ast.parse(code))] == [
+        "final_accuracy", "method", "loss", "run_id", "iteration", "rank"]
+
+
+def test_every_file_lists_its_keys_once():
+    for keys in (schema.SUMMARY_FILE_KEYS, schema.MANIFEST_FILE_KEYS, schema.ITERATION_COLUMNS,
+                 schema.EVAL_COLUMNS, schema.LAYER_COLUMNS):
+        assert len(keys) == len(set(keys)), keys
+    assert set(schema.SUMMARY_KEYS) <= set(schema.SUMMARY_FILE_KEYS)
