@@ -141,6 +141,13 @@ METHOD_SETTINGS = "method_settings"
 #: the frozen run plan every rank resolved (suite.run.plan.RunPlan.facts) and its digest
 PLAN = "plan"
 PLAN_DIGEST = "digest"
+#: the plan's facts besides the run's own names: the method's plugin (None: built in), its
+#: resolved settings, the dataset's spec, the layout (gpus, gpus_per_node, nodes), the schedule
+PLAN_PLUGIN = "plugin"
+PLAN_SETTINGS = "settings"
+PLAN_SPEC = "spec"
+PLAN_LAYOUT = "layout"
+PLAN_SCHEDULE = "schedule"
 RECIPE = "recipe"
 PLANNED_ITERATIONS = "planned_iterations"
 BUDGET = "budget"
@@ -169,7 +176,7 @@ RUNNER_LOAD = "runner_load"
 #: every key manifest.json may hold (and RUN_ID, STEPS_PER_ITERATION, EXCHANGE_EVERY,
 #: SIMULATED, STARTED of the summary's names)
 MANIFEST_FILE_KEYS = (
-    FORMAT_VERSION_KEY, RUN_ID, CONFIG, METHOD_SETTINGS, RECIPE, PLANNED_ITERATIONS, BUDGET,
+    FORMAT_VERSION_KEY, RUN_ID, CONFIG, PLAN, METHOD_SETTINGS, RECIPE, PLANNED_ITERATIONS, BUDGET,
     STEPS_PER_ITERATION, EXCHANGE_EVERY, OVERLAPPED_PHASES, STEPS_PER_EPOCH, TRAIN_SAMPLES,
     TEST_SAMPLES, PARAMETERS, MODEL, VERSIONS, GIT_REVISION, DEVICE, BACKEND, TOPOLOGY,
     NUMERICS, GROUP_BACKENDS, GPU_SHARING, LIVE_LOGS, HARDWARE, SIMULATED, NETWORK, SIMULATION,

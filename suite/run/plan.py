@@ -30,27 +30,30 @@ from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
 from suite.plugins.options import POSITIVE, Check, check_value, resolve_settings, settings_dict
 from suite.plugins.registry import METHODS, WORKLOADS, Entry
+from suite.results import schema
 from suite.results.folder import make_run_id
 
 __all__ = ["RECIPE_OVERRIDES", "RunPlan", "Schedule", "plan_run"]
 
 #: RunConfig fields that override the workload's recipe
-RECIPE_OVERRIDES = ("batch_size", "lr", "momentum", "weight_decay", "lr_schedule", "warmup_epochs")
+RECIPE_OVERRIDES = (schema.BATCH_SIZE, schema.LR, schema.MOMENTUM, schema.WEIGHT_DECAY,
+                    schema.LR_SCHEDULE, schema.WARMUP_EPOCHS)
 #: a run id names one folder inside --results-dir: no separators, no "..", no hidden names
 SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: RunConfig field -> its range (run length, recipe overrides, reliability)
 RECIPE_CHECKS = {
-    **dict.fromkeys(("iterations", "epochs", "eval_every", "batch_size", "lr"), POSITIVE),
-    "momentum": Check(lambda v: 0 <= v < 1, "in [0, 1)"),
-    "weight_decay": Check(lambda v: v >= 0, "at least 0"),
-    "warmup_epochs": Check(lambda v: v >= 0, "at least 0"),
+    **dict.fromkeys(("iterations", schema.EPOCHS, "eval_every", schema.BATCH_SIZE, schema.LR),
+                    POSITIVE),
+    schema.MOMENTUM: Check(lambda v: 0 <= v < 1, "in [0, 1)"),
+    schema.WEIGHT_DECAY: Check(lambda v: v >= 0, "at least 0"),
+    schema.WARMUP_EPOCHS: Check(lambda v: v >= 0, "at least 0"),
     **dict.fromkeys(("checkpoint_every", "checkpoint_minutes", "collective_timeout"), POSITIVE),
     "max_restarts": Check(lambda v: v >= 0, "at least 0"),
     "bn_recalibrate": Check(lambda v: v >= 0, "at least 0"),
 }
 #: RunConfig fields a plan may change without resolving again: how a start of the run
 #: treats its folder, and the node size a job discovers
-RESTART_FIELDS = ("resume", "overwrite", "run_id", "gpus_per_node")
+RESTART_FIELDS = ("resume", "overwrite", schema.RUN_ID, schema.GPUS_PER_NODE)
 
 
 @dataclass(frozen=True)
@@ -156,21 +159,22 @@ class RunPlan:
         """What the plan resolved, as JSON values: recorded in the manifest (``plan``) and
         checked by every rank against its own resolution."""
         return {
-            "run_id": self.config.run_id,
-            "method": self.method.name,
-            "plugin": self.method.plugin,
-            "settings": settings_dict(self.settings),
-            "workload": self.workload.name,
-            "model": self.workload.model_name,
-            "recipe": asdict(self.recipe),
-            "dataset": self.dataset,
-            "spec": asdict(self.spec),
-            "samples": [self.train_samples, self.test_samples],
-            "layout": {"gpus": self.config.gpus, "gpus_per_node": self.config.gpus_per_node,
-                       "nodes": self.nodes},
-            "launcher": self.config.launcher,
-            "device": self.config.device,
-            "schedule": asdict(self.schedule),
+            schema.RUN_ID: self.config.run_id,
+            schema.METHOD: self.method.name,
+            schema.PLAN_PLUGIN: self.method.plugin,
+            schema.PLAN_SETTINGS: settings_dict(self.settings),
+            schema.WORKLOAD: self.workload.name,
+            schema.MODEL: self.workload.model_name,
+            schema.RECIPE: asdict(self.recipe),
+            schema.DATASET: self.dataset,
+            schema.PLAN_SPEC: asdict(self.spec),
+            schema.SAMPLES: [self.train_samples, self.test_samples],
+            schema.PLAN_LAYOUT: {schema.GPUS: self.config.gpus,
+                                 schema.GPUS_PER_NODE: self.config.gpus_per_node,
+                                 schema.NODES: self.nodes},
+            schema.LAUNCHER: self.config.launcher,
+            schema.DEVICE: self.config.device,
+            schema.PLAN_SCHEDULE: asdict(self.schedule),
         }
 
     @property
@@ -181,7 +185,7 @@ class RunPlan:
 
     def to_json(self) -> str:
         """What a rank receives: the configuration and the plan's facts."""
-        return json.dumps({"config": json.loads(self.config.to_json()), "facts": self.facts()},
+        return json.dumps({schema.CONFIG: json.loads(self.config.to_json()), "facts": self.facts()},
                           sort_keys=True, default=str)
 
     @classmethod
@@ -189,7 +193,7 @@ class RunPlan:
         """The plan of ``to_json``'s text, resolved again here from its configuration;
         a one-line error when this process resolves other facts than the launcher did."""
         data = json.loads(text)
-        config = RunConfig.from_json(json.dumps(data["config"]))
+        config = RunConfig.from_json(json.dumps(data[schema.CONFIG]))
         plan = plan_run(config)
         sent = json.loads(json.dumps(data["facts"], default=str))
         here = json.loads(json.dumps(plan.facts(), default=str))

@@ -27,6 +27,8 @@ ALLOWED = {
     ("suite/commands/simulate.py", "accuracy_from"),
     ("suite/cluster/ranks.py", "world_size"),  # init_process_group's keywords
     ("suite/plugins/method.py", "lr"),  # torch's optimizer param groups
+    ("suite/config.py", "accuracy_from"),  # the --accuracy-from option
+    ("suite/run/build.py", "steps_per_iteration"),  # the Method attribute's name
 }
 #: modules of other formats whose keys spell some of the run folder's: a hardware profile and
 #: its calibration plan (suite.sim), the command line's option names
