@@ -5,8 +5,14 @@ import os
 import subprocess
 
 import nox
+import nox.virtualenv
+from packaging.version import Version
 
 nox.options.sessions = ["tests"]
+# Every session runs here (python=False), so no backend is chosen and uv is never needed; nox
+# still looks for it before each session and logs "uv binary not found." where it is absent.
+# Its own uv state, set here, is what it reads instead of looking.
+nox.virtualenv.HAS_UV, nox.virtualenv.UV, nox.virtualenv.UV_VERSION = False, "uv", Version("0")
 
 
 @nox.session(python=False)
@@ -66,7 +72,9 @@ ALL_METHODS = (
     "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
     "gmp-hier,prune-retrain"
 )
-REFERENCE = "results/reference"
+#: the committed references, one folder per machine class (suite.results.reference's
+#: REFERENCE_ROOT)
+REFERENCE = "reference"
 # a tenth of an epoch, evaluated once at the end: minutes on CPU, seconds on GPUs; rounds of 4
 # local steps, so PruneX's masks settle and freeze within it (its evaluated consensus is only
 # meaningful once they do)
@@ -111,7 +119,7 @@ def thresholds(results: str) -> dict:
 def nightly(session):
     """Every method on a tenth of an epoch of Fashion-MNIST (4 ranks, 2 per node; CUDA when
     there are 4 devices, else CPU), a report, and the regression gate: `bench compare`
-    against the reference of this machine's class (results/reference/<class>/; a class that
+    against the reference of this machine's class (reference/<class>/; a class that
     has none is a one-line failure naming `nox -s reference`) on the final training loss,
     accuracy, inter-node bytes and time as a ratio to DDP's, with every method's activity
     check, at the thresholds of the class's gate.json (NIGHTLY_TIME_THRESHOLD,
@@ -151,7 +159,7 @@ def nightly(session):
 @nox.session(python=False)
 def reference(session):
     """Record the nightly's reference for this machine's class into
-    results/reference/<class>/ (after an intended change of numbers; commit the diff). Other
+    reference/<class>/ (after an intended change of numbers; commit the diff). Other
     classes' references are left as they are; the class's gate.json stays."""
     import tempfile
 
@@ -165,7 +173,7 @@ def reference(session):
 @nox.session(python=False, name="gate-thresholds")
 def gate_thresholds(session):
     """Measure this class's own thresholds: N nightlies (``-- N``, default 5) without the
-    gate, then results/reference/<class>/gate.json from their spread around the reference
+    gate, then reference/<class>/gate.json from their spread around the reference
     (suite.results.reference.calibrate_gate). Record the reference first; commit both."""
     import tempfile
 

@@ -33,7 +33,19 @@ from suite.commands.trend import run_trend
 from suite.compat import require_supported_torch
 from suite.errors import BenchError
 from suite.results.recover import recover
+from suite.results.reference import moved_reference
 from suite.sim.calibrate import calibrate_to_file
+
+
+def result_set_path(ctx, param, value):
+    """A result set's path as given, or, for the references' old place
+    (``results/reference/...``), their new one, with a note."""
+    moved = None if value is None else moved_reference(value)
+    if moved is None:
+        return value
+    click.echo(f"note: reading {moved} ({value} moved there: the committed references live "
+               "outside results/)", err=True)
+    return str(moved)
 
 
 @click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -153,8 +165,8 @@ def sweep_cmd(**kwargs) -> None:
 
 
 @main.command("compare")
-@click.argument("baseline")
-@click.argument("new")
+@click.argument("baseline", callback=result_set_path)
+@click.argument("new", callback=result_set_path)
 @click.option("--max-regression", default="5%", show_default=True,
               help="allowed worsening of times and bytes, relative (5% or 0.05)")
 @click.option("--max-accuracy-drop", type=float, default=1.0, show_default=True,
@@ -186,8 +198,8 @@ def compare_cmd(
     run), setting (real, emulated, simulated) and recipe (batch, lr, epochs);
     repeats are reduced to their mean and 95 % interval, and with repeats on both sides a
     change counts only when the intervals do not overlap. A BASELINE of per-class folders
-    (results/reference/<class>/) is read for the NEW runs' class; a class it lacks fails in
-    one line. Every finished NEW run must also pass its method's activity check."""
+    (reference/<class>/) is read for the NEW runs' class; a class it lacks fails in one
+    line. Every finished NEW run must also pass its method's activity check."""
 
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
@@ -200,7 +212,7 @@ def compare_cmd(
 
 @main.command("trend")
 @click.argument("history")
-@click.option("--add", "add", default=None, metavar="RESULTS_DIR",
+@click.option("--add", "add", default=None, metavar="RESULTS_DIR", callback=result_set_path,
               help="first append this result set (a nightly's) to the history")
 @click.option("--max-regression", default="5%", show_default=True,
               help="smallest relative step of bytes and times that counts")
@@ -225,7 +237,7 @@ def trend_cmd(
 
 
 @main.command("report")
-@click.argument("results_dir")
+@click.argument("results_dir", callback=result_set_path)
 @click.option("-o", "--output", default="reports/latest", show_default=True, help="report folder")
 @click.option("--width", type=click.Choice(["one", "two"]), default=None,
               help="size every figure for one paper column (3.25 in) or the two-column page "

@@ -1,7 +1,7 @@
 """``bench compare``: two result sets, like with like, as a table (text, Markdown for a CI job
 summary, or JSON for scripts); the exit code says whether anything regressed.
 
-A baseline may be a tree of references per machine class (``results/reference/<class>/``):
+A baseline may be a tree of references per machine class (``reference/<class>/``):
 the NEW runs are compared with the reference of their own class, and a class that has none
 fails in one line naming ``nox -s reference``; NEW runs of which none matched a baseline run
 fail too (never a silent pass with nothing compared).

@@ -1,16 +1,35 @@
 """``bench sim``: the simulations of a grid of methods and GPU counts on one profile, each
-written as a run folder marked ``simulated``, and a line per simulation."""
+written as a run folder marked ``simulated``, and a line per simulation; on stderr, within
+seconds, what will run, its estimated cost here (and a smaller command where that exceeds a
+few minutes), then each cell's build, replayed iterations and pricing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
+from suite.cluster.topology import check_layout
 from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
 from suite.errors import BenchError
 from suite.results.folder import RunFolder
+from suite.sim.estimate import (
+    PATIENCE_SECONDS,
+    duration,
+    estimate_seconds,
+    plan_cell,
+    quicker,
+    single_threaded,
+    smaller_command,
+    time_local_step,
+)
+from suite.sim.measure import memory_bandwidth
 from suite.sim.profile import load_profile, shipped_profiles
 from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable, simulate_run
 
@@ -26,16 +45,22 @@ def run_simulations(
     accuracy_from: str | None,
     dry_run: bool = False,
     echo,
+    command: Sequence[str] | None = None,
 ) -> list[Path]:
     """One simulated run folder per (method, GPU count); each method gets the options it
-    declares. Everything is checked before the first simulation starts."""
+    declares. Everything is checked before the first simulation starts. ``command``: the
+    command line after ``bench`` (a smaller one is derived from it)."""
 
+    def say(line: str) -> None:
+        echo(line, err=True)
+
+    replay = replay or DEFAULT_REPLAY
     loaded = load_profile(profile or "v100-ib100")
     accuracy = borrowed_accuracy(accuracy_from)
-    if replay is not None and replay < 1:
+    if replay < 1:
         raise BenchError(f"--replay must be at least 1, got {replay}")
     configs = []
-    for method in methods:
+    for method in methods:  # the checks that take no time first: a mistake is one line
         check_simulable(method)
         options, ignored = split_options(method, given)
         if ignored and len(methods) == 1:
@@ -45,17 +70,43 @@ def run_simulations(
             config.gpus_per_node = config.gpus_per_node or loaded.gpus_per_node
             if len(methods) * len(gpus) > 1:
                 config.run_id = None
-            validate(config, check_data=False)
+            check_layout(config.gpus, config.gpus_per_node)
             configs.append(config)
+    say(f"bench sim: {len(configs)} simulation(s) ({', '.join(methods)} x "
+        f"{', '.join(map(str, gpus))} GPUs) of {base.workload} on {loaded.name}; "
+        "checking them")
+    for config in configs:  # the model's structure traced, the options' ranges
+        validate(config, check_data=False)
     if dry_run:
         for config in configs:
             echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
                  f"({config.gpus // config.gpus_per_node} x {config.gpus_per_node}), "
                  f"options {config.options}")
         return []
-    paths = []
-    for config in configs:
-        path = simulate_run(config, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
+    cells = [plan_cell(config, replay) for config in configs]
+    build_s, step_s, parameters = time_local_step(configs[0])
+    expected = estimate_seconds(cells, build_s, step_s)
+    say(f"estimate: {sum(c.replayed_steps for c in cells)} local steps replayed for real over "
+        f"{len(cells)} simulation(s) (up to {replay} iteration(s) each), at {step_s * 1e3:.0f} ms "
+        f"per stand-in step of {base.workload} ({parameters / 1e6:.1f} M parameters) on this "
+        f"machine now: about {duration(expected)}")
+    if expected > PATIENCE_SECONDS:
+        fewer_replay, fewer_gpus, fewer_seconds = quicker(cells, replay, build_s, step_s, gpus)
+        argv = command if command is not None else [
+            "sim", "--method", ",".join(methods), "--workload", base.workload,
+            "--profile", loaded.name]
+        say(f"that is more than {duration(PATIENCE_SECONDS)}; a smaller one (about "
+            f"{duration(fewer_seconds)}): {smaller_command(argv, fewer_replay, fewer_gpus)}")
+    host_bandwidth = single_threaded(memory_bandwidth)(torch.device("cpu"))  # once: cells alike
+    paths, start = [], time.perf_counter()
+    for number, (config, cell) in enumerate(zip(configs, cells), 1):
+        name = f"[{number}/{len(cells)}] {config.method} {config.gpus} GPUs"
+        say(f"{name}: building {config.workload} on {config.gpus // config.gpus_per_node} "
+            f"nodes x {config.gpus_per_node}; {cell.iterations} iteration(s), "
+            f"{cell.replayed_iterations} replayed")
+        path = simulate_run(config, loaded, replay=replay, accuracy=accuracy,
+                            host_memory_bandwidth=host_bandwidth,
+                            progress=Throttled(lambda line, name=name: say(f"{name}: {line}")))
         summary = RunFolder(path).summary()
         echo(
             f"{config.method:<12} {config.gpus:>4} GPUs  "
@@ -64,7 +115,25 @@ def run_simulations(
             f"-> {path}"
         )
         paths.append(path)
+    say(f"bench sim: {len(paths)} simulation(s) in {duration(time.perf_counter() - start)} "
+        f"(estimated {duration(expected)})")
     return paths
+
+
+class Throttled:
+    """Progress lines at most every ``every`` seconds (a fast replay says one line, a slow
+    one a line per iteration); a replay's first and last iteration and the pricing always."""
+
+    ALWAYS = re.compile(r"^(pricing|replayed iteration (1/|(\d+)/\3 ))")
+
+    def __init__(self, say: Callable[[str], None], every: float = 2.0):
+        self.say, self.every, self.last = say, every, 0.0
+
+    def __call__(self, line: str) -> None:
+        now = time.perf_counter()
+        if self.ALWAYS.match(line) or now - self.last >= self.every:
+            self.say(line)
+            self.last = now
 
 
 def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
@@ -79,4 +148,4 @@ def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
     sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from", "dry_run")}
     kwargs["launcher"] = "sim"
     base = RunConfig.from_flags({**kwargs, "method": methods[0]}, {}, gpus[0])
-    run_simulations(methods, gpus, base, options, **sim, echo=echo)
+    run_simulations(methods, gpus, base, options, **sim, echo=echo, command=sys.argv[1:])

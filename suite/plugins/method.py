@@ -148,6 +148,13 @@ class RunContext:
     budget_steps: int | None = None  # local steps every rank takes in the whole run
     spec: DatasetSpec | None = None  # the dataset's input shape, for tracing the model's graph
 
+    @property
+    def simulated(self) -> bool:
+        """Whether this is ``bench sim`` replaying the method's steps on stand-in batches:
+        nothing is trained or evaluated, so a warning about training (the masks froze too
+        late to train the consensus) means nothing here and is not given."""
+        return self.config.launcher == "sim"
+
     def example_input(self) -> torch.Tensor:
         """One zero input of the dataset's shape (channel dependencies are traced with it).
 

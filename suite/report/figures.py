@@ -24,11 +24,22 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.transforms import ScaledTranslation  # noqa: E402
 
 from suite.cluster.phases import phase_color  # noqa: E402
-from suite.report.labels import LABEL, display, label_table, line_table, ranks_word  # noqa: E402
+from suite.report.labels import (  # noqa: E402
+    LABEL,
+    budget_words,
+    display,
+    figure_context,
+    label_table,
+    line_table,
+    machine_part,
+)
 from suite.report.load import FINAL_DENSITY, is_comm_column, parts_of  # noqa: E402
 from suite.report.style import (  # noqa: E402
+    context_title,
+    dodge,
     legend_outside,
     log_scale,
     paper_figure,
@@ -37,9 +48,10 @@ from suite.report.style import (  # noqa: E402
 )
 from suite.results import schema  # noqa: E402
 from suite.results.resultset import (  # noqa: E402
-    DEVICE,
+    MACHINE_CLASS,
     OVERLAPPED_PHASES,
     RUN_INDEX,
+    SETTING,
     VIEW,
     ResultSet,
     column,
@@ -50,12 +62,17 @@ from suite.results.view import RunView, first_line  # noqa: E402
 
 @dataclass
 class Figure:
+    """A figure drawn: its files (PNG first), the table it plots, the runs it drew, what
+    they share (``context``: workload, GPUs and layout, budget; its title and the start of
+    its caption) and a note on how to read it."""
+
     name: str
     title: str
     files: list[Path]
     table: pd.DataFrame
     run_ids: list[str]
     note: str = ""
+    context: str = ""
 
 
 @dataclass
@@ -70,6 +87,61 @@ def epoch_seconds(epochs, train_seconds) -> float | None:
     if not epochs or train_seconds is None:
         return None
     return train_seconds / epochs
+
+
+def finish(fig, runs: ResultSet, run_ids, out: Path, name: str,
+           on_axis: tuple[str, ...] = (), faceted: tuple[str, ...] = ()) -> tuple[list[Path], str]:
+    """Title the figure with what the runs it drew share (``figure_context``; ``on_axis``
+    and ``faceted``: what it draws on an axis or names in its panels' titles instead) and
+    save it; returns its files and that context."""
+    ids = {i for joined in run_ids for i in str(joined).split(",")}
+    frame = runs.runs
+    context = figure_context(frame[frame[schema.RUN_ID].isin(ids)], on_axis, tuple(faceted))
+    context_title(fig, context)
+    return save(fig, out, name), context
+
+
+def draws_data(ax) -> bool:
+    """Whether a panel drew anything: a line or marker with points, a bar, a collection
+    (error bars, bands) with members, an image."""
+    return (any(len(line.get_xdata()) for line in ax.lines) or bool(ax.patches)
+            or any(len(c.get_paths()) for c in ax.collections) or bool(ax.images))
+
+
+def hide_if_empty(ax) -> bool:
+    """Hide a panel that drew nothing, rather than show empty axes; True if hidden."""
+    if draws_data(ax):
+        return False
+    ax.set_visible(False)
+    return True
+
+
+def bars_in_range(ax, ends, axis: str = "x") -> None:
+    """Limits that hold every bar and its error bar (``ends``: where each ends, error
+    included), on linear axes from 0 and on log axes from below the smallest."""
+    ends = [e for e in ends if e is not None and math.isfinite(e)]
+    if not ends:
+        return
+    scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+    high = max(ends) * (1.5 if scale == "log" else 1.05)
+    low = min(e for e in ends if e > 0) / 2 if scale == "log" and any(e > 0 for e in ends) else 0
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(low, high)
+
+
+def facets(frame: pd.DataFrame) -> tuple[list[str], pd.DataFrame]:
+    """How a figure of curves or points keeps machine classes and budgets apart: a row of
+    panels per budget and per class where ``frame`` (runs) holds several of either. Returns
+    the facet columns that vary (``budget``, ``machine``) and, per run, its facet values and
+    its label without them (the panels' titles name them; one legend serves every panel)."""
+    table = pd.DataFrame({
+        "budget": [budget_words(e) for e in column(frame, schema.EPOCHS)],
+        "machine": [machine_part(s, m) for s, m in zip(column(frame, SETTING),
+                                                        column(frame, MACHINE_CLASS))],
+    }, index=frame.index)
+    varying = [k for k in ("budget", "machine") if table[k].nunique() > 1]
+    table[LABEL] = (label_table(frame, parts_of(frame), faceted=("budget", "machine"))
+                    if varying else frame[LABEL])
+    return varying, table
 
 
 def run_display(runs: ResultSet, position: int) -> str:
@@ -88,25 +160,26 @@ def sums_per_run(values: pd.Series, run_index: pd.Series) -> dict[int, float]:
 
 
 def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
-    """Fig. 9: speedup and parallel efficiency vs ranks on log-log axes, relative to each
-    line's smallest configuration, from training seconds per epoch (median over repeats)."""
+    """Fig. 9: speedup and parallel efficiency vs GPUs on log-log axes, relative to each
+    line's smallest configuration, from training seconds per epoch (median over repeats).
+    Lines that start at one point (every line's speedup is 1 there) are spread sideways by a
+    few points so that none hides another."""
     name, title = "fig09_scaling", "Strong scaling: speedup and parallel efficiency"
     runs_frame = runs.runs
     rows = []
-    for line, method, workload, gpus, epochs, train, run_id, device in zip(
+    for line, method, workload, gpus, epochs, train, run_id in zip(
         line_table(runs_frame, parts_of(runs_frame)), runs_frame[schema.METHOD],
         runs_frame[schema.WORKLOAD], runs_frame[schema.GPUS], column(runs_frame, schema.EPOCHS),
         column(runs_frame, schema.TRAIN_SECONDS), runs_frame[schema.RUN_ID],
-        column(runs_frame, DEVICE),
     ):
         seconds = epoch_seconds(epochs, train)
         if seconds:
             rows.append({"series": line, "method": method, "workload": workload, "gpus": gpus,
-                         "epoch_seconds": seconds, "run_id": run_id, "word": ranks_word(device)})
+                         "epoch_seconds": seconds, "run_id": run_id})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
-    frame = frame.groupby(["workload", "series", "method", "word", "gpus"], as_index=False).agg(
+    frame = frame.groupby(["workload", "series", "method", "gpus"], as_index=False).agg(
         epoch_seconds=("epoch_seconds", "median"), run_id=("run_id", ",".join)
     )
     lines = frame.groupby(["workload", "series"]).filter(lambda g: g.gpus.nunique() >= 2)
@@ -119,29 +192,47 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
     lines["efficiency"] = lines.speedup / (lines.gpus / lines.gpus_base)
     styles = series_styles(zip(lines.series, lines.method))
     ticks = sorted(lines.gpus.unique())
-    word = "GPUs" if set(lines.word) == {"GPUs"} else "ranks"
+    bases = sorted(lines.gpus_base.unique())
+    over = f"over {bases[0]} GPUs" if len(bases) == 1 else "over each line's fewest GPUs"
     with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
         speed, efficiency = axes[0]
-        for series, line in lines.groupby("series", sort=False):
-            line = line.sort_values("gpus")
-            speed.plot(line.gpus, line.speedup, label=series, ms=4, **styles[series])
-            efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series])
         speed.plot(ticks, [g / min(ticks) for g in ticks], color="k", lw=0.8, ls=(0, (1, 1)),
                    label="ideal")
         efficiency.axhline(1.0, color="k", lw=0.8, ls=(0, (1, 1)))
+        drawn = []
+        for series, line in lines.groupby("series", sort=False):
+            line = line.sort_values("gpus")
+            drawn.append(speed.plot(line.gpus, line.speedup, label=series, ms=4,
+                                    **styles[series]))
+            drawn.append(efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series]))
         speed.set_yscale("log", base=2)
-        for ax, label in ((speed, "speedup"), (efficiency, "parallel efficiency")):
+        for ax, label in ((speed, f"speedup {over} (log scale)"),
+                          (efficiency, "parallel efficiency")):
             ax.set_xscale("log", base=2)
             ax.set_xticks(ticks, [str(g) for g in ticks])
             ax.minorticks_off()
-            ax.set_xlabel(f"{word} (log scale)")
+            ax.set_xlabel("GPUs (log scale)")
             ax.set_ylabel(label)
-        speed.set_ylabel("speedup (log scale)")
+        for ax, artists in ((speed, drawn[0::2]), (efficiency, drawn[1::2])):
+            spread(ax, artists)
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, lines.run_id, out, name, on_axis=("GPUs",))
     ids = sorted({i for ids in lines.run_id for i in ids.split(",")})
     table = lines[["workload", "series", "gpus", "epoch_seconds", "speedup", "efficiency"]]
-    return Figure(name, title, files, table, ids, "relative to each line's smallest GPU count")
+    return Figure(name, title, files, table, ids,
+                  f"speedup {over}, from training seconds per epoch; lines that share a "
+                  "point are drawn a few points apart", context)
+
+
+def spread(ax, lines: list[list], spacing: float = 2.5) -> None:
+    """Lines that share points (every scaling line starts at speedup 1) moved sideways by
+    ``spacing`` points each, symmetrically, so no marker hides another."""
+    for rank, artists in enumerate(lines):
+        offset = (rank - (len(lines) - 1) / 2) * spacing
+        if offset:
+            shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
+            for artist in artists:
+                artist.set_transform(ax.transData + shift)
 
 
 def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
@@ -157,59 +248,79 @@ def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
 
 def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 12: final accuracy vs the inter-node traffic spent to reach it, and vs the
-    density of the pruned layers, per workload, with the Pareto frontier."""
+    density of the pruned layers, with the Pareto frontier; a row of panels per workload,
+    and per budget and machine class where the runs hold several (a frontier never mixes
+    them). A configuration of one run is a marker, one of repeats its mean with the 95 %
+    interval; markers that share a point are spread sideways."""
     name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
     frame = runs.runs
-    views = list(frame[VIEW])
     dense_gflops = {view.summary["workload"]: view.export["dense"]["flops"] / 1e9
-                    for view in views if view.export}
-    rows = [
-        {"workload": workload, "label": label, "method": method, "density": density,
-         "accuracy": 100 * accuracy, "inter_gb": (inter or 0) / 1e9,
-         "gflops": exported_gflops(view, density, dense_gflops), "run_id": run_id}
-        for workload, label, method, density, accuracy, inter, view, run_id in zip(
-            frame[schema.WORKLOAD], frame[LABEL], frame[schema.METHOD], frame[FINAL_DENSITY],
-            column(frame, schema.FINAL_ACCURACY), column(frame, schema.INTER_NODE_BYTES_TOTAL),
-            views, frame[schema.RUN_ID])
-        if accuracy is not None
-    ]
-    per_run = pd.DataFrame(rows)
-    if per_run.empty:
+                    for view in frame[VIEW] if view.export}
+    frame = frame[[a is not None for a in column(frame, schema.FINAL_ACCURACY)]]
+    if frame.empty:
         return Skipped(name, title, "no run has an accuracy (simulated runs carry none)")
-    frame = repeats_reduced(per_run, ["workload", "label", "method"], "accuracy")
-    means = per_run.groupby(["workload", "label"])[["inter_gb", "density", "gflops"]].mean()
-    frame = frame.join(means, on=["workload", "label"])
-    workloads = sorted(frame.workload.unique())
+    varying, faceted = facets(frame)
+    per_run = pd.DataFrame({
+        "workload": frame[schema.WORKLOAD], "budget": faceted.budget,
+        "machine": faceted.machine, "label": faceted[LABEL], "method": frame[schema.METHOD],
+        "density": frame[FINAL_DENSITY].astype(float),
+        "accuracy": 100 * column(frame, schema.FINAL_ACCURACY).astype(float),
+        "inter_gb": [(b or 0) / 1e9 for b in column(frame, schema.INTER_NODE_BYTES_TOTAL)],
+        "gflops": [exported_gflops(view, density, dense_gflops)
+                   for view, density in zip(frame[VIEW], frame[FINAL_DENSITY])],
+        "run_id": frame[schema.RUN_ID],
+    }).reset_index(drop=True)
+    facet_keys = ["workload", *varying]
+    keys = [*facet_keys, "label", "method"]
+    frame = repeats_reduced(per_run, keys, "accuracy")
+    means = per_run.groupby(keys[:-1])[["inter_gb", "density", "gflops"]].mean()
+    frame = frame.join(means, on=keys[:-1])
+    panel_rows = sorted(frame.groupby(facet_keys).groups, key=str)
     styles = series_styles(zip(frame.label, frame.method))
     panels = [("inter_gb", "inter-node traffic to the end (GB)"),
               ("density", "density of the pruned layers")]
     if frame.gflops.notna().any():  # `bench export` ran: the deployed model's cost too
         panels.append(("gflops", "GFLOPs per image of the exported model"))
-    grid = paper_figure(width or "two", nrows=len(workloads), ncols=len(panels), ratio=0.8)
+    grid = paper_figure(width or "two", nrows=len(panel_rows), ncols=len(panels), ratio=0.8)
     with grid as (fig, axes):
-        for row, workload in zip(axes, workloads):
-            part = frame[frame.workload == workload].reset_index(drop=True)
+        for row, facet in zip(axes, panel_rows):
+            facet = facet if isinstance(facet, tuple) else (facet,)
+            chosen = np.logical_and.reduce([frame[k] == v for k, v in zip(facet_keys, facet)])
+            part = frame[chosen].reset_index(drop=True)
             for ax, (x, xlabel) in zip(row, panels):
                 shown = part[part[x].notna()].reset_index(drop=True)
-                for _, point in shown.iterrows():
-                    look = styles[point.label]
-                    ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), ms=4,
-                                color=look["color"], marker=look["marker"], capsize=2,
-                                lw=0.8, fillstyle=look["fillstyle"], ls="none",
-                                label=point.label)
+                markers = [(pareto_marker(ax, point, x, styles[point.label]), point[x],
+                            point.accuracy) for _, point in shown.iterrows()]
                 front = shown.iloc[pareto_front(shown[x], shown.accuracy)]
                 ax.step(front[x], front.accuracy, where="post", color="k", lw=0.6, alpha=0.6,
                         label="Pareto frontier")
                 ax.set_xlabel(xlabel)
                 ax.set_ylabel("test accuracy (%)")
-                ax.set_title(workload)
-            if (part.inter_gb > 0).all() and part.inter_gb.max() > 10 * part.inter_gb.min():
-                log_scale(row[0])
+                ax.set_title(", ".join(str(v) for v in facet))
+                if x == "inter_gb" and (shown.inter_gb > 0).all() and len(shown) and \
+                        shown.inter_gb.max() > 10 * shown.inter_gb.min():
+                    log_scale(ax)
+                if not hide_if_empty(ax):
+                    dodge(ax, markers)
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, per_run.run_id, out, name, faceted=varying)
     return Figure(name, title, files, frame, sorted(per_run.run_id),
-                  "repeats: mean and 95 % interval; frontier: no other point has less traffic "
-                  "(or density, or exported GFLOPs) and more accuracy")
+                  "a marker per configuration: one run, or the mean of its repeats with the "
+                  "95 % interval; markers that share a point are drawn a few points apart; "
+                  "frontier: no other point has less traffic (or density, or exported GFLOPs) "
+                  "and more accuracy", context)
+
+
+def pareto_marker(ax, point, x: str, look: dict) -> list:
+    """One configuration's marker: a plain marker for one run (no interval to draw), the
+    mean with its 95 % interval for repeats; returns its artists."""
+    common = {"ms": 4, "color": look["color"], "marker": look["marker"],
+              "fillstyle": look["fillstyle"], "ls": "none", "label": point.label}
+    if point.repeats > 1 and not pd.isna(point.accuracy_ci95):
+        bars = ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), capsize=2,
+                           lw=0.8, **common)
+        return [bars.lines[0], *bars.lines[1], *bars.lines[2]]
+    return ax.plot([point[x]], [point.accuracy], **common)
 
 
 def exported_gflops(run: RunView, density: float, dense_gflops: dict[str, float]) -> float:
@@ -251,34 +362,47 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
     if evals.empty:
         return Skipped(name, title, "no real run has evaluations")
     owner = evals[RUN_INDEX].to_numpy()
+    varying, faceted = facets(runs.runs)
+    facet = [", ".join(v) for v in zip(*(faceted[k] for k in varying))] or [""] * len(faceted)
     frame = evals.drop(columns=RUN_INDEX).reset_index(drop=True).assign(
-        run=runs.runs[LABEL].to_numpy()[owner], method=runs.runs[schema.METHOD].to_numpy()[owner],
-        run_id=runs.runs[schema.RUN_ID].to_numpy()[owner])
+        run=faceted[LABEL].to_numpy()[owner], method=runs.runs[schema.METHOD].to_numpy()[owner],
+        run_id=runs.runs[schema.RUN_ID].to_numpy()[owner],
+        facet=np.asarray(facet, dtype=object)[owner])
     frame = frame.assign(accuracy_pct=100 * frame.accuracy, inter_gb=frame.inter_node_bytes / 1e9)
     styles = series_styles(zip(frame.run, frame.method))
-    with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
-        for label, curve in frame.groupby("run", sort=False):
-            points = curve.groupby("iteration").agg(
-                train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
-                accuracy=("accuracy_pct", "mean"), spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
-            )
-            band = points.spread.fillna(0)
-            low, high = (points.accuracy - band).clip(0, 100), (points.accuracy + band).clip(0, 100)
-            for ax, x in zip(axes[0], ("train_seconds", "inter_gb")):
-                ax.plot(points[x], points.accuracy, ms=3, label=label, **styles[label])
-                ax.fill_between(points[x], low, high, color=styles[label]["color"], alpha=0.2,
-                                lw=0)
-        axes[0, 0].set_xlabel("training time (s)")
-        axes[0, 1].set_xlabel("cumulative inter-node traffic (GB, all ranks)")
-        if frame.inter_gb.max() > 0 and frame.inter_gb[frame.inter_gb > 0].min() > 0:
-            log_scale(axes[0, 1])
-        for ax in axes[0]:
-            ax.set_ylabel("test accuracy (%)")
+    panel_rows = sorted(frame.facet.unique())
+    with paper_figure(width or "two", nrows=len(panel_rows), ncols=2, ratio=0.75) as (fig, axes):
+        for row, facet_name in zip(axes, panel_rows):
+            part = frame[frame.facet == facet_name]
+            ends: dict[int, list] = {0: [], 1: []}  # per panel: (artists, last x, last y)
+            for label, curve in part.groupby("run", sort=False):
+                points = curve.groupby("iteration").agg(
+                    train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
+                    accuracy=("accuracy_pct", "mean"),
+                    spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
+                )
+                band = points.spread.fillna(0)
+                low = (points.accuracy - band).clip(0, 100)
+                high = (points.accuracy + band).clip(0, 100)
+                for panel, (ax, x) in enumerate(zip(row, ("train_seconds", "inter_gb"))):
+                    artists = ax.plot(points[x], points.accuracy, ms=3, label=label,
+                                      **styles[label])
+                    artists.append(ax.fill_between(points[x], low, high, alpha=0.2, lw=0,
+                                                   color=styles[label]["color"]))
+                    ends[panel].append((artists, points[x].iloc[-1], points.accuracy.iloc[-1]))
+            row[0].set_xlabel("training time (s)")
+            row[1].set_xlabel("cumulative inter-node traffic (GB, all ranks)")
+            if (part.inter_gb > 0).any():
+                log_scale(row[1])
+            for panel, ax in enumerate(row):
+                ax.set_ylabel("test accuracy (%)")
+                ax.set_title(facet_name)
+                dodge(ax, ends[panel])  # curves that end at one point, drawn apart
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name, faceted=varying)
     table = frame[["run_id", "run", "iteration", "epoch", "train_seconds", "inter_gb", "accuracy"]]
     note = "repeats of a configuration: mean per evaluation, band the 95 % interval"
-    return Figure(name, title, files, table, sorted(frame.run_id.unique()), note)
+    return Figure(name, title, files, table, sorted(frame.run_id.unique()), note, context)
 
 
 def comm_seconds_per_step(runs: ResultSet) -> pd.DataFrame:
@@ -336,13 +460,13 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
         positive = frame.comm_ms[frame.comm_ms > 0]
         if len(positive) and positive.max() > 100 * positive.min():
             log_scale(ax)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name)
     table = frame.groupby(["run", "run_id"], as_index=False).comm_ms.agg(
         ["mean", "median", "std", "max"]
     )
     return Figure(name, title, files, table, sorted(frame.run_id.unique()),
                   "box: iterations (and repeats) of a configuration; one iteration's time on its "
-                  "slowest rank over its local steps (DDP: 1; PruneX, local SGD: H)")
+                  "slowest rank over its local steps (DDP: 1; PruneX, local SGD: H)", context)
 
 
 def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
@@ -394,9 +518,10 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
         ax.errorbar(totals, y, xerr=spread, fmt="none", ecolor="k", capsize=2, lw=0.8)
         ax.set_yticks(list(y), list(frame.index))
         ax.set_xlabel("seconds per local step")
-        ax.margins(x=0.05)
+        bars_in_range(ax, [total + (0 if pd.isna(half) else half)
+                           for total, half in zip(totals, spread)])
         legend_outside(fig, axes, ncol=4)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, ids, out, name)
     table = frame.assign(run_id=[ids[label] for label in frame.index]).reset_index(names="run")
     run_ids = sorted(i for joined in ids for i in joined.split(","))
     note = (
@@ -404,7 +529,7 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
         "95 % interval of the total); hatched: communication that overlaps local compute "
         "(DDP's bucket all-reduce during backward), drawn inside it, not stacked"
     )
-    return Figure(name, title, files, table, run_ids, note)
+    return Figure(name, title, files, table, run_ids, note, context)
 
 
 def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
@@ -439,12 +564,19 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
     styles = series_styles(zip(total.run, total.method))
     with paper_figure(width or "two", ncols=2, ratio=max(0.75, 0.08 * len(total))) as (fig, axes):
         bars, steps_ax = axes[0]
-        bars.barh(total.index, total.inter_gb_per_epoch, xerr=total.inter_gb_per_epoch_ci95,
+        values = total.inter_gb_per_epoch
+        half = total.inter_gb_per_epoch_ci95.fillna(0.0)
+        # a log axis where the volumes span decades and none is zero (a bar of 0 has no
+        # place on it); its bars start at the axis' left end, not at 0
+        logarithmic = bool((values > 0).all() and values.max() > 100 * values.min())
+        left = values.min() / 2 if logarithmic else 0.0
+        bars.barh(total.index, values - left, left=left, xerr=half.where(half > 0),
                   color=[styles[r]["color"] for r in total.run], height=0.7)
         bars.set_yticks(total.index, total.run)
         bars.set_xlabel("inter-node GB/epoch")
-        if total.inter_gb_per_epoch.max() > 100 * max(total.inter_gb_per_epoch.min(), 1e-12):
-            log_scale(bars)
+        if logarithmic:
+            bars.set_xscale("log")
+        bars_in_range(bars, values + half)
         for label, curve in frame.groupby("run", sort=False):
             mean = curve.groupby("epoch").mb_per_step.mean()
             steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
@@ -453,10 +585,11 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
         steps_ax.set_ylabel("inter-node MB per local step")
         if (frame.mb_per_step > 0).any():
             log_scale(steps_ax, "y")
+        hide_if_empty(steps_ax)
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, per_run.run_id, out, name)
     return Figure(name, title, files, total, sorted(per_run.run_id),
-                  "bytes are the ring's algorithmic volume summed over ranks")
+                  "bytes are the ring's algorithmic volume summed over ranks", context)
 
 
 def round_axis(ax, rounds: pd.Series) -> None:
@@ -505,8 +638,9 @@ def residuals(
         ax.set_ylabel("primal residual (L2)")
         ax.set_title(run_display(runs, run))
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
-    return Figure(name, title, files, part, [runs.runs[schema.RUN_ID].iat[run]])
+        run_id = runs.runs[schema.RUN_ID].iat[run]
+        files, context = finish(fig, runs, [run_id], out, name)
+    return Figure(name, title, files, part, [run_id], context=context)
 
 
 def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
@@ -539,8 +673,8 @@ def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | 
             round_axis(ax, part.iteration)
             ax.set_ylabel(f"{penalty} (mean over layers)")
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
-    return Figure(name, title, files, frame, sorted(frame.run_id.unique()))
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name)
+    return Figure(name, title, files, frame, sorted(frame.run_id.unique()), context=context)
 
 
 def read_masks(run: RunView) -> dict | None:
@@ -628,9 +762,9 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
             ax.set_ylabel(ylabel)
             ax.grid(False)
             rows.append({"layer": layer, "shape": tuple(keep.shape), "density": density})
-        fig.suptitle(run_display(runs, position), fontsize=8)
-        files = save(fig, out, name)
-    return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept")
+        files, context = finish(fig, runs, [run.run_id], out, name)
+    return Figure(name, title, files, pd.DataFrame(rows), [run.run_id],
+                  f"{run_display(runs, position)}; black: kept", context)
 
 
 FIGURES = (scaling, pareto, time_to_accuracy, comm_latency, phase_breakdown, message_volume,

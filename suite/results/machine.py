@@ -5,7 +5,7 @@ A class names what makes runs bit-identical, or at least numerically alike: on C
 CPU vendor and family, the kernels torch dispatches to (its CPU capability: ``avx512``,
 ``avx2``, ``default`` under ``ATEN_CPU_CAPABILITY=default``) and the threads per rank; on CUDA
 the device model and its compute capability; and the collective backend. A nightly compares
-against the reference recorded on its own class (``results/reference/<class>/``), never a
+against the reference recorded on its own class (``reference/<class>/``), never a
 run against a reference of other kernels: on another CPU generation a tenth of an epoch moves
 a method's accuracy by as much as a change of seed. Runs recorded before the class named
 these (``cpu-gloo``, ``cuda-nccl-h100``) keep the short name they had.

@@ -1,5 +1,12 @@
-"""The nightly's committed references, one folder per machine class
-(``results/reference/<class>/``): recording one (``nox -s reference``) and finding them."""
+"""The nightly's committed references, one folder per machine class (``reference/<class>/``
+at the repository's top): where they live, recording one (``nox -s reference``) and finding
+them.
+
+They live outside the default results folder, so that ``bench report results`` reads what
+the user ran and nothing else (a fresh clone's ``results/`` is empty). Until issue 44 they were
+``results/reference/<class>/``; a command given that old path reads the new one
+(``moved_reference``), so scripts written against it keep working.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,34 @@ from suite.errors import BenchError
 from suite.results.compare import load_summaries
 from suite.results.folder import hardware, numerics
 from suite.results.machine import class_folders, machine_class
+
+#: the committed references, one folder per machine class (relative to the repository's top)
+REFERENCE_ROOT = "reference"
+#: where they were before issue 44 (read as an alias of REFERENCE_ROOT)
+OLD_REFERENCE_ROOT = "results/reference"
+
+
+def moved_reference(path: str | Path) -> Path | None:
+    """Where a path into the old reference location is now: ``results/reference[/...]``
+    (anywhere in ``path``) that does not exist, as ``reference[/...]`` where that exists;
+    None for any other path.
+
+    Examples:
+        ```python
+        moved_reference("results/reference/cpu-gloo")  # Path("reference/cpu-gloo")
+        moved_reference("results")                      # None
+        ```
+    """
+    path = Path(path)
+    if path.exists():
+        return None
+    old = Path(OLD_REFERENCE_ROOT).parts
+    parts = path.parts
+    for i in range(len(parts) - len(old) + 1):
+        if parts[i : i + len(old)] == old:
+            moved = Path(*parts[:i], *Path(REFERENCE_ROOT).parts, *parts[i + len(old) :])
+            return moved if moved.exists() else None
+    return None
 
 
 def record_reference(staging: str | Path, root: str | Path) -> Path:

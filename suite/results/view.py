@@ -113,12 +113,14 @@ class RunView:
         return {k: v for k, v in sorted(resolved.items()) if k not in declared or v != declared[k]}
 
     def shown_options(self, declared: dict | None) -> dict:
-        """:meth:`configuration` as a label shows it: without what the method derived on its
+        """``configuration`` as a label shows it: without what the method derived on its
         own (an option declared without a default that the run was not given, e.g. PruneX's
-        rho1 from its round pull)."""
+        rho1 from its round pull), except the structured keeps, which a label always names
+        (``schema.ALWAYS_SHOWN_OPTIONS``: PruneX's default is channel keep 0.5)."""
         given = self.given_options
         return {k: v for k, v in self.configuration(declared).items()
-                if k in given or declared is None or declared.get(k, 0) is not None}
+                if k in given or declared is None or declared.get(k, 0) is not None
+                or (k in schema.ALWAYS_SHOWN_OPTIONS and v is not None)}
 
     @property
     def machine_class(self) -> str:

@@ -29,6 +29,8 @@ is stationary once PruneX's masks are frozen (the manifest says whether they wer
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,7 @@ from suite.plugins.registry import METHODS
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder, make_run_id, write_table
 from suite.run.build import build_method, make_manifest, resolve_workload
+from suite.sim.estimate import single_threaded
 from suite.sim.measure import memory_bandwidth
 from suite.sim.pricing import SimCommunicator, SimRecorder, rank_rows
 from suite.sim.profile import Profile
@@ -82,6 +85,7 @@ def check_simulable(method: str) -> None:
         raise BenchError(f"the simulator cannot replay {method}: {reason}")
 
 
+@single_threaded
 def simulate_run(
     config: RunConfig,
     profile: Profile,
@@ -89,8 +93,11 @@ def simulate_run(
     replay: int = DEFAULT_REPLAY,
     accuracy: Borrowed | None = None,
     host_memory_bandwidth: float | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """Simulate ``config`` (one method, one GPU count) and write its run folder."""
+    """Simulate ``config`` (one method, one GPU count) and write its run folder; ``progress``
+    is told each replayed iteration (its local steps and seconds here) and the pricing."""
+    say = progress or (lambda line: None)
     check_simulable(config.method)
     workload, recipe, dataset = resolve_workload(config)
     gpn = config.gpus_per_node or profile.gpus_per_node
@@ -127,6 +134,7 @@ def simulate_run(
     rows: list[dict] = []
     last: list[dict] = []
     replayed = 0
+    started = time.perf_counter()
     for it in range(iterations):
         local_steps = min((it + 1) * method.steps_per_iteration, ctx.budget_steps)
         epoch = local_steps / loader.steps_per_epoch
@@ -141,6 +149,12 @@ def simulate_run(
             )
             last = rank_rows(leader, comm.events, config.gpus, gpn)
             replayed += 1
+            steps = recorder.steps_this_iteration
+            say(f"replayed iteration {replayed}/{min(replay, iterations)} ({steps} local "
+                f"step{'s' if steps != 1 else ''}) in {time.perf_counter() - started:.1f} s")
+            started = time.perf_counter()
+            if replayed == min(replay, iterations) and iterations > replayed:
+                say(f"pricing iterations {replayed + 1}-{iterations} as the last replayed one")
         else:
             last = [dict(row, iteration=it, epoch=epoch) for row in last]
         rows.extend(last)

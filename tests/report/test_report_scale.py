@@ -62,7 +62,7 @@ def copies(root: Path, runs: int) -> Path:
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("report_scale", module)  # its dataclasses look themselves up
     spec.loader.exec_module(module)
-    module.grow(root, module.reference_runs(REPO / "results" / "reference"), 0, runs)
+    module.grow(root, module.reference_runs(REPO / "reference"), 0, runs)
     return root
 
 
