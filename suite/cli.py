@@ -187,9 +187,12 @@ def sweep_cmd(**kwargs) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True,
               help="markdown: for a CI job summary; json: for scripts")
+@click.option("--wide", is_flag=True,
+              help="text: every column in full (machine class, workload, options); default: "
+              "120 columns, long options elided, what every row shares said once above")
 def compare_cmd(
     baseline, new, max_regression, max_accuracy_drop, max_time_regression, max_loss_regression,
-    metric, fmt,
+    metric, fmt, wide,
 ) -> None:
     """Compare two sets of runs like with like; exit 1 on a regression, 2 on bad input.
 
@@ -204,7 +207,7 @@ def compare_cmd(
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
                            echo=click.echo, max_time_regression=max_time_regression,
-                           max_loss_regression=max_loss_regression)
+                           max_loss_regression=max_loss_regression, wide=wide)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)

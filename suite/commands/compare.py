@@ -25,6 +25,7 @@ from suite.results.compare import (
     load_summaries,
     parse_metrics,
     parse_threshold,
+    with_exchange,
 )
 from suite.results.machine import class_folders
 from suite.results.reference import no_reference
@@ -60,7 +61,7 @@ def declared_activity_check(method: str):
 def run_compare(
     baseline: str, new: str, max_regression: str, max_accuracy_drop: float,
     metric: tuple[str, ...], fmt: str, *, echo: Callable, max_time_regression: str | None = None,
-    max_loss_regression: str | None = None,
+    max_loss_regression: str | None = None, wide: bool = False,
 ) -> int:
     """Print the comparison; 1 when a metric regressed, a NEW run failed or did not do its
     method's job, there is no reference for the NEW runs' class, or no NEW run matched a
@@ -80,6 +81,7 @@ def run_compare(
     activity, warn_activity = activity_rows(new_runs, declared_activity_check)
     if activity:
         table = pd.concat([table, pd.DataFrame(activity)], ignore_index=True)
+    table = with_exchange(table, base, new_runs)
     warnings = warn_base + warn_new + warn_activity
     for line in warnings:
         echo(f"warning: {line}", err=True)
@@ -89,7 +91,7 @@ def run_compare(
     if fmt == "json":
         echo(as_json(table, unmatched, len(regressions), warnings, matched))
         return failed
-    echo(format_table(table, fmt))
+    echo(format_table(table, fmt, wide=wide))
     for side, keys in unmatched.items():
         for key in keys:
             echo(f"{'- ' if fmt == 'markdown' else ''}unmatched ({side}): {key}")
