@@ -42,11 +42,12 @@ class RoundSettings:
     """Options of every method that trains in rounds of local steps (PruneX, local SGD), so
     that their rounds, and so their iterations, line up: a settings class inherits them.
 
-    Example::
-
+    Examples:
+        ```python
         @dataclass
         class MySettings(RoundSettings):
             period: int = option(4, "average every N steps", check=AT_LEAST_1)
+        ```
     """
 
     local_steps: int | None = option(
@@ -80,8 +81,8 @@ class NodeAveragingSettings:
     round (hierarchical local SGD, the pruning baselines, PruneX), declared once so that the
     flag means one thing and methods paired at one value run one schedule.
 
-    Example::
-
+    Examples:
+        ```python
         @dataclass
         class MySettings(RoundSettings, NodeAveragingSettings):
             ...
@@ -89,6 +90,7 @@ class NodeAveragingSettings:
         if settings.averages_after(k, steps):  # after local step k of a round of ``steps``
             ctx.comm.all_reduce_into(tensors, topo.intra, phase=phases.INTRA_ALLREDUCE,
                                      divide_before=topo.gpus_per_node)
+        ```
     """
 
     intra_average_period: int = option(
@@ -166,7 +168,7 @@ class RunContext:
         return example_input(self.spec, self.device)
 
     def local_steps_per_round(self) -> int:
-        """H for a method with :class:`RoundSettings`, on this rank's shard."""
+        """H for a method with ``RoundSettings``, on this rank's shard."""
         return self.settings.steps_per_round(self.loader.steps_per_epoch)
 
     def round_steps(self) -> int:
@@ -211,9 +213,10 @@ class StepResult:
         converged: the method's own stopping test passed (PruneX's residual tolerances); the
             same on every rank.
 
-    Example::
-
+    Examples:
+        ```python
         return StepResult(loss.item(), len(y))
+        ```
     """
 
     loss: float
@@ -230,8 +233,8 @@ class Method:
     ``ctx.recorder.set``, and times its phases under the names of ``suite.api.phases`` (or
     one of its own, ``declare_phase``).
 
-    Example::
-
+    Examples:
+        ```python
         class Averaging(Method):
             def __init__(self, ctx):
                 self.ctx, self.model = ctx, ctx.model
@@ -249,6 +252,7 @@ class Method:
 
             def load_state_dict(self, state):
                 self.model.load_state_dict(state["model"])
+        ```
     """
 
     #: local mini-batch steps one iteration consumes (DDP: 1; PruneX: H per round)
@@ -404,10 +408,11 @@ def recalibrate_batchnorm(
         world: the group the statistics are averaged over.
         device: where the forward passes run.
 
-    Example::
-
+    Examples:
+        ```python
         batches = self.ctx.loader.calibration_batches(8)
         recalibrate_batchnorm(self.average, batches, self.ctx.topology.world, self.ctx.device)
+        ```
     """
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]

@@ -104,13 +104,6 @@ def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
     return per_group.iloc[groups.ngroup().to_numpy()].set_index(runs.index)
 
 
-def display(parts) -> str:
-    """The full label of one run (nothing left out): ``PruneX, channel keep 0.5, 4 GPUs,
-    1 epoch, cpu-gloo-amd25-avx512-t1 (emulated 1gbit)``, from its display parts (a row of
-    ``parts_table``)."""
-    return ", ".join(parts[p] for p in PARTS[:-1] if parts[p]) + parts["setting"]
-
-
 def shared_parts(parts: pd.DataFrame) -> set[str]:
     """The shareable parts every run of ``parts`` has alike (an empty machine class, a
     simulated run's, matches any)."""
@@ -187,7 +180,7 @@ def figure_context(runs: pd.DataFrame, on_axis: tuple[str, ...] = (),
     their layout (or the GPUs per node of a scaling figure), what the GPUs were, budget and
     machine class; what differs is in the labels, and said so here, unless the figure draws
     it on an axis (``on_axis``: ``("GPUs",)`` for a scaling figure) or names it in its
-    panels' titles (``faceted``: ``budget``, ``machine``).
+    panels' titles (``faceted``: ``workload``, ``budget``, ``setting``, ``machine``).
 
     Examples:
         ```python
@@ -198,9 +191,15 @@ def figure_context(runs: pd.DataFrame, on_axis: tuple[str, ...] = (),
     """
     if runs.empty:
         return ""
-    pieces, varies = [], []
-    workloads = sorted({str(w) for w in column(runs, schema.WORKLOAD)})
-    pieces.append(workloads[0]) if len(workloads) == 1 else varies.append("workload")
+    pieces, varies, titled = [], [], []
+
+    def shared(values: list[str], words: str, facet: str) -> None:
+        if len(values) == 1:
+            pieces.append(values[0])
+        elif len(values) > 1:
+            (titled if facet in faceted else varies).append(words)
+
+    shared(sorted({str(w) for w in column(runs, schema.WORKLOAD)}), "workload", "workload")
     layouts = {(g, n) for g, n in zip(column(runs, schema.GPUS), column(runs, schema.NODES))}
     if len(layouts) == 1:
         pieces.append(layout_words(*layouts.pop()))
@@ -213,19 +212,14 @@ def figure_context(runs: pd.DataFrame, on_axis: tuple[str, ...] = (),
     machines = column(runs, MACHINE_CLASS)
     kinds = sorted({gpu_kind(s, d, m) for s, d, m in zip(column(runs, SETTING),
                                                          column(runs, DEVICE), machines)})
-    pieces.append(kinds[0]) if len(kinds) == 1 else varies.append("GPU kind")
-    titled = []
-    budgets = sorted({budget_words(e) for e in column(runs, schema.EPOCHS)})
-    if len(budgets) == 1:
-        pieces.append(budgets[0])
-    else:
-        (titled if "budget" in faceted else varies).append("budget")
+    shared(kinds, "GPU kind", "setting")
+    shared(sorted({budget_words(e) for e in column(runs, schema.EPOCHS)}), "budget", "budget")
     classes = sorted({machine_part(s, m) for s, m in zip(column(runs, SETTING), machines)}
                      - {""})
-    if len(classes) == 1:
-        pieces.append(classes[0])
-    elif len(classes) > 1:
-        (titled if "machine" in faceted else varies).append("machine class")
+    if len(classes) == 1 and len(kinds) > 1:
+        pieces.append(f"real runs on {classes[0]}")
+    else:
+        shared(classes, "machine class", "machine")
     if titled:
         pieces.append(f"{', '.join(titled)}: in each panel's title")
     if varies:

@@ -60,12 +60,12 @@ def options_text(options: dict | None) -> str:
 @contextmanager
 def paper_figure(
     width: str = "two", *, nrows: int = 1, ncols: int = 1, ratio: float = 0.62,
-    height: float | None = None, stack: bool = True,
+    height: float | None = None, stack: bool = True, heights: list[float] | None = None,
 ):
     """A figure ``width`` ("one" column or "two"-column page) wide, each panel ``ratio``
-    times its width tall (or the whole figure ``height`` inches), in the paper style; yields
-    (fig, axes as an nrows x ncols array). In one column, side-by-side panels are stacked
-    unless ``stack`` is False."""
+    times its width tall (or the whole figure ``height`` inches, or each row of panels its
+    own of ``heights`` inches), in the paper style; yields (fig, axes as an nrows x ncols
+    array). In one column, side-by-side panels are stacked unless ``stack`` is False."""
     rc = {
         **bundles.icml2024(column="half" if width == "one" else "full", usetex=False,
                            family="sans-serif"),
@@ -79,8 +79,13 @@ def paper_figure(
     stacked = stack and width == "one" and ncols > 1
     rows, cols = (nrows * ncols, 1) if stacked else (nrows, ncols)
     tall = height if height is not None else WIDTHS[width] / cols * ratio * rows
+    grid = None
+    if heights is not None:
+        ratios = [h for h in heights for _ in range(ncols)] if stacked else list(heights)
+        tall, grid = sum(ratios), {"height_ratios": ratios}
     with plt.rc_context(rc):
-        fig, axes = plt.subplots(rows, cols, figsize=(WIDTHS[width], tall), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(WIDTHS[width], tall), squeeze=False,
+                                 gridspec_kw=grid)
         yield fig, axes.reshape(nrows, ncols)
 
 

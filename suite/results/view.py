@@ -1,5 +1,5 @@
 """A run folder as every reader sees it: ``bench report``, ``bench compare`` and the activity
-checks read a run through :class:`RunView` (its summary and manifest read once, its tables on
+checks read a run through ``RunView`` (its summary and manifest read once, its tables on
 demand, damaged files listed instead of raised), so they agree on what a run is."""
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ class RunView:
             the dense exchange a method is measured against (None when the set has none).
         unreadable: files that could not be read, with the reason.
 
-    Example::
-
+    Examples:
+        ```python
         def sends_little(run: RunView) -> list[str]:
             if run.dense_bytes and run.bytes_per_iteration > 0.1 * run.dense_bytes:
                 return ["sent more than a tenth of DDP's bytes"]
             return []
+        ```
     """
 
     folder: Path

@@ -4,14 +4,14 @@ One process plays global rank 0 (node 0's leader) of an N-rank job on ``gpus_per
 nodes. The method is built exactly as in a real run, from the workload's real model (so every
 buffer has its real size), and its ``step`` runs unchanged; what differs is underneath it:
 
-* ``SimCommunicator`` (:mod:`.pricing`) prices each collective with the alpha-beta models of
-  :mod:`suite.sim.costmodel` on the profile's links, attributes its bytes with the real
+* ``SimCommunicator`` (``pricing``) prices each collective with the alpha-beta models of
+  ``suite.sim.costmodel`` on the profile's links, attributes its bytes with the real
   communicator's ring model, and hands back what N identical replicas would get (a SUM is the
   tensor times n, a gather n copies), so the method's math and control flow stay valid;
-* ``SimLoader`` (:mod:`.standins`) has the real shard's steps per epoch but yields tiny
+* ``SimLoader`` (``standins``) has the real shard's steps per epoch but yields tiny
   stand-in batches (4x4 images), because only the shapes of parameters and gradients matter to
   the schedule;
-* ``SimRecorder`` (:mod:`.pricing`) charges each local step the profile's compute time
+* ``SimRecorder`` (``pricing``) charges each local step the profile's compute time
   (measured or estimated); lets collectives issued during the backward pass (DDP's bucket
   hooks) hide behind it as a pipeline does (bucket i is ready when the backward pass has
   produced its share of the gradients, one bucket is on the wire at a time, and only what ends

@@ -134,3 +134,39 @@ def test_markdown_format_for_ci_summaries(tmp_path):
     proc = bench("compare", base, write_set(tmp_path / "b", RUNS), "--format", "markdown")
     assert proc.returncode == 0
     assert "| method" in proc.stdout and "|:--" in proc.stdout.replace(" ", "")
+
+
+LONG = [{"method": "ddp", "gpus": 4, "exchange_every": {"intra_node": 1, "inter_node": 1}},
+        {"method": "prunex", "gpus": 4, "exchange_every": {"intra_node": 4, "inter_node": 32},
+         "options": {"channel_keep": 0.5, "rho1": 9.906975624424414, "local_steps": 32,
+                     "freeze_share": 0.3, "after_freeze": "admm"}}]
+
+
+def test_the_text_table_fits_120_columns_and_wide_shows_everything(tmp_path):
+    """Options printed in full made the table 262 columns wide (issue 44)."""
+    base, new = write_set(tmp_path / "a", LONG), write_set(tmp_path / "b", LONG)
+    proc = bench("compare", base, new)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(map(len, lines)) <= 120, "\n".join(lines)
+    assert lines[0] == "cnn-fmnist, 4 GPUs, real:"  # what every row shares, once
+    header = lines[1].split()
+    assert header[:4] == ["method", "options", "exch", "metric"]
+    prunex = [line for line in lines if line.startswith("prunex ")]
+    assert prunex and all("…" in line and " 4/32 " in line for line in prunex)
+    assert all(" 1/1 " in line for line in lines if line.startswith("ddp "))
+    assert "nan" not in proc.stdout.lower()
+    wide = bench("compare", base, new, "--wide").stdout
+    assert "rho1=9.907" in wide and "after_freeze=admm" in wide and "4 / 32" in wide
+    assert max(map(len, wide.splitlines())) > 120
+    rows = json.loads(bench("compare", base, new, "--format", "json").stdout)["rows"]
+    assert {row["method"]: row["exchange"] for row in rows} == {"ddp": "1 / 1",
+                                                               "prunex": "4 / 32"}
+
+
+def test_runs_recorded_before_the_exchange_schedule_show_a_dash(tmp_path):
+    base = write_set(tmp_path / "a", RUNS)
+    proc = bench("compare", base, write_set(tmp_path / "b", RUNS), "--format", "markdown")
+    assert "| exchange" in proc.stdout.replace("  ", " ")
+    rows = json.loads(bench("compare", base, base, "--format", "json").stdout)["rows"]
+    assert {row["exchange"] for row in rows} == {"-"}
