@@ -6,8 +6,14 @@ import shutil
 import subprocess
 
 import nox
+import nox.virtualenv
+from packaging.version import Version
 
 nox.options.sessions = ["tests"]
+# Every session runs here (python=False), so no backend is chosen and uv is never needed; nox
+# still looks for it before each session and logs "uv binary not found." where it is absent.
+# Its own uv state, set here, is what it reads instead of looking.
+nox.virtualenv.HAS_UV, nox.virtualenv.UV, nox.virtualenv.UV_VERSION = False, "uv", Version("0")
 
 
 @nox.session(python=False)
@@ -133,7 +139,7 @@ def nightly(session):
     """The reference's methods (all eleven, or those a reduced reference holds; NIGHTLY_METHODS
     chooses among them) on a tenth of an epoch of Fashion-MNIST (4 ranks, 2 per node; CUDA
     when there are 4 devices, else CPU), a report, and the regression gate: `bench compare`
-    against the reference of this machine's class (results/reference/<class>/; a CPU runner
+    against the reference of this machine's class (reference/<class>/; a CPU runner
     without one runs under the portable kernels against cpu-gloo-portable-t1, saying so in one
     line; else a one-line failure naming `nox -s reference`) at the class's gate.json, exactly
     as `bench compare` by hand (NIGHTLY_TIME_THRESHOLD, NIGHTLY_ACCURACY_DROP,
@@ -168,7 +174,7 @@ def nightly(session):
 @nox.session(python=False)
 def reference(session):
     """Record the nightly's reference for this machine's class into
-    results/reference/<class>/ (after an intended change of numbers; commit the diff): the
+    reference/<class>/ (after an intended change of numbers; commit the diff): the
     methods of NIGHTLY_METHODS (a comma list; DDP is always among them; default all eleven) run
     into a fixed staging folder (.nox/reference-staging/<class>/, NIGHTLY_STAGING), so an
     interrupted recording resumes where it stopped, then replace the class's reference (its

@@ -56,7 +56,7 @@ def pack(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 def unpack(pieces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`pack`, also on a stack of gathered pieces."""
+    """Inverse of ``pack``, also on a stack of gathered pieces."""
     k = pieces.shape[-1] // 2
     return pieces[..., :k], pieces[..., k:].contiguous().view(torch.int32)
 

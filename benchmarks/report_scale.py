@@ -1,7 +1,7 @@
 """How ``bench report``, ``bench compare`` and ``bench trend --add`` scale with the runs of a
 result set (issue 46: a year of nightlies is 4,000-12,000 run folders).
 
-A set of N runs is N copies of the committed reference runs (``results/reference/*/*``, every
+A set of N runs is N copies of the committed reference runs (``reference/*/*``, every
 machine class's), each a real run folder (every file copied) with its own run id and seed, so
 the copies of one reference run are repeats of one configuration, as a year of nightlies is.
 The sets grow in place (100, then 900 more, ...), under a temporary folder that is deleted at
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = REPO / "results" / "reference"
+REFERENCE = REPO / "reference"
 DEFAULT_OUT = REPO / "benchmarks" / "measured" / "report_scale.md"
 COMMANDS = ("report", "compare", "trend")
 #: --smoke: two small sets, every command once each

@@ -1,15 +1,15 @@
 """The plugin API: everything a method or workload author imports, from this one module.
 
 A method is a factory registered with ``@METHODS.register(name, description, settings=...)``
-that builds a :class:`Method` from a :class:`RunContext`; its options are a dataclass of
-:func:`option` fields. It talks to the other ranks only through ``ctx.comm`` (the instrumented
-:class:`Communicator`), times its work with ``ctx.recorder.phase`` under the names of
-:mod:`suite.cluster.phases` (or one of its own, :func:`declare_phase`), and leaves masks,
-live slices and packed inter-node exchange to :class:`StructuredRound`. A workload is a
-factory registered with ``@WORKLOADS.register`` returning a :class:`Workload`. A plugin
+that builds a ``Method`` from a ``RunContext``; its options are a dataclass of
+``option`` fields. It talks to the other ranks only through ``ctx.comm`` (the instrumented
+``Communicator``), times its work with ``ctx.recorder.phase`` under the names of
+``suite.cluster.phases`` (or one of its own, ``declare_phase``), and leaves masks,
+live slices and packed inter-node exchange to ``StructuredRound``. A workload is a
+factory registered with ``@WORKLOADS.register`` returning a ``Workload``. A plugin
 package makes itself known through the ``prunex_bench.methods`` / ``prunex_bench.workloads``
 entry points; the built-ins do the same. A script that measures the suite reduces the
-repeats (seeds) of its runs with :func:`mean_ci`, as ``bench report`` does.
+repeats (seeds) of its runs with ``mean_ci``, as ``bench report`` does.
 
 Everything here is stable across releases; anything imported from elsewhere in ``suite`` is
 not.
@@ -130,8 +130,9 @@ def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
         (mean, half-width of the two-sided 95 % Student t interval, count of the values
             used); the half-width is NaN for a single value, and no value gives (NaN, NaN, 0).
 
-    Example::
-
+    Examples:
+        ```python
         mean, half, n = mean_ci([81.2, 82.0, 81.7])  # 81.63, 1.00, 3
+        ```
     """
     return _stats.mean_ci(values)

@@ -34,7 +34,19 @@ from suite.commands.trend import run_trend
 from suite.compat import require_supported_torch
 from suite.errors import BenchError
 from suite.results.recover import recover
+from suite.gate.reference import moved_reference
 from suite.sim.calibrate import calibrate_to_file
+
+
+def result_set_path(ctx, param, value):
+    """A result set's path as given, or, for the references' old place
+    (``results/reference/...``), their new one, with a note."""
+    moved = None if value is None else moved_reference(value)
+    if moved is None:
+        return value
+    click.echo(f"note: reading {moved} ({value} moved there: the committed references live "
+               "outside results/)", err=True)
+    return str(moved)
 
 
 @click.group(cls=BenchGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -154,8 +166,8 @@ def sweep_cmd(**kwargs) -> None:
 
 
 @main.command("compare")
-@click.argument("baseline")
-@click.argument("new")
+@click.argument("baseline", callback=result_set_path)
+@click.argument("new", callback=result_set_path)
 @click.option("--max-regression", default=None,
               help="allowed worsening of bytes (and what has no threshold of its own), "
               "relative (5% or 0.05; default: the class's gate.json against a reference, "
@@ -180,9 +192,12 @@ def sweep_cmd(**kwargs) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]),
               default="text", show_default=True,
               help="markdown: for a CI job summary; json: for scripts")
+@click.option("--wide", is_flag=True,
+              help="text: every column in full (machine class, workload, options); default: "
+              "120 columns, long options elided, what every row shares said once above")
 def compare_cmd(
     baseline, new, max_regression, max_accuracy_drop, max_time_regression, max_loss_regression,
-    metric, fmt,
+    metric, fmt, wide,
 ) -> None:
     """Compare two sets of runs like with like; exit 1 on a regression, 2 on bad input.
 
@@ -191,7 +206,7 @@ def compare_cmd(
     run), setting (real, emulated, simulated) and recipe (batch, lr, epochs);
     repeats are reduced to their mean and 95 % interval, and with repeats on both sides a
     change counts only when the intervals do not overlap. A BASELINE of per-class folders
-    (results/reference/<class>/) is read for the NEW runs' class; a class it lacks fails in
+    (reference/<class>/) is read for the NEW runs' class; a class it lacks fails in
     one line. Against a reference the class's gate.json sets the thresholds and metrics (as
     the nightly's), flags override them, and the last line says which judged; times measured
     on a busy runner are "not judged". Every finished NEW run must also pass its method's
@@ -200,7 +215,7 @@ def compare_cmd(
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
                            echo=click.echo, max_time_regression=max_time_regression,
-                           max_loss_regression=max_loss_regression)
+                           max_loss_regression=max_loss_regression, wide=wide)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)
@@ -208,9 +223,9 @@ def compare_cmd(
 
 @main.command("trend")
 @click.argument("history")
-@click.option("--add", "add", default=None, metavar="RESULTS_DIR",
+@click.option("--add", "add", default=None, metavar="RESULTS_DIR", callback=result_set_path,
               help="first append this result set (a nightly's) to the history")
-@click.option("--against", default=None, metavar="REFERENCE",
+@click.option("--against", default=None, metavar="REFERENCE", callback=result_set_path,
               help="judge the added set against this reference as bench compare does, and "
               "keep each metric's verdict, reference value and threshold band in the history "
               "(what bench dashboard draws); steps are then judged at its class's thresholds")
@@ -260,7 +275,7 @@ def dashboard_cmd(history, output) -> None:
 
 
 @main.command("report")
-@click.argument("results_dir")
+@click.argument("results_dir", callback=result_set_path)
 @click.option("-o", "--output", default="reports/latest", show_default=True, help="report folder")
 @click.option("--width", type=click.Choice(["one", "two"]), default=None,
               help="size every figure for one paper column (3.25 in) or the two-column page "

@@ -4,23 +4,23 @@ The suite supports torch from ``FLOOR`` (2.11) on, with no upper pin: a GPU mach
 cluster's container brings its own torch, and the suite runs on it. Every torch API newer
 than the floor is reached through this module only, detected where it is used (``hasattr``,
 a dataclass's fields, a signature) and replaced by what the floor has. A torch older than the
-floor is refused in one line when ``bench`` starts (:func:`require_supported_torch`).
+floor is refused in one line when ``bench`` starts (``require_supported_torch``).
 
 Newer than 2.11, with their fallbacks (``NEWER_APIS``; tests/test_compat.py hides each one
 in every process of a run and checks the results are the same):
 
 - ``torch.distributed.all_gather_single`` (2.13): ``all_gather_into_tensor``, the same
-  collective on a flat output of n pieces (:func:`all_gather_single`).
+  collective on a flat output of n pieces (``all_gather_single``).
 - ``torch.distributed.set_timeout`` (2.14): ``distributed_c10d._set_pg_timeout``, the same
-  function under its older, private name (:func:`set_timeout`).
+  function under its older, private name (``set_timeout``).
 - ``LaunchConfig(shutdown_timeout=...)`` (2.12; read from ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``
   when not given): left out, so the agent gives stopped ranks its fixed 30 s before SIGKILL
   (2.11's LocalElasticAgent reads neither the field nor the variable)
-  (:func:`elastic_launch_config`).
+  (``elastic_launch_config``).
 - ``DistributedDataParallel(forward_sync_buffers=False)`` (after 2.11; present in 2.13):
   ``broadcast_buffers=False``, which 2.14 deprecates. Both keep BN statistics local in the
   forward; 2.11's also skips the buffers' broadcast at construction, where every rank's
-  buffers are equal anyway (built from one seed) (:func:`ddp_local_buffers`).
+  buffers are equal anyway (built from one seed) (``ddp_local_buffers``).
 
 Checked against 2.11.0+cu130 (the wheel the lent GPU machines run, its Python sources and
 signatures): every torch and torchvision name below, which is every one the code of suite/,
@@ -217,10 +217,11 @@ def ddp_local_buffers() -> dict:
     Returns:
         Keyword arguments for ``DistributedDataParallel``.
 
-    Example::
-
+    Examples:
+        ```python
         model = DistributedDataParallel(ctx.model, process_group=ctx.topology.world.pg,
                                         **ddp_local_buffers())
+        ```
     """
     if has_ddp_forward_sync_buffers():
         return {"forward_sync_buffers": False}

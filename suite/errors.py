@@ -6,10 +6,11 @@ class BenchError(Exception):
     """Bad input or environment: the message names the bad value and what would work. The
     command line prints it as one line (exit 2 before any rank starts; a failed run after).
 
-    Example::
-
+    Examples:
+        ```python
         if ctx.topology.num_nodes < 2:
             raise BenchError("efsign needs two nodes; use --gpus-per-node")
+        ```
     """
 
 

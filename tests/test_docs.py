@@ -5,6 +5,7 @@ fail here, not in a user's nightly job."""
 
 from __future__ import annotations
 
+import html
 import re
 import shlex
 import subprocess
@@ -39,15 +40,44 @@ def _flags(command: click.Command, ctx: click.Context) -> set[str]:
     return {flag for param in command.get_params(ctx) for flag in param.opts + param.secondary_opts}
 
 
+#: Sphinx markup that mkdocstrings shows raw: a role (``:class:`X```) or a literal block
+#: header (``Example::``); the docs' own style is Google sections and Markdown
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj):`")
+RAW_IN_HTML = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):\s*\w|\bExamples?::")
+DOCUMENTED = ("suite", "methods", "baselines", "workloads", "tests/plugin_example")
+
+
+def page_text(path: Path) -> str:
+    """An HTML page's text as a reader sees it (tags and code spans' markup removed)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+
+
 def test_docs_site_builds_strictly(tmp_path):
     """mkdocs --strict: a broken link, a missing snippet or an API docstring griffe cannot
-    parse is an error."""
+    parse is an error; and no page shows Sphinx markup raw (a role, an ``Example::``), the
+    API page's examples are highlighted code and its introduction is said once."""
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "site" / "api" / "index.html").exists()
+    api = tmp_path / "site" / "api" / "index.html"
+    raw = {str(page.relative_to(tmp_path)): sorted(set(RAW_IN_HTML.findall(page_text(page))))
+           for page in (tmp_path / "site").rglob("*.html")}
+    assert not {page: found for page, found in raw.items() if found}
+    text = api.read_text()
+    assert text.count('doc-section-title">Examples:') >= 20  # the members' examples, as code
+    assert '<div class="highlight"><pre><span></span><code><span class="n">mean' in text
+    assert page_text(api).count("stable across releases") == 1
+
+
+def test_docstrings_use_no_sphinx_roles():
+    """The source the API page and a reader's editor show: Google sections and Markdown."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for folder in DOCUMENTED for path in sorted((ROOT / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if SPHINX_ROLE.search(line) or re.search(r"\bExamples?::\s*$", line)]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

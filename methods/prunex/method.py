@@ -647,8 +647,8 @@ class PruneX(Method):
         """Before the freeze the evaluated z is the projection of the ranks' dense models,
         never trained masked: on a fragile model (MobileNetV3, 34 BN layers) that is near
         chance whatever the ranks' loss, so a run that ends there says so."""
-        if not self.constrained or self.density() >= 1.0:
-            return
+        if not self.constrained or self.density() >= 1.0 or self.ctx.simulated:
+            return  # a simulation trains and evaluates nothing
         loader = self.ctx.loader
         after = 0 if self.frozen_at is None else (
             loader.step * loader.batch_size - self.frozen_at["samples_per_rank"])

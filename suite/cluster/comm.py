@@ -51,10 +51,11 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     Returns:
         A 1-D tensor holding them in order.
 
-    Example::
-
+    Examples:
+        ```python
         flat = ctx.comm.all_reduce(flatten(grads), ctx.topology.world, phase=phases.ALLREDUCE)
         unflatten_into(grads, flat.div_(ctx.topology.world_size))
+        ```
     """
     return _flatten_dense_tensors(list(tensors))
 
@@ -88,10 +89,11 @@ class Communicator:
     under ``phase`` and its algorithmic bytes are attributed to the link they cross (the ring
     model of the run-folders page). ``phase`` must be a known phase.
 
-    Example::
-
+    Examples:
+        ```python
         ctx.comm.all_reduce(flat, ctx.topology.intra, phase=phases.INTRA_ALLREDUCE)
         gathered = ctx.comm.all_gather(values, ctx.topology.world, phase=phases.ALLGATHER)
+        ```
     """
 
     def __init__(self, topology: Topology, recorder: Recorder, device: torch.device):
@@ -165,10 +167,11 @@ class Communicator:
             collective: the kind the block issues (``broadcast``, ``all_gather``, ...).
             what: what it is for, for a stall's report.
 
-        Example::
-
+        Examples:
+            ```python
             with ctx.comm.watching("broadcast", "DDP's construction"):
                 model = DistributedDataParallel(ctx.model, process_group=ctx.topology.world.pg)
+            ```
         """
         world = self.topology.world
         with watched(collective, f"{world.name} ({what})", world.ranks):

@@ -3,8 +3,8 @@
 A phase's seconds land in the ``t_<name>`` column of ``iterations.parquet``; the report draws
 each phase in its colour and counts the communication phases as communication. Writers use
 these constants, never a bare string, so a typo fails at import; a name given as a string that
-is not listed fails at its first use (:func:`known_phase`) instead of making a new grey column.
-A plugin that times a phase of its own declares it with :func:`declare_phase`.
+is not listed fails at its first use (``known_phase``) instead of making a new grey column.
+A plugin that times a phase of its own declares it with ``declare_phase``.
 """
 
 from __future__ import annotations
@@ -100,11 +100,12 @@ def declare_phase(name: str, color: str, *, communication: bool) -> str:
     Returns:
         ``name``, to time the phase under.
 
-    Example::
-
+    Examples:
+        ```python
         SCALE = declare_phase("grad_scale", "#EECC66", communication=False)
         with ctx.recorder.phase(SCALE):
             ...
+        ```
     """
     phase = Phase(name, color, communication)
     known = PHASES.get(name)

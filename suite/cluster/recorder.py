@@ -1,6 +1,6 @@
 """Per-iteration and per-evaluation records of one rank.
 
-Phases are named by the constants of :mod:`suite.cluster.phases`, shared by every method and
+Phases are named by the constants of ``suite.cluster.phases``, shared by every method and
 by the reports; a name that is neither built in nor declared fails at its first use. A phase's
 time in an iteration is the measure of the union of its spans, each an interval from the
 iteration's start mark: on CPU wall clock, on CUDA two CUDA events recorded on the stream the
@@ -56,11 +56,12 @@ class Recorder:
     """One rank's records (``ctx.recorder``): the current iteration's phase seconds, bytes per
     link and method scalars, and the evaluation and layer rows.
 
-    Example::
-
+    Examples:
+        ```python
         with ctx.recorder.phase(phases.LOCAL_COMPUTE):
             loss = train_one_batch()
         ctx.recorder.set(density=0.5)  # a column of this iteration's row
+        ```
     """
 
     def __init__(self, rank: int, device: torch.device):

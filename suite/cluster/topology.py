@@ -63,12 +63,13 @@ class Topology:
     ``intra`` (this rank's node), ``inter`` (the node leaders; None on followers), ``peers``
     (this local rank on every node, made on first use).
 
-    Example::
-
+    Examples:
+        ```python
         topo = ctx.topology
         if topo.is_leader and topo.inter is not None:
             ctx.comm.all_reduce(buffer, topo.inter, phase=phases.INTER_ALLREDUCE)
         ctx.comm.broadcast(buffer, topo.intra, src=topo.intra.ranks[0], phase=phases.BROADCAST)
+        ```
     """
 
     rank: int

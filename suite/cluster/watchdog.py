@@ -3,16 +3,16 @@
 A rank blocked in a collective whose peer stalled or died cannot say so itself: under NCCL
 its main thread waits in a CUDA synchronize until NCCL's own watchdog aborts the process
 (SIGABRT), with no error file and unflushed rows lost. So each rank runs a small thread that
-knows where the rank is (:class:`Position`: iteration, phase, the last collective issued and
+knows where the rank is (``Position``: iteration, phase, the last collective issued and
 its group) and publishes it once a second to the job's store. Every collective a rank issues
 goes through it: the methods' through the Communicator, the runner's own (setup broadcasts,
 evaluation counts, BN averages, checkpoints, the final wait for rank 0) through
-:func:`watched`. When the rank has waited past ``--collective-timeout`` since it issued a
+``watched``. When the rank has waited past ``--collective-timeout`` since it issued a
 collective, the thread reads every rank's last position and follows the chain of waits to its
 root: the rank that went silent (stopped or dead), or one busy outside any collective. It
 hands a line naming that rank first to the rank's ``on_stall`` (which flushes the rows and
 writes the ``errors/`` file) and ends the process. The backends' own timeouts are set a margin
-later (:func:`backend_timeout`), so this record comes first.
+later (``backend_timeout``), so this record comes first.
 """
 
 from __future__ import annotations

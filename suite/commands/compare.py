@@ -2,7 +2,7 @@
 summary, or JSON for scripts); the exit code says whether anything regressed.
 
 The judging is the gate's (suite.gate.judge): a baseline that is a reference (a tree of
-per-class folders, ``results/reference/<class>/``, or one class's folder) judges NEW runs at
+per-class folders, ``reference/<class>/``, or one class's folder) judges NEW runs at
 their class's thresholds (its ``gate.json``), flags override them, and the verdict line says
 which judged; a class without a reference fails in one line naming ``nox -s reference``; NEW
 runs of which none matched a baseline run fail too (never a silent pass with nothing
@@ -47,7 +47,7 @@ def given_thresholds(
 def run_compare(
     baseline: str, new: str, max_regression: str | None, max_accuracy_drop: float | None,
     metric: tuple[str, ...], fmt: str, *, echo: Callable, max_time_regression: str | None = None,
-    max_loss_regression: str | None = None,
+    max_loss_regression: str | None = None, wide: bool = False,
 ) -> int:
     """Print the comparison; 1 when a metric regressed, a NEW run failed or did not do its
     method's job, there is no reference for the NEW runs' class, or no NEW run matched a
@@ -63,7 +63,7 @@ def run_compare(
         echo(as_json(judged.table, judged.unmatched, judged.regressions, judged.warnings,
                      judged.matched, {k: g.describe() for k, g in judged.gates.items()}))
         return int(judged.failed)
-    echo(format_table(judged.table, fmt))
+    echo(format_table(judged.table, fmt, wide=wide))
     for side, keys in judged.unmatched.items():
         for key in keys:
             echo(f"{'- ' if fmt == 'markdown' else ''}unmatched ({side}): {key}")

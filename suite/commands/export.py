@@ -1,5 +1,5 @@
 """``bench export``: the physically smaller model of a pruning run (its evaluated model under
-its masks, :mod:`suite.structured.export`), measured against the dense one, written beside the
+its masks, ``suite.structured.export``), measured against the dense one, written beside the
 run (``exported.pt``, ``export.json``) and printed as a table."""
 
 from __future__ import annotations

@@ -52,3 +52,21 @@ def options_markdown(*, builtin_only: bool = False) -> str:
             f"{opt.help}{limits}{choices} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def choices_markdown(defaults: dict[str, str]) -> str:
+    """The rows of docs/commands/run.md's table of what ``--method`` and ``--workload``
+    take: every built-in method and workload (``defaults``: the flags' defaults)."""
+    rows = ["| option | default | one of |", "|---|---|---|"]
+    for flag, registry in (("--method", METHODS), ("--workload", WORKLOADS)):
+        names = ", ".join(f"`{e.name}`" for e in registry.builtin_entries())
+        rows.append(f"| `{flag}` | `{defaults[flag]}` | {names} (`bench list` describes each, "
+                    "installed plugins' too) |")
+    return "\n".join(rows) + "\n"
+
+
+def workloads_markdown() -> str:
+    """docs/index.md's table of the built-in workloads: name and what it registered."""
+    rows = ["| workload | model, data and recipe |", "|---|---|"]
+    rows += [f"| `{e.name}` | {e.description} |" for e in WORKLOADS.builtin_entries()]
+    return "\n".join(rows) + "\n"

@@ -1,11 +1,18 @@
 """``bench sim``: the simulations of a grid of methods and GPU counts on one profile, each
-written as a run folder marked ``simulated``, and a line per simulation."""
+written as a run folder marked ``simulated``, and a line per simulation; on stderr, within
+seconds, what will run, its estimated cost here (and a smaller command where that exceeds a
+few minutes), then each cell's build, replayed iterations and pricing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
@@ -13,10 +20,22 @@ from suite.errors import BenchError
 from suite.results import schema
 from suite.results.folder import RunFolder
 from suite.run.plan import plan_run
+from suite.sim.estimate import (
+    PATIENCE_SECONDS,
+    duration,
+    estimate_seconds,
+    plan_cell,
+    quicker,
+    single_threaded,
+    smaller_command,
+    time_local_step,
+)
+from suite.sim.measure import memory_bandwidth
 from suite.sim.profile import load_profile, shipped_profiles
 from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable, simulate_run
 
 
+@single_threaded  # the checks' model traces too: a second thread only slows them here
 def run_simulations(
     methods: list[str],
     gpus: list[int],
@@ -28,28 +47,38 @@ def run_simulations(
     accuracy_from: str | None,
     dry_run: bool = False,
     echo,
+    command: Sequence[str] | None = None,
 ) -> list[Path]:
     """One simulated run folder per (method, GPU count); each method gets the options it
-    declares. Everything is checked before the first simulation starts."""
+    declares. Everything is checked before the first simulation starts. ``command``: the
+    command line after ``bench`` (a smaller one is derived from it)."""
 
+    def say(line: str) -> None:
+        echo(line, err=True)
+
+    began = time.perf_counter()
+    replay = replay or DEFAULT_REPLAY
     loaded = load_profile(profile or "v100-ib100")
     accuracy = borrowed_accuracy(accuracy_from)
-    if replay is not None and replay < 1:
+    if replay < 1:
         raise BenchError(f"--replay must be at least 1, got {replay}")
     plans = []
-    for method in methods:
+    for method in methods:  # the checks that take no time first: a mistake is one line
         check_simulable(method)
         options, ignored = split_options(method, given)
         if ignored and len(methods) == 1:
             echo(f"warning: {', '.join(ignored)} not read by {method}; ignored", err=True)
         for n in gpus:
-            plan = plan_run(replace(
+            plans.append(plan_run(replace(
                 base, method=method, gpus=n, options=dict(options), launcher="sim",
                 gpus_per_node=base.gpus_per_node or loaded.gpus_per_node,
                 run_id=base.run_id if len(methods) * len(gpus) == 1 else None,
-            ))
-            validate(plan, check_data=False)
-            plans.append(plan)
+            )))
+    say(f"bench sim: {len(plans)} simulation(s) ({', '.join(methods)} x "
+        f"{', '.join(map(str, gpus))} GPUs) of {base.workload} on {loaded.name}; "
+        "checking them")
+    for plan in plans:  # the model's structure traced, the options' ranges
+        validate(plan, check_data=False)
     if dry_run:
         for plan in plans:
             config = plan.config
@@ -57,10 +86,31 @@ def run_simulations(
                  f"({plan.nodes} x {config.gpus_per_node}), options {config.options}; "
                  f"{plan.schedule.describe()}")
         return []
+    cells = [plan_cell(plan, replay) for plan in plans]
+    build_s, step_s, parameters = time_local_step(plans[0])
+    expected = estimate_seconds(cells, build_s, step_s)
+    say(f"estimate: {sum(c.replayed_steps for c in cells)} local steps replayed for real over "
+        f"{len(cells)} simulation(s) (up to {replay} iteration(s) each), at {step_s * 1e3:.0f} ms "
+        f"per stand-in step of {base.workload} ({parameters / 1e6:.1f} M parameters) on this "
+        f"machine now: about {duration(expected)}")
+    if expected > PATIENCE_SECONDS:
+        fewer_replay, fewer_gpus, fewer_seconds = quicker(cells, replay, build_s, step_s, gpus)
+        argv = command if command is not None else [
+            "sim", "--method", ",".join(methods), "--workload", base.workload,
+            "--profile", loaded.name]
+        say(f"that is more than {duration(PATIENCE_SECONDS)}; a smaller one (about "
+            f"{duration(fewer_seconds)}): {smaller_command(argv, fewer_replay, fewer_gpus)}")
+    host_bandwidth = memory_bandwidth(torch.device("cpu"))  # once, so the cells are alike
     paths = []
-    for plan in plans:
+    for number, (plan, cell) in enumerate(zip(plans, cells), 1):
         config = plan.config
-        path = simulate_run(plan, loaded, replay=replay or DEFAULT_REPLAY, accuracy=accuracy)
+        name = f"[{number}/{len(cells)}] {config.method} {config.gpus} GPUs"
+        say(f"{name}: building {config.workload} on {plan.nodes} nodes x "
+            f"{config.gpus_per_node}; {cell.iterations} iteration(s), "
+            f"{cell.replayed_iterations} replayed")
+        path = simulate_run(plan, loaded, replay=replay, accuracy=accuracy,
+                            host_memory_bandwidth=host_bandwidth,
+                            progress=Throttled(lambda line, name=name: say(f"{name}: {line}")))
         summary = RunFolder(path).summary()
         echo(
             f"{config.method:<12} {config.gpus:>4} GPUs  "
@@ -69,7 +119,25 @@ def run_simulations(
             f"-> {path}"
         )
         paths.append(path)
+    say(f"bench sim: {len(paths)} simulation(s) in {duration(time.perf_counter() - began)}, "
+        f"checks included (estimated {duration(expected)})")
     return paths
+
+
+class Throttled:
+    """Progress lines at most every ``every`` seconds (a fast replay says one line, a slow
+    one a line per iteration); a replay's first and last iteration and the pricing always."""
+
+    ALWAYS = re.compile(r"^(pricing|replayed iteration (1/|(\d+)/\3 ))")
+
+    def __init__(self, say: Callable[[str], None], every: float = 2.0):
+        self.say, self.every, self.last = say, every, 0.0
+
+    def __call__(self, line: str) -> None:
+        now = time.perf_counter()
+        if self.ALWAYS.match(line) or now - self.last >= self.every:
+            self.say(line)
+            self.last = now
 
 
 def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
@@ -84,4 +152,4 @@ def execute_sim(kwargs: dict, options: dict, *, echo: Callable) -> None:
     sim = {k: kwargs.pop(k) for k in ("profile", "replay", "accuracy_from", "dry_run")}
     kwargs["launcher"] = "sim"
     base = RunConfig.from_flags({**kwargs, schema.METHOD: methods[0]}, {}, gpus[0])
-    run_simulations(methods, gpus, base, options, **sim, echo=echo)
+    run_simulations(methods, gpus, base, options, **sim, echo=echo, command=sys.argv[1:])

@@ -57,7 +57,7 @@ class DatasetRegistry:
 
     def register(self, name: str, spec: DatasetSpec, sizes: tuple[int, int]):
         """Decorator on a loader ``load(data_dir, download) -> (train, test)`` of
-        :class:`TensorData` (images float32, normalized, (N, C, H, W)); errors it raises for
+        ``TensorData`` (images float32, normalized, (N, C, H, W)); errors it raises for
         missing or corrupt data should be one-line ``BenchError`` naming the fix.
 
         Args:
@@ -65,11 +65,12 @@ class DatasetRegistry:
             spec: its images' channels and size, and its class count.
             sizes: (train, test) sample counts.
 
-        Example::
-
+        Examples:
+            ```python
             @DATASETS.register("mnist", DatasetSpec("mnist", 1, 28, 10), (60000, 10000))
             def load_mnist(data_dir, download):
                 return train, test
+            ```
         """
 
         def decorate(load: Loader) -> Loader:

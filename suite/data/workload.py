@@ -27,9 +27,10 @@ class Recipe:
         lr_schedule: ``constant``, ``cosine`` (to 0) or ``step``, over the run's samples.
         warmup_epochs: linear warmup to ``lr``, in epochs of a rank's shard.
 
-    Example::
-
+    Examples:
+        ```python
         Recipe(batch_size=32, lr=0.05)
+        ```
     """
 
     batch_size: int = 128
@@ -51,9 +52,10 @@ class TensorData:
         labels: (N,) int64.
         augment: random crop (pad 4) and horizontal flip, per batch (CIFAR-10's train split).
 
-    Example::
-
+    Examples:
+        ```python
         TensorData(torch.randn(64, 1, 16, 16), torch.randint(0, 4, (64,)))
+        ```
     """
 
     images: torch.Tensor
@@ -74,9 +76,10 @@ class DatasetSpec:
         image_size: image height and width.
         num_classes: classes.
 
-    Example::
-
+    Examples:
+        ```python
         DatasetSpec("fmnist", in_chans=1, image_size=28, num_classes=10)
+        ```
     """
 
     name: str
@@ -103,11 +106,12 @@ class Workload:
         build_model: ``spec -> model`` for any dataset's ``DatasetSpec``.
         recipe: the per-rank recipe.
 
-    Example::
-
+    Examples:
+        ```python
         @WORKLOADS.register("mlp-fmnist", "an MLP on Fashion-MNIST")
         def mlp_fmnist() -> Workload:
             return Workload("mlp-fmnist", "MLP", "mlp", "fmnist", build_mlp, Recipe(lr=0.05))
+        ```
     """
 
     name: str

@@ -41,9 +41,10 @@ def crosses_nodes_every_round(view: RunView) -> list[str]:
     Returns:
         What the run did not do, one line each ([] when it did its job).
 
-    Example::
-
+    Examples:
+        ```python
         @METHODS.register("my-localsgd", "...", activity=crosses_nodes_every_round)
+        ```
     """
     found = []
     inter = view.iterations[schema.BYTES_INTER]
@@ -104,9 +105,10 @@ def sends_fraction_of_dense(
     Returns:
         What the run did not do, one line each.
 
-    Example::
-
+    Examples:
+        ```python
         activity=lambda run: sends_fraction_of_dense(run, 0.45, 0.55, "a 16-bit hook")
+        ```
     """
     if not view.dense_bytes:
         return []

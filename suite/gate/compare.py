@@ -34,6 +34,7 @@ from suite.results.resultset import (
     STARTED,
     VIEW,
     Declared,
+    column,
     final_train_losses,
     nothing_declared,
     read_result_set,
@@ -126,9 +127,9 @@ def load_summaries(
                             for e in frame[schema.EPOCHS]]
     frame[UNCOUNTED] = [uncounted_traffic(view.summary) for view in frame[VIEW]]
     frame = frame.infer_objects()
-    for column in [*KEY, schema.STATUS, *METRICS, UNCOUNTED]:
-        if column not in frame:
-            frame[column] = None
+    for name in [*KEY, schema.STATUS, *METRICS, UNCOUNTED]:
+        if name not in frame:
+            frame[name] = None
     frame[KEY] = frame[KEY].astype(object).where(frame[KEY].notna(), "-").astype(str)
     frame[TIME_RATIO] = time_ratios(frame)
     return frame, warnings
@@ -267,6 +268,22 @@ def shown_options_of(runs: pd.DataFrame) -> dict[tuple, str]:
     return dict(zip(map(tuple, runs[KEY].values.tolist()), column))
 
 
+def with_exchange(table: pd.DataFrame, baseline: pd.DataFrame, new: pd.DataFrame
+                  ) -> pd.DataFrame:
+    """``table`` with each row's exchange schedule (``exchange``: ``4 / 32``, local steps
+    between exchanges inside a node / across nodes): its NEW runs', else its baseline's,
+    ``-`` where neither recorded one."""
+    schedules = {}
+    for runs in (baseline, new):
+        texts = [schema.exchange_text(e) for e in column(runs, schema.EXCHANGE_EVERY)]
+        schedules.update({key: text for key, text in
+                          zip(map(tuple, runs[KEY].values.tolist()), texts) if text != "-"})
+    if table.empty:
+        return table
+    return table.assign(exchange=[schedules.get(tuple(key), "-")
+                                  for key in table[KEY].values.tolist()])
+
+
 def keys_of(runs: pd.DataFrame) -> set[tuple]:
     """The comparison keys of a set's runs."""
     return set(map(tuple, runs[KEY].values.tolist()))
@@ -386,8 +403,37 @@ def describe_key(run_key: tuple) -> str:
     return text + f"lr {fields[schema.LR]}, {fields[schema.EPOCHS]} epochs)"
 
 
-def shown(table: pd.DataFrame) -> pd.DataFrame:
-    """The table as people read it: changes as +1.2 pts / -3.4 %, means with their interval."""
+#: a text table's width unless --wide (a terminal's, a CI log's)
+TEXT_WIDTH = 120
+#: what a compact table calls each metric (the --metric aliases)
+SHORT_METRICS = {metric: alias for alias, metric in ALIASES.items()}
+
+
+def options_words(options) -> str:
+    """A configuration's options as a table shows them: ``channel_keep=0.5, rho1=9.907``
+    (floats to 4 significant digits), ``-`` for none."""
+    if isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except json.JSONDecodeError:
+            return options
+    if not options:
+        return "-"
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in sorted(options.items()))
+
+
+def elided(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, its end replaced by ``…`` where cut."""
+    text = str(text)
+    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
+
+
+def shown(table: pd.DataFrame, wide: bool = True) -> pd.DataFrame:
+    """The table as people read it: changes as +1.2 pts / -3.4 %, means with their
+    interval, options as words, the exchange schedule (``exchange``: local steps between
+    exchanges inside a node / across nodes). ``wide``: every column, the metrics' full
+    names; else the compact columns (what every row shares is left to ``shared_line``)."""
     out = table.copy()
 
     def change(row) -> str:
@@ -404,22 +450,105 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
         )
 
     out["change"] = [change(row) for _, row in table.iterrows()]
-    if "shown_options" in table:
-        out[schema.OPTIONS] = table["shown_options"].fillna(table[schema.OPTIONS])
+    options = table["shown_options"].fillna(table[schema.OPTIONS]) if "shown_options" in table \
+        else table[schema.OPTIONS]
+    out[schema.OPTIONS] = [options_words(o) for o in options]
     for side in ("baseline", "new"):
         halves = table[f"{side}_ci"] if f"{side}_ci" in table else [None] * len(table)
         out[side] = [value(m, h) for m, h in zip(table[side], halves)]
-    keep = ["method", "workload", "gpus", "options", "setting", "metric", "baseline", "new",
+    if "repeats" in out:  # activity and status rows are about runs, not repeats
+        out["repeats"] = [r if isinstance(r, str) else "-" for r in out["repeats"]]
+    if not wide:  # an activity row's NEW is its run folder: --wide and json name it
+        out["new"] = [n if m != "activity" else "-" for n, m in zip(out["new"], out["metric"])]
+        out["verdict"] = [str(v).replace(f": {m} ", ": ", 1)  # the method has its column
+                          for v, m in zip(out["verdict"], out["method"])]
+        for side in ("baseline", "new"):
+            out[side] = ["-" if v == "nan" else v for v in out[side]]
+    if "exchange" not in out:
+        out["exchange"] = "-"
+    if wide:
+        keep = ["machine_class", "method", "workload", "gpus", "options", "exchange",
+                "setting", "metric", "baseline", "new", "repeats", "change", "verdict"]
+        return out[[c for c in keep if c in out]]
+    out["metric"] = [SHORT_METRICS.get(m, m) for m in out["metric"]]
+    out["exchange"] = [str(e).replace(" ", "") for e in out["exchange"]]
+    varying = [c for c in ("machine_class", "workload", "gpus", "setting")
+               if c in out and out[c].nunique() > 1]
+    keep = ["method", *varying, "options", "exchange", "metric", "baseline", "new",
             "repeats", "change", "verdict"]
-    return out[[c for c in keep if c in out]]
+    return out[[c for c in keep if c in out]].rename(columns={"exchange": "exch",
+                                                              "repeats": "n"})
 
 
-def format_table(table: pd.DataFrame, fmt: str = "text") -> str:
+def shared_line(table: pd.DataFrame) -> str:
+    """What every row of a compact table shares, said once above it: ``cnn-fmnist, 4 GPUs,
+    real, cpu-gloo-amd25-avx512-t1``."""
+    parts = []
+    for column_name, unit in (("workload", ""), ("gpus", " GPUs"), ("setting", ""),
+                              ("machine_class", "")):
+        if column_name in table and table[column_name].nunique() == 1:
+            value = table[column_name].iloc[0]
+            if value not in ("-", None):
+                parts.append(f"{value}{unit}")
+    return ", ".join(parts)
+
+
+#: the columns a text table aligns right (numbers); the others align left
+RIGHT_ALIGNED = ("gpus", "baseline", "new", "n", "repeats", "change")
+
+
+def text_table(frame: pd.DataFrame) -> str:
+    """``frame`` as aligned text: words left, numbers right, one space between columns."""
+    columns = list(frame.columns)
+    rows = frame.astype(str).values.tolist()
+    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+
+    def line(cells) -> str:
+        return " ".join(cell.rjust(w) if c in RIGHT_ALIGNED else cell.ljust(w)
+                        for c, cell, w in zip(columns, cells, widths)).rstrip()
+
+    return "\n".join([line(columns), *(line(row) for row in rows)])
+
+
+#: the order in which a text table too wide is narrowed: (column, down to how many
+#: characters); options give way before what a verdict says
+NARROWING = (("options", 18), ("new", 12), ("verdict", 28), ("options", 10), ("verdict", 12))
+
+
+def fitted(frame: pd.DataFrame, width: int) -> str:
+    """``frame`` as text no wider than ``width`` where it can be: the options, NEW and
+    verdict columns elided in the order of ``NARROWING``."""
+    frame = frame.astype(str)
+    limits = {c: int(frame[c].str.len().max()) for c in ("options", "new", "verdict")
+              if c in frame}
+    shortened = frame
+    text = text_table(frame)
+    excess = max(map(len, text.splitlines())) - width
+    for name, floor in NARROWING:
+        if excess <= 0 or name not in limits:
+            continue
+        cut = min(excess, max(0, limits[name] - floor))
+        limits[name] -= cut
+        shortened = frame.copy()
+        for c, limit in limits.items():
+            shortened[c] = [elided(v, limit) for v in frame[c]]
+        text = text_table(shortened)
+        excess = max(map(len, text.splitlines())) - width
+    return text
+
+
+def format_table(table: pd.DataFrame, fmt: str = "text", wide: bool = False) -> str:
+    """The comparison as text (``TEXT_WIDTH`` columns, long options elided; ``wide``: every
+    column in full) or Markdown (every column)."""
     if table.empty:
         return "(no matched runs)" if fmt != "json" else "[]"
     if fmt == "markdown":
         return shown(table).to_markdown(index=False)
-    return shown(table).to_string(index=False)
+    if wide:
+        return shown(table).to_string(index=False)
+    shared = shared_line(table)
+    body = fitted(shown(table, wide=False), TEXT_WIDTH)
+    return (f"{shared}:\n" if shared else "") + body
 
 
 def as_json(

@@ -20,6 +20,7 @@ from suite.gate.compare import (
     keys_of,
     load_summaries,
     parse_metrics,
+    with_exchange,
 )
 from suite.gate.reference import Gate, class_folders, gate_for, no_reference
 from suite.results.resultset import Declared, nothing_declared
@@ -136,7 +137,8 @@ def judge_sets(
     unmatched["only in baseline"] += [describe_key(k) for k in sorted(keys_of(others), key=str)]
     activity, warnings_activity = activity_rows(new_runs, check_of)
     parts = [part for part in (*tables, pd.DataFrame(activity)) if len(part)]
-    table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    table = with_exchange(pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(),
+                          base, new_runs)
     return Judgement(
         table=table, unmatched=unmatched,
         warnings=warnings_base + warnings_new + warnings_activity,

@@ -30,8 +30,36 @@ from suite.results.machine import CLASS_PATTERN, machine_class
 from suite.results.runner import busy
 from suite.results.schema import Status
 
-#: the committed references, one folder per machine class (NIGHTLY_REFERENCE overrides)
-REFERENCE_ROOT = Path("results/reference")
+#: the committed references, one folder per machine class at the repository's top, outside
+#: the default results folder, so that ``bench report results`` reads what the user ran and
+#: nothing else (NIGHTLY_REFERENCE overrides)
+REFERENCE_ROOT = Path("reference")
+#: where they were before issue 44 (a path into it reads REFERENCE_ROOT: moved_reference)
+OLD_REFERENCE_ROOT = Path("results/reference")
+
+
+def moved_reference(path: str | Path) -> Path | None:
+    """Where a path into the old reference location is now: ``results/reference[/...]``
+    (anywhere in ``path``) that does not exist, as ``reference[/...]`` where that exists;
+    None for any other path, so scripts written against the old path keep working.
+
+    Examples:
+        ```python
+        moved_reference("results/reference/cpu-gloo")  # Path("reference/cpu-gloo")
+        moved_reference("results")                      # None
+        ```
+    """
+    path = Path(path)
+    if path.exists():
+        return None
+    old, parts = OLD_REFERENCE_ROOT.parts, path.parts
+    for i in range(len(parts) - len(old) + 1):
+        if parts[i : i + len(old)] == old:
+            moved = Path(*parts[:i], *REFERENCE_ROOT.parts, *parts[i + len(old) :])
+            return moved if moved.exists() else None
+    return None
+
+
 #: where ``nox -s reference`` records before the set replaces the class's reference: a fixed
 #: folder per class, so an interrupted recording resumes (NIGHTLY_STAGING overrides)
 STAGING_ROOT = Path(".nox/reference-staging")

@@ -252,7 +252,7 @@ def fail_run(
     folder: RunFolder, config: RunConfig, *, signal_name: str | None, failure: str | None = None
 ) -> None:
     """Mark the run failed or interrupted with the first reason (keeping every flushed row),
-    raise :class:`RunFailed` / :class:`RunInterrupted`. Signals to this process wait until
+    raise ``RunFailed`` / ``RunInterrupted``. Signals to this process wait until
     the folder says so."""
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -1,6 +1,6 @@
 """``bench run --launcher slurm``: the run submitted to SLURM with submitit.
 
-One SLURM task per node. Each task runs :class:`NodeAgent` (submitit pickles it): torch's
+One SLURM task per node. Each task runs ``NodeAgent`` (submitit pickles it): torch's
 elastic agent for the node's ranks, the same launch as ``--launcher local``, with c10d
 rendezvous on the allocation's first node at a port derived from the job id (two jobs on one
 node never collide). The agent carries the run's plan whole, as the JSON the local launcher

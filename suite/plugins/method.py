@@ -43,11 +43,12 @@ class RoundSettings:
     """Options of every method that trains in rounds of local steps (PruneX, local SGD), so
     that their rounds, and so their iterations, line up: a settings class inherits them.
 
-    Example::
-
+    Examples:
+        ```python
         @dataclass
         class MySettings(RoundSettings):
             period: int = option(4, "average every N steps", check=AT_LEAST_1)
+        ```
     """
 
     local_steps: int | None = option(
@@ -81,8 +82,8 @@ class NodeAveragingSettings:
     round (hierarchical local SGD, the pruning baselines, PruneX), declared once so that the
     flag means one thing and methods paired at one value run one schedule.
 
-    Example::
-
+    Examples:
+        ```python
         @dataclass
         class MySettings(RoundSettings, NodeAveragingSettings):
             ...
@@ -90,6 +91,7 @@ class NodeAveragingSettings:
         if settings.averages_after(k, steps):  # after local step k of a round of ``steps``
             ctx.comm.all_reduce_into(tensors, topo.intra, phase=phases.INTRA_ALLREDUCE,
                                      divide_before=topo.gpus_per_node)
+        ```
     """
 
     intra_average_period: int = option(
@@ -158,6 +160,13 @@ class RunContext:
     budget_steps: int | None = None  # local steps every rank takes in the whole run
     spec: DatasetSpec | None = None  # the dataset's input shape, for tracing the model's graph
 
+    @property
+    def simulated(self) -> bool:
+        """Whether this is ``bench sim`` replaying the method's steps on stand-in batches:
+        nothing is trained or evaluated, so a warning about training (the masks froze too
+        late to train the consensus) means nothing here and is not given."""
+        return self.config.launcher == "sim"
+
     def example_input(self) -> torch.Tensor:
         """One zero input of the dataset's shape (channel dependencies are traced with it).
 
@@ -169,7 +178,7 @@ class RunContext:
         return example_input(self.spec, self.device)
 
     def local_steps_per_round(self) -> int:
-        """H for a method with :class:`RoundSettings`, on this rank's shard."""
+        """H for a method with ``RoundSettings``, on this rank's shard."""
         return self.settings.steps_per_round(self.loader.steps_per_epoch)
 
     def round_steps(self) -> int:
@@ -214,9 +223,10 @@ class StepResult:
         converged: the method's own stopping test passed (PruneX's residual tolerances); the
             same on every rank.
 
-    Example::
-
+    Examples:
+        ```python
         return StepResult(loss.item(), len(y))
+        ```
     """
 
     loss: float
@@ -233,8 +243,8 @@ class Method:
     ``ctx.recorder.set``, and times its phases under the names of ``suite.api.phases`` (or
     one of its own, ``declare_phase``).
 
-    Example::
-
+    Examples:
+        ```python
         class Averaging(Method):
             def __init__(self, ctx):
                 self.ctx, self.model = ctx, ctx.model
@@ -252,6 +262,7 @@ class Method:
 
             def load_state_dict(self, state):
                 self.model.load_state_dict(state["model"])
+        ```
     """
 
     #: local mini-batch steps one iteration consumes (DDP: 1; PruneX: H per round); a method
@@ -415,10 +426,11 @@ def recalibrate_batchnorm(
             ``phase`` like any other; None (evaluation bookkeeping): issued directly, unrecorded.
         phase: the phase of that all-reduce (with ``comm``).
 
-    Example::
-
+    Examples:
+        ```python
         batches = self.ctx.loader.calibration_batches(8)
         recalibrate_batchnorm(self.average, batches, self.ctx.topology.world, self.ctx.device)
+        ```
     """
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]

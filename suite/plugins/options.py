@@ -1,15 +1,15 @@
 """Method options, declared once by the method that reads them.
 
 A method registers a *settings* dataclass next to its factory (as torch's ``PowerSGDState``
-owns the PowerSGD hook's settings). Each field made with :func:`option` is one option: its
+owns the PowerSGD hook's settings). Each field made with ``option`` is one option: its
 type comes from the annotation (``Literal[...]`` gives choices), its default from the field,
 its range and one line of help from the call. The command line, sweeps, experiment files,
-``bench list`` and the README table all read these declarations, and :func:`resolve_settings`
+``bench list`` and the README table all read these declarations, and ``resolve_settings``
 is the one place where values given by a user are converted and checked, before any rank
 starts and again, identically, inside each rank.
 
 Cross-field rules (``--channel-keep`` is the default only when no keep is given, say) live in
-the settings class's ``__post_init__``, which raises :class:`BenchError` naming the flags.
+the settings class's ``__post_init__``, which raises ``BenchError`` naming the flags.
 """
 
 from __future__ import annotations
@@ -50,10 +50,11 @@ class Check:
         test: ``value -> bool``, True for a valid value.
         text: what a valid value is, as an error says it.
 
-    Example::
-
+    Examples:
+        ```python
         UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
         prune_at: float = option(0.5, "fraction trained dense first", check=UNIT)
+        ```
     """
 
     test: Callable[[Any], bool]
@@ -123,13 +124,14 @@ def option(
     Returns:
         A dataclass field carrying the declaration.
 
-    Example::
-
+    Examples:
+        ```python
         @dataclass
         class EFSignSettings:
             gain: float = option(1.0, "scale of the sign update", check=POSITIVE)
             scaled: bool = option(True, "scale by the mean magnitude", off_flag="unscaled")
             mode: Literal["layer", "model"] = option("layer", "where the scale is taken")
+        ```
     """
     meta = _Declared(help, check, off_flag, shown_default, existing_path)
     return dataclasses.field(default=default, metadata={_META: meta})
@@ -262,7 +264,7 @@ def _as_bool(value: Any) -> bool:
 
 def options_of(settings: type | None) -> list[Option]:
     """The options a settings dataclass declares, in field order (inherited ones first); a
-    field without :func:`option` is an error (it would be dropped without a word)."""
+    field without ``option`` is an error (it would be dropped without a word)."""
     if settings is None:
         return []
     if not dataclasses.is_dataclass(settings):

@@ -3,7 +3,7 @@
 Every plugin, the built-ins included, is found through the entry-point groups
 ``prunex_bench.methods`` and ``prunex_bench.workloads`` (pyproject.toml names the built-in
 packages there), so the registry imports no plugin by name. A method registers its settings
-class with its factory (see :mod:`suite.plugins.options`), so its options reach the command
+class with its factory (see ``suite.plugins.options``), so its options reach the command
 line, sweeps and experiment files with no change to the suite, and its label, colour and
 marker, so every report draws it alike.
 
@@ -79,9 +79,10 @@ class Look:
         color: any colour matplotlib accepts (``"#D55E00"``, ``"tab:blue"``).
         marker: a matplotlib marker (``"o"``, ``"s"``, ``"^"``).
 
-    Example::
-
+    Examples:
+        ```python
         look=Look("EF-SignSGD", "#117733", "v")
+        ```
     """
 
     name: str
@@ -176,13 +177,14 @@ class Registry:
         Returns:
             The decorator (it returns the factory unchanged).
 
-        Example::
-
+        Examples:
+            ```python
             @METHODS.register("efsign", "sign compression with error feedback",
                               settings=EFSignSettings, look=Look("EF-SignSGD", "#117733", "v"),
                               activity=crosses_nodes_every_round)
             def make_efsign(ctx: RunContext) -> Method:
                 return EFSign(ctx)
+            ```
         """
 
         def decorate(factory):

@@ -28,8 +28,8 @@ class SGDBaseline(Method):
         ctx: the run context the method's factory is given.
         model: ``ctx.model``, or a wrapper of it (``DistributedDataParallel``).
 
-    Example::
-
+    Examples:
+        ```python
         class SignSGD(SGDBaseline):
             def __init__(self, ctx):
                 super().__init__(ctx, ctx.model)
@@ -43,6 +43,7 @@ class SGDBaseline(Method):
                 unflatten_into(grads, flat.div_(self.ctx.topology.world_size))
                 self.apply_update()
                 return StepResult(loss, samples)
+        ```
     """
 
     def __init__(self, ctx: RunContext, model: nn.Module):

@@ -24,11 +24,20 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.transforms import ScaledTranslation  # noqa: E402
 
 from suite.cluster.phases import phase_color  # noqa: E402
-from suite.report.labels import LABEL, display, label_table, line_table, ranks_word  # noqa: E402
+from suite.report.labels import (  # noqa: E402
+    budget_words,
+    figure_context,
+    label_table,
+    line_table,
+    machine_part,
+)
 from suite.report.load import FINAL_DENSITY, is_comm_column, parts_of  # noqa: E402
 from suite.report.style import (  # noqa: E402
+    context_title,
+    dodge,
     legend_outside,
     log_scale,
     paper_figure,
@@ -37,9 +46,10 @@ from suite.report.style import (  # noqa: E402
 )
 from suite.results import schema  # noqa: E402
 from suite.results.resultset import (  # noqa: E402
-    DEVICE,
+    MACHINE_CLASS,
     OVERLAPPED_PHASES,
     RUN_INDEX,
+    SETTING,
     VIEW,
     ResultSet,
     column,
@@ -50,12 +60,17 @@ from suite.results.view import RunView, first_line  # noqa: E402
 
 @dataclass
 class Figure:
+    """A figure drawn: its files (PNG first), the table it plots, the runs it drew, what
+    they share (``context``: workload, GPUs and layout, budget; its title and the start of
+    its caption) and a note on how to read it."""
+
     name: str
     title: str
     files: list[Path]
     table: pd.DataFrame
     run_ids: list[str]
     note: str = ""
+    context: str = ""
 
 
 @dataclass
@@ -72,9 +87,88 @@ def epoch_seconds(epochs, train_seconds) -> float | None:
     return train_seconds / epochs
 
 
-def run_display(runs: ResultSet, position: int) -> str:
-    """The full label of the run at ``position`` (a figure of one run names it whole)."""
-    return display(parts_of(runs.runs).iloc[position])
+def finish(fig, runs: ResultSet, run_ids, out: Path, name: str,
+           on_axis: tuple[str, ...] = (), faceted: tuple[str, ...] = (),
+           lead: str = "") -> tuple[list[Path], str]:
+    """Title the figure with what the runs it drew share (``figure_context``; ``on_axis``
+    and ``faceted``: what it draws on an axis or names in its panels' titles instead;
+    ``lead``: said first, e.g. the one configuration drawn) and save it; returns its files
+    and that context."""
+    ids = {i for joined in run_ids for i in str(joined).split(",")}
+    frame = runs.runs
+    context = figure_context(frame[frame[schema.RUN_ID].isin(ids)], on_axis, tuple(faceted))
+    context = "; ".join(part for part in (lead, context) if part)
+    context_title(fig, context)
+    return save(fig, out, name), context
+
+
+def draws_data(ax) -> bool:
+    """Whether a panel drew anything: a line or marker with points, a bar, a collection
+    (error bars, bands) with members, an image."""
+    return (any(len(line.get_xdata()) for line in ax.lines) or bool(ax.patches)
+            or any(len(c.get_paths()) for c in ax.collections) or bool(ax.images))
+
+
+def hide_if_empty(ax) -> bool:
+    """Hide a panel that drew nothing, rather than show empty axes; True if hidden."""
+    if draws_data(ax):
+        return False
+    ax.set_visible(False)
+    return True
+
+
+def bars_in_range(ax, ends, axis: str = "x") -> None:
+    """Limits that hold every bar and its error bar (``ends``: where each ends, error
+    included), on linear axes from 0 and on log axes from below the smallest."""
+    ends = [e for e in ends if e is not None and math.isfinite(e)]
+    if not ends:
+        return
+    scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+    high = max(ends) * (1.5 if scale == "log" else 1.05)
+    low = min(e for e in ends if e > 0) / 2 if scale == "log" and any(e > 0 for e in ends) else 0
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(low, high)
+
+
+def facet_rows(frame: pd.DataFrame) -> tuple[tuple[str, ...], list[tuple[str, pd.Index,
+                                                                         pd.Series]]]:
+    """Rows of panels that keep apart what must not share an axis: workloads, budgets,
+    settings (real, an emulated link, a simulated profile) and machine classes, where the
+    runs of ``frame`` hold several of one. Returns which of those vary (``workload``,
+    ``budget``, ``setting``, ``machine``) and, per row, its title (what its runs share of
+    them), its runs (``frame``'s index) and their labels, named among themselves (the row's
+    title and the figure's say the rest)."""
+    keys = pd.DataFrame({
+        "workload": [str(w) for w in column(frame, schema.WORKLOAD)],
+        "budget": [budget_words(e) for e in column(frame, schema.EPOCHS)],
+        "setting": [str(s) for s in column(frame, SETTING)],
+        "machine": [machine_part(s, m) for s, m in zip(column(frame, SETTING),
+                                                        column(frame, MACHINE_CLASS))],
+    }, index=frame.index)
+    varying = tuple(k for k in keys if keys[k][keys[k] != ""].nunique() > 1)
+    if not varying:
+        return (), [("", frame.index, label_table(frame, parts_of(frame)))]
+    rows = []
+    for values, group in keys.groupby(list(varying), sort=True):
+        values = values if isinstance(values, tuple) else (values,)
+        runs = frame.loc[group.index]
+        rows.append((", ".join(v for v in values if v and v != "real") or "real", group.index,
+                     label_table(runs, parts_of(runs))))
+    return varying, rows
+
+
+def faceted_labels(runs: ResultSet, positions) -> tuple[tuple[str, ...], list[str],
+                                                        np.ndarray, np.ndarray]:
+    """``facet_rows`` of the runs at ``positions`` (those a figure draws): which facets vary,
+    the rows' titles in order, and per run of ``runs`` (by position) its row's title and its
+    label ("" for runs not drawn)."""
+    frame = runs.runs.iloc[sorted(set(int(p) for p in positions))]
+    varying, rows = facet_rows(frame)
+    facet = np.full(len(runs.runs), "", dtype=object)
+    label = np.full(len(runs.runs), "", dtype=object)
+    for row_title, index, labels in rows:
+        facet[index.to_numpy()] = row_title
+        label[index.to_numpy()] = labels.to_numpy()
+    return varying, [row_title for row_title, _, _ in rows], facet, label
 
 
 def sums_per_run(values: pd.Series, run_index: pd.Series) -> dict[int, float]:
@@ -88,62 +182,85 @@ def sums_per_run(values: pd.Series, run_index: pd.Series) -> dict[int, float]:
 
 
 def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
-    """Fig. 9: speedup and parallel efficiency vs ranks on log-log axes, relative to each
-    line's smallest configuration, from training seconds per epoch (median over repeats)."""
+    """Fig. 9: speedup and parallel efficiency vs GPUs on log-log axes, relative to each
+    line's smallest configuration, from training seconds per epoch (median over repeats).
+    Lines that start at one point (every line's speedup is 1 there) are spread sideways by a
+    few points so that none hides another."""
     name, title = "fig09_scaling", "Strong scaling: speedup and parallel efficiency"
     runs_frame = runs.runs
     rows = []
-    for line, method, workload, gpus, epochs, train, run_id, device in zip(
+    for line, method, workload, gpus, epochs, train, run_id in zip(
         line_table(runs_frame, parts_of(runs_frame)), runs_frame[schema.METHOD],
         runs_frame[schema.WORKLOAD], runs_frame[schema.GPUS], column(runs_frame, schema.EPOCHS),
         column(runs_frame, schema.TRAIN_SECONDS), runs_frame[schema.RUN_ID],
-        column(runs_frame, DEVICE),
     ):
         seconds = epoch_seconds(epochs, train)
         if seconds:
-            rows.append({"series": line, schema.METHOD: method, schema.WORKLOAD: workload,
-                         schema.GPUS: gpus, "epoch_seconds": seconds, schema.RUN_ID: run_id,
-                         "word": ranks_word(device)})
+            rows.append({"series": line, "method": method, "workload": workload, "gpus": gpus,
+                         "epoch_seconds": seconds, "run_id": run_id})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
-    by = [schema.WORKLOAD, "series", schema.METHOD, "word", schema.GPUS]
-    frame = frame.groupby(by, as_index=False).agg(
-        epoch_seconds=("epoch_seconds", "median"), run_id=(schema.RUN_ID, ",".join)
+    frame = frame.groupby(["workload", "series", "method", "gpus"], as_index=False).agg(
+        epoch_seconds=("epoch_seconds", "median"), run_id=("run_id", ",".join)
     )
     lines = frame.groupby([schema.WORKLOAD, "series"]).filter(lambda g: g.gpus.nunique() >= 2)
     if lines.empty:
         return Skipped(name, title, "every method has runs at one GPU count only; need two")
-    base = lines.loc[lines.groupby([schema.WORKLOAD, "series"]).gpus.idxmin()]
+    # named among the runs drawn: what they all share is said once, in the title
+    ids = {i for joined in lines.run_id for i in joined.split(",")}
+    drawn = runs_frame[runs_frame[schema.RUN_ID].isin(ids)]
+    names = dict(zip(line_table(runs_frame, parts_of(runs_frame))[drawn.index],
+                     line_table(drawn, parts_of(drawn))))
+    lines = lines.assign(series=lines.series.map(names))
+    base = lines.loc[lines.groupby(["workload", "series"]).gpus.idxmin()]
     base = base.set_index(["workload", "series"])[["gpus", "epoch_seconds"]]
     lines = lines.join(base, on=["workload", "series"], suffixes=("", "_base"))
     lines["speedup"] = lines.epoch_seconds_base / lines.epoch_seconds
     lines["efficiency"] = lines.speedup / (lines.gpus / lines.gpus_base)
     styles = series_styles(zip(lines.series, lines.method))
     ticks = sorted(lines.gpus.unique())
-    word = "GPUs" if set(lines.word) == {"GPUs"} else "ranks"
+    bases = sorted(lines.gpus_base.unique())
+    over = f"over {bases[0]} GPUs" if len(bases) == 1 else "over each line's fewest GPUs"
     with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
         speed, efficiency = axes[0]
-        for series, line in lines.groupby("series", sort=False):
-            line = line.sort_values(schema.GPUS)
-            speed.plot(line.gpus, line.speedup, label=series, ms=4, **styles[series])
-            efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series])
         speed.plot(ticks, [g / min(ticks) for g in ticks], color="k", lw=0.8, ls=(0, (1, 1)),
                    label="ideal")
         efficiency.axhline(1.0, color="k", lw=0.8, ls=(0, (1, 1)))
+        drawn = []
+        for series, line in lines.groupby("series", sort=False):
+            line = line.sort_values("gpus")
+            drawn.append(speed.plot(line.gpus, line.speedup, label=series, ms=4,
+                                    **styles[series]))
+            drawn.append(efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series]))
         speed.set_yscale("log", base=2)
-        for ax, label in ((speed, "speedup"), (efficiency, "parallel efficiency")):
+        for ax, label in ((speed, f"speedup {over} (log scale)"),
+                          (efficiency, "parallel efficiency")):
             ax.set_xscale("log", base=2)
             ax.set_xticks(ticks, [str(g) for g in ticks])
             ax.minorticks_off()
-            ax.set_xlabel(f"{word} (log scale)")
+            ax.set_xlabel("GPUs (log scale)")
             ax.set_ylabel(label)
-        speed.set_ylabel("speedup (log scale)")
+        for ax, artists in ((speed, drawn[0::2]), (efficiency, drawn[1::2])):
+            spread(ax, artists)
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, lines.run_id, out, name, on_axis=("GPUs",))
     ids = sorted({i for ids in lines.run_id for i in ids.split(",")})
     table = lines[["workload", "series", "gpus", "epoch_seconds", "speedup", "efficiency"]]
-    return Figure(name, title, files, table, ids, "relative to each line's smallest GPU count")
+    return Figure(name, title, files, table, ids,
+                  f"speedup {over}, from training seconds per epoch; lines that share a "
+                  "point are drawn a few points apart", context)
+
+
+def spread(ax, lines: list[list], spacing: float = 2.5) -> None:
+    """Lines that share points (every scaling line starts at speedup 1) moved sideways by
+    ``spacing`` points each, symmetrically, so no marker hides another."""
+    for rank, artists in enumerate(lines):
+        offset = (rank - (len(lines) - 1) / 2) * spacing
+        if offset:
+            shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
+            for artist in artists:
+                artist.set_transform(ax.transData + shift)
 
 
 def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
@@ -159,59 +276,82 @@ def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
 
 def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 12: final accuracy vs the inter-node traffic spent to reach it, and vs the
-    density of the pruned layers, per workload, with the Pareto frontier."""
+    density of the pruned layers, with the Pareto frontier; a row of panels per workload,
+    budget and machine class where the runs hold several (a frontier never mixes them). A
+    configuration of one run is a marker, one of repeats its mean with the 95 % interval;
+    markers that share a point are spread sideways."""
     name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
     frame = runs.runs
-    views = list(frame[VIEW])
-    dense_gflops = {view.summary[schema.WORKLOAD]: view.export["dense"]["flops"] / 1e9
-                    for view in views if view.export}
-    rows = [
-        {schema.WORKLOAD: workload, "label": label, schema.METHOD: method, schema.DENSITY: density,
-         schema.ACCURACY: 100 * accuracy, "inter_gb": (inter or 0) / 1e9,
-         "gflops": exported_gflops(view, density, dense_gflops), schema.RUN_ID: run_id}
-        for workload, label, method, density, accuracy, inter, view, run_id in zip(
-            frame[schema.WORKLOAD], frame[LABEL], frame[schema.METHOD], frame[FINAL_DENSITY],
-            column(frame, schema.FINAL_ACCURACY), column(frame, schema.INTER_NODE_BYTES_TOTAL),
-            views, frame[schema.RUN_ID])
-        if accuracy is not None
-    ]
-    per_run = pd.DataFrame(rows)
-    if per_run.empty:
+    dense_gflops = {view.summary["workload"]: view.export["dense"]["flops"] / 1e9
+                    for view in frame[VIEW] if view.export}
+    frame = frame[[a is not None for a in column(frame, schema.FINAL_ACCURACY)]]
+    if frame.empty:
         return Skipped(name, title, "no run has an accuracy (simulated runs carry none)")
-    frame = repeats_reduced(per_run, ["workload", "label", "method"], "accuracy")
-    means = per_run.groupby([schema.WORKLOAD, "label"])[["inter_gb", "density", "gflops"]].mean()
-    frame = frame.join(means, on=["workload", "label"])
-    workloads = sorted(frame.workload.unique())
-    styles = series_styles(zip(frame.label, frame.method))
+    varying, rows = facet_rows(frame)
+    facet = pd.Series("", index=frame.index, dtype=object)
+    label = pd.Series("", index=frame.index, dtype=object)
+    for row_title, index, labels in rows:
+        facet[index] = row_title or str(frame.loc[index[0], schema.WORKLOAD])
+        label[index] = labels
+    per_run = pd.DataFrame({
+        "facet": facet, "label": label, "method": frame[schema.METHOD],
+        "density": frame[FINAL_DENSITY].astype(float),
+        "accuracy": 100 * column(frame, schema.FINAL_ACCURACY).astype(float),
+        "inter_gb": [(b or 0) / 1e9 for b in column(frame, schema.INTER_NODE_BYTES_TOTAL)],
+        "gflops": [exported_gflops(view, density, dense_gflops)
+                   for view, density in zip(frame[VIEW], frame[FINAL_DENSITY])],
+        "run_id": frame[schema.RUN_ID],
+    }).reset_index(drop=True)
+    keys = ["facet", "label", "method"]
+    reduced = repeats_reduced(per_run, keys, "accuracy")
+    means = per_run.groupby(keys[:-1])[["inter_gb", "density", "gflops"]].mean()
+    reduced = reduced.join(means, on=keys[:-1])
+    styles = series_styles(zip(reduced.label, reduced.method))
     panels = [("inter_gb", "inter-node traffic to the end (GB)"),
               ("density", "density of the pruned layers")]
-    if frame.gflops.notna().any():  # `bench export` ran: the deployed model's cost too
+    if reduced.gflops.notna().any():  # `bench export` ran: the deployed model's cost too
         panels.append(("gflops", "GFLOPs per image of the exported model"))
-    grid = paper_figure(width or "two", nrows=len(workloads), ncols=len(panels), ratio=0.8)
+    titles = list(dict.fromkeys(per_run.facet))
+    grid = paper_figure(width or "two", nrows=len(titles), ncols=len(panels), ratio=0.8)
     with grid as (fig, axes):
-        for row, workload in zip(axes, workloads):
-            part = frame[frame.workload == workload].reset_index(drop=True)
+        for row, row_title in zip(axes, titles):
+            part = reduced[reduced.facet == row_title].reset_index(drop=True)
             for ax, (x, xlabel) in zip(row, panels):
                 shown = part[part[x].notna()].reset_index(drop=True)
-                for _, point in shown.iterrows():
-                    look = styles[point.label]
-                    ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), ms=4,
-                                color=look["color"], marker=look["marker"], capsize=2,
-                                lw=0.8, fillstyle=look["fillstyle"], ls="none",
-                                label=point.label)
+                markers = [(pareto_marker(ax, point, x, styles[point.label]), point[x],
+                            point.accuracy) for _, point in shown.iterrows()]
                 front = shown.iloc[pareto_front(shown[x], shown.accuracy)]
                 ax.step(front[x], front.accuracy, where="post", color="k", lw=0.6, alpha=0.6,
                         label="Pareto frontier")
                 ax.set_xlabel(xlabel)
                 ax.set_ylabel("test accuracy (%)")
-                ax.set_title(workload)
-            if (part.inter_gb > 0).all() and part.inter_gb.max() > 10 * part.inter_gb.min():
-                log_scale(row[0])
+                if ax is row[0]:  # one title per row, over its panels
+                    ax.set_title(row_title, loc="left")
+                if x == "inter_gb" and len(shown) and (shown.inter_gb > 0).all() and \
+                        shown.inter_gb.max() > 10 * shown.inter_gb.min():
+                    log_scale(ax)
+                if not hide_if_empty(ax):
+                    dodge(ax, markers)
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
-    return Figure(name, title, files, frame, sorted(per_run.run_id),
-                  "repeats: mean and 95 % interval; frontier: no other point has less traffic "
-                  "(or density, or exported GFLOPs) and more accuracy")
+        files, context = finish(fig, runs, per_run.run_id, out, name,
+                                faceted=(*varying, "workload"))
+    return Figure(name, title, files, reduced, sorted(per_run.run_id),
+                  "a marker per configuration: one run, or the mean of its repeats with the "
+                  "95 % interval; markers that share a point are drawn a few points apart; "
+                  "frontier: no other point has less traffic (or density, or exported GFLOPs) "
+                  "and more accuracy", context)
+
+
+def pareto_marker(ax, point, x: str, look: dict) -> list:
+    """One configuration's marker: a plain marker for one run (no interval to draw), the
+    mean with its 95 % interval for repeats; returns its artists."""
+    common = {"ms": 4, "color": look["color"], "marker": look["marker"],
+              "fillstyle": look["fillstyle"], "ls": "none", "label": point.label}
+    if point.repeats > 1 and not pd.isna(point.accuracy_ci95):
+        bars = ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), capsize=2,
+                           lw=0.8, **common)
+        return [bars.lines[0], *bars.lines[1], *bars.lines[2]]
+    return ax.plot([point[x]], [point.accuracy], **common)
 
 
 def exported_gflops(run: RunView, density: float, dense_gflops: dict[str, float]) -> float:
@@ -244,8 +384,9 @@ def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.Data
 
 
 def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
-    """Fig. 5: test accuracy vs training time and vs cumulative inter-node traffic; repeats
-    as their mean curve with the 95 % band."""
+    """Fig. 5: test accuracy vs training time and vs cumulative inter-node traffic, a row of
+    panels per workload, budget and machine class where the runs hold several; repeats as
+    their mean curve with the 95 % band; curves that end at one point drawn apart."""
     name, title = "fig05_time_to_accuracy", "Accuracy vs training time and inter-node GB"
     evals = runs.table("evals")
     real = np.array([not s for s in column(runs.runs, schema.SIMULATED)], dtype=bool)
@@ -253,35 +394,51 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
     if evals.empty:
         return Skipped(name, title, "no real run has evaluations")
     owner = evals[RUN_INDEX].to_numpy()
+    drawn = runs.runs.iloc[np.unique(owner)]  # what the panels hold is judged among these
+    varying, rows = facet_rows(drawn)
+    facet = pd.Series("", index=runs.runs.index, dtype=object)
+    label = pd.Series("", index=runs.runs.index, dtype=object)
+    for row_title, index, labels in rows:
+        facet[index], label[index] = row_title, labels
     frame = evals.drop(columns=RUN_INDEX).reset_index(drop=True).assign(
-        run=runs.runs[LABEL].to_numpy()[owner], method=runs.runs[schema.METHOD].to_numpy()[owner],
+        run=label.to_numpy()[owner], facet=facet.to_numpy()[owner],
+        method=runs.runs[schema.METHOD].to_numpy()[owner],
         run_id=runs.runs[schema.RUN_ID].to_numpy()[owner])
     frame = frame.assign(accuracy_pct=100 * frame.accuracy, inter_gb=frame.inter_node_bytes / 1e9)
     styles = series_styles(zip(frame.run, frame.method))
-    with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
-        for label, curve in frame.groupby("run", sort=False):
-            points = curve.groupby(schema.ITERATION).agg(
-                train_seconds=(schema.TRAIN_SECONDS, "mean"), inter_gb=("inter_gb", "mean"),
-                accuracy=("accuracy_pct", "mean"), spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
-            )
-            band = points.spread.fillna(0)
-            low, high = (points.accuracy - band).clip(0, 100), (points.accuracy + band).clip(0, 100)
-            for ax, x in zip(axes[0], (schema.TRAIN_SECONDS, "inter_gb")):
-                ax.plot(points[x], points.accuracy, ms=3, label=label, **styles[label])
-                ax.fill_between(points[x], low, high, color=styles[label]["color"], alpha=0.2,
-                                lw=0)
-        axes[0, 0].set_xlabel("training time (s)")
-        axes[0, 1].set_xlabel("cumulative inter-node traffic (GB, all ranks)")
-        if frame.inter_gb.max() > 0 and frame.inter_gb[frame.inter_gb > 0].min() > 0:
-            log_scale(axes[0, 1])
-        for ax in axes[0]:
-            ax.set_ylabel("test accuracy (%)")
+    titles = [row_title for row_title, _, _ in rows]
+    with paper_figure(width or "two", nrows=len(titles), ncols=2, ratio=0.75) as (fig, axes):
+        for row, row_title in zip(axes, titles):
+            part = frame[frame.facet == row_title]
+            ends: dict[int, list] = {0: [], 1: []}  # per panel: (artists, last x, last y)
+            for label_text, curve in part.groupby("run", sort=False):
+                points = curve.groupby("iteration").agg(
+                    train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
+                    accuracy=("accuracy_pct", "mean"),
+                    spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
+                )
+                band = points.spread.fillna(0)
+                low = (points.accuracy - band).clip(0, 100)
+                high = (points.accuracy + band).clip(0, 100)
+                for panel, (ax, x) in enumerate(zip(row, ("train_seconds", "inter_gb"))):
+                    artists = ax.plot(points[x], points.accuracy, ms=3, label=label_text,
+                                      **styles[label_text])
+                    artists.append(ax.fill_between(points[x], low, high, alpha=0.2, lw=0,
+                                                   color=styles[label_text]["color"]))
+                    ends[panel].append((artists, points[x].iloc[-1], points.accuracy.iloc[-1]))
+            row[0].set_xlabel("training time (s)")
+            row[1].set_xlabel("cumulative inter-node traffic (GB, all GPUs)")
+            if (part.inter_gb > 0).any():
+                log_scale(row[1])
+            row[0].set_title(row_title, loc="left")  # one title per row, over its panels
+            for panel, ax in enumerate(row):
+                ax.set_ylabel("test accuracy (%)")
+                dodge(ax, ends[panel])  # curves that end at one point, drawn apart
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
-    table = frame[[schema.RUN_ID, "run", schema.ITERATION, schema.EPOCH, schema.TRAIN_SECONDS,
-                   "inter_gb", schema.ACCURACY]]
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name, faceted=varying)
+    table = frame[["run_id", "run", "iteration", "epoch", "train_seconds", "inter_gb", "accuracy"]]
     note = "repeats of a configuration: mean per evaluation, band the 95 % interval"
-    return Figure(name, title, files, table, sorted(frame.run_id.unique()), note)
+    return Figure(name, title, files, table, sorted(frame.run_id.unique()), note, context)
 
 
 def comm_seconds_per_step(runs: ResultSet) -> pd.DataFrame:
@@ -312,107 +469,124 @@ def comm_seconds_per_step(runs: ResultSet) -> pd.DataFrame:
 
 
 def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
-    """Fig. 7: communication seconds per local step (an iteration's, slowest rank, over its
+    """Fig. 7: communication seconds per local step (an iteration's, slowest GPU, over its
     local steps), as box plots over iterations and repeats: step- and round-based methods
-    on one axis."""
+    on one axis; a panel per workload, budget, setting and machine class where the runs
+    hold several."""
     name, title = "fig07_comm_latency", "Communication time per local step"
     per_step = comm_seconds_per_step(runs)
     if per_step.empty:
         return Skipped(name, title, "no run recorded communication phases")
     owner = per_step[RUN_INDEX].to_numpy()
-    frame = pd.DataFrame({schema.ITERATION: per_step[schema.ITERATION].to_numpy(),
+    varying, titles, facet, label = faceted_labels(runs, owner)
+    frame = pd.DataFrame({"iteration": per_step[schema.ITERATION].to_numpy(),
                           "comm_ms": 1e3 * per_step["per_step"].to_numpy(),
-                          "run": runs.runs[LABEL].to_numpy()[owner],
-                          schema.METHOD: runs.runs[schema.METHOD].to_numpy()[owner],
-                          schema.RUN_ID: runs.runs[schema.RUN_ID].to_numpy()[owner]})
-    order = frame.groupby("run", sort=False).comm_ms.median().sort_values().index.tolist()
+                          "facet": facet[owner], "run": label[owner],
+                          "method": runs.runs[schema.METHOD].to_numpy()[owner],
+                          "run_id": runs.runs[schema.RUN_ID].to_numpy()[owner]})
     styles = series_styles(zip(frame.run, frame.method))
-    with paper_figure(width or "two", height=0.3 * len(order) + 0.5) as (fig, axes):
-        ax = axes[0, 0]
-        boxes = ax.boxplot([frame.comm_ms[frame.run == r] for r in order], orientation="horizontal",
-                           patch_artist=True, widths=0.6, showfliers=True,
-                           flierprops={"ms": 2}, medianprops={"color": "k"})
-        for patch, label in zip(boxes["boxes"], order):
-            patch.set(facecolor=styles[label]["color"], alpha=0.6)
-        ax.set_yticks(range(1, len(order) + 1), order)
-        ax.set_xlabel("communication per local step (ms)")
-        positive = frame.comm_ms[frame.comm_ms > 0]
-        if len(positive) and positive.max() > 100 * positive.min():
-            log_scale(ax)
-        files = save(fig, out, name)
-    table = frame.groupby(["run", schema.RUN_ID], as_index=False).comm_ms.agg(
+    orders = {row_title: frame[frame.facet == row_title].groupby("run", sort=False).comm_ms
+              .median().sort_values().index.tolist() for row_title in titles}
+    heights = [0.3 * len(orders[row_title]) + 0.6 for row_title in titles]
+    with paper_figure(width or "two", nrows=len(titles), heights=heights) as (fig, axes):
+        for ax, row_title in zip(axes[:, 0], titles):
+            part, order = frame[frame.facet == row_title], orders[row_title]
+            boxes = ax.boxplot([part.comm_ms[part.run == r] for r in order],
+                               orientation="horizontal", patch_artist=True, widths=0.6,
+                               showfliers=True, flierprops={"ms": 2},
+                               medianprops={"color": "k"})
+            for patch, box_label in zip(boxes["boxes"], order):
+                patch.set(facecolor=styles[box_label]["color"], alpha=0.6)
+            ax.set_yticks(range(1, len(order) + 1), order)
+            ax.set_xlabel("communication per local step (ms)")
+            ax.set_title(row_title)
+            positive = part.comm_ms[part.comm_ms > 0]
+            if len(positive) and positive.max() > 100 * positive.min():
+                log_scale(ax)
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name, faceted=varying)
+    table = frame.groupby(["facet", "run", "run_id"], as_index=False).comm_ms.agg(
         ["mean", "median", "std", "max"]
     )
     return Figure(name, title, files, table, sorted(frame.run_id.unique()),
                   "box: iterations (and repeats) of a configuration; one iteration's time on its "
-                  "slowest rank over its local steps (DDP: 1; PruneX, local SGD: H)")
+                  "slowest GPU over its local steps (DDP: 1; PruneX, local SGD: H)", context)
 
 
 def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
-    """Fig. 8: mean seconds per local step in each phase (mean over ranks and repeats),
+    """Fig. 8: mean seconds per local step in each phase (mean over GPUs and repeats),
     stacked in the order they run; phases that overlap local_compute (DDP's all-reduce
-    during backward) are drawn hatched inside it, not stacked on top."""
+    during backward) are drawn hatched inside it, not stacked on top; a panel per workload,
+    budget, setting and machine class where the runs hold several."""
     name, title = "fig08_phase_breakdown", "Phase breakdown per local step"
     frame = runs.runs
-    rows, overlapped, methods = [], set(), {}
-    for label, run_id, method, phases, steps, overlaps in zip(
-        frame[LABEL], frame[schema.RUN_ID], frame[schema.METHOD],
-        column(frame, schema.PHASE_SECONDS), column(frame, schema.STEPS_PER_ITERATION),
-        frame[OVERLAPPED_PHASES],
-    ):
-        phases = phases or {}
-        if phases:
-            steps = steps or 1
-            rows.append({"run": label, schema.RUN_ID: run_id,
-                         **{k: v / steps for k, v in phases.items()}})
-            overlapped |= {(label, p) for p in overlaps if p in phases}
-            methods[label] = method
-    if not rows:
+    timed = [i for i, phases in enumerate(column(frame, schema.PHASE_SECONDS)) if phases]
+    if not timed:
         return Skipped(name, title, "no run recorded phase timings")
-    per_run = pd.DataFrame(rows).fillna(0.0)
-    ids = per_run.groupby("run").run_id.agg(",".join)  # repeats share a bar, none is dropped
-    frame = per_run.drop(columns=schema.RUN_ID).groupby("run").mean()
-    frame = frame[frame.sum().sort_values(ascending=False).index]
-    stacked = frame.copy()
-    for label, phase in overlapped:
-        stacked.loc[label, phase] = 0.0
+    varying, titles, facet, label = faceted_labels(runs, timed)
+    rows, overlapped = [], set()
+    for i in timed:
+        phases = frame[schema.PHASE_SECONDS].iat[i]
+        steps = column(frame, schema.STEPS_PER_ITERATION).iat[i] or 1
+        key = (facet[i], label[i])
+        rows.append({"facet": facet[i], "run": label[i], "run_id": frame[schema.RUN_ID].iat[i],
+                     **{k: v / steps for k, v in phases.items()}})
+        overlapped |= {(key, p) for p in frame[OVERLAPPED_PHASES].iat[i] if p in phases}
+    per_run = pd.DataFrame(rows).fillna(0.0).set_index(["facet", "run"])
+    # repeats share a bar, none is dropped
+    ids = per_run.groupby(level=["facet", "run"], sort=False).run_id.agg(",".join)
+    means = per_run.drop(columns="run_id").groupby(level=["facet", "run"], sort=False).mean()
+    means = means[means.sum().sort_values(ascending=False).index]
+    stacked = means.copy()
+    for key, phase in overlapped:
+        stacked.loc[key, phase] = 0.0
     totals = stacked.sum(axis=1)
-    repeats = per_run.set_index("run").drop(columns=schema.RUN_ID)
-    spread = [mean_ci(repeats.loc[[label]].sum(axis=1)
-                      - sum(repeats.loc[[label], p] for lb, p in overlapped if lb == label))[1]
-              for label in frame.index]
-    with paper_figure(width or "two", height=0.3 * len(frame) + 1.0) as (fig, axes):
-        ax = axes[0, 0]
-        y = range(len(frame))
-        left = pd.Series(0.0, index=frame.index)
-        for phase in frame.columns:
-            ax.barh(y, stacked[phase], left=left, color=phase_color(phase), height=0.7,
-                    label=phase.replace("_", " "))
-            left += stacked[phase]
-        for label, phase in sorted(overlapped):
-            i = frame.index.get_loc(label)
-            ax.barh(i, frame.loc[label, phase], left=0, height=0.3, color=phase_color(phase),
-                    hatch="////", edgecolor="white", lw=0,
-                    label=f"{phase.replace('_', ' ')}, overlapped")
-        ax.errorbar(totals, y, xerr=spread, fmt="none", ecolor="k", capsize=2, lw=0.8)
-        ax.set_yticks(list(y), list(frame.index))
-        ax.set_xlabel("seconds per local step")
-        ax.margins(x=0.05)
+    repeats = per_run.drop(columns="run_id")
+    spread = pd.Series([mean_ci(repeats.loc[[key]].sum(axis=1) - sum(
+        repeats.loc[[key], p] for k, p in overlapped if k == key))[1] for key in means.index],
+        index=means.index)
+    counts = [len(means.loc[row_title]) for row_title in titles]
+    heights = [0.3 * n + 0.6 for n in counts]
+    heights[-1] += 0.4
+    with paper_figure(width or "two", nrows=len(titles), heights=heights) as (fig, axes):
+        for ax, row_title in zip(axes[:, 0], titles):
+            part, part_stacked = means.loc[row_title], stacked.loc[row_title]
+            y = range(len(part))
+            left = pd.Series(0.0, index=part.index)
+            for phase in part.columns:
+                if not (part[phase] > 0).any():
+                    continue
+                ax.barh(y, part_stacked[phase], left=left, color=phase_color(phase),
+                        height=0.7, label=phase.replace("_", " "))
+                left += part_stacked[phase]
+            for (row_key, bar_label), phase in sorted(overlapped):
+                if row_key == row_title:
+                    ax.barh(part.index.get_loc(bar_label), part.loc[bar_label, phase], left=0,
+                            height=0.3, color=phase_color(phase), hatch="////",
+                            edgecolor="white", lw=0,
+                            label=f"{phase.replace('_', ' ')}, overlapped")
+            ends = totals.loc[row_title]
+            halves = spread.loc[row_title]
+            ax.errorbar(ends, y, xerr=halves, fmt="none", ecolor="k", capsize=2, lw=0.8)
+            ax.set_yticks(list(y), list(part.index))
+            ax.set_xlabel("seconds per local step")
+            ax.set_title(row_title)
+            bars_in_range(ax, [e + (0 if pd.isna(h) else h) for e, h in zip(ends, halves)])
         legend_outside(fig, axes, ncol=4)
-        files = save(fig, out, name)
-    table = frame.assign(run_id=[ids[label] for label in frame.index]).reset_index(names="run")
+        files, context = finish(fig, runs, ids, out, name, faceted=varying)
+    table = means.assign(run_id=ids).reset_index()
     run_ids = sorted(i for joined in ids for i in joined.split(","))
     note = (
-        "an iteration's phases over its local steps, mean over ranks and repeats (error bar: "
+        "an iteration's phases over its local steps, mean over GPUs and repeats (error bar: "
         "95 % interval of the total); hatched: communication that overlaps local compute "
         "(DDP's bucket all-reduce during backward), drawn inside it, not stacked"
     )
-    return Figure(name, title, files, table, run_ids, note)
+    return Figure(name, title, files, table, run_ids, note, context)
 
 
 def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 6: inter-node traffic per epoch (mean and 95 % interval over repeats), and per
-    local step over training, so step- and round-based methods compare."""
+    local step over training, so step- and round-based methods compare; a row of panels
+    per workload, budget, setting and machine class where the runs hold several."""
     name, title = "fig06_inter_node_volume", "Inter-node message size and volume"
     rows = runs.table("iterations")
     recorded = runs.columns.get(schema.ITERATIONS, pd.Series(dtype=object))
@@ -424,44 +598,65 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
         inter=(schema.BYTES_INTER, "sum"), epoch=(schema.EPOCH, "max")).reset_index()
     runs_frame = runs.runs
     owner = per_iter[RUN_INDEX].to_numpy()
+    varying, titles, facet, labels = faceted_labels(runs, owner)
     steps = np.array([s or 1 for s in column(runs_frame, schema.STEPS_PER_ITERATION)],
                      dtype=object)
-    labels, methods = runs_frame[LABEL].to_numpy(), runs_frame[schema.METHOD].to_numpy()
-    frame = pd.DataFrame({schema.EPOCH: per_iter.epoch, "run": labels[owner],
-                          schema.METHOD: methods[owner],
+    methods = runs_frame[schema.METHOD].to_numpy()
+    frame = pd.DataFrame({"epoch": per_iter.epoch, "facet": facet[owner], "run": labels[owner],
+                          "method": methods[owner],
                           "mb_per_step": per_iter.inter / 1e6 / steps[owner].astype(float)})
     inter = sums_per_run(per_iter.inter, per_iter[RUN_INDEX])
     epochs = column(runs_frame, schema.EPOCHS)
     per_run = pd.DataFrame([
-        {"run": labels[i], schema.METHOD: methods[i],
-         schema.RUN_ID: runs_frame[schema.RUN_ID].iat[i],
-         "inter_gb_total": total / 1e9,
+        {"facet": facet[i], "run": labels[i], "method": methods[i],
+         "run_id": runs_frame[schema.RUN_ID].iat[i], "inter_gb_total": total / 1e9,
          "inter_gb_per_epoch": total / 1e9 / (epochs.iat[i] or math.nan)}
         for i, total in inter.items()
     ])
-    total = repeats_reduced(per_run, ["run", "method"], "inter_gb_per_epoch")
-    total = total.sort_values("inter_gb_per_epoch").reset_index(drop=True)
+    total = repeats_reduced(per_run, ["facet", "run", "method"], "inter_gb_per_epoch")
     styles = series_styles(zip(total.run, total.method))
-    with paper_figure(width or "two", ncols=2, ratio=max(0.75, 0.08 * len(total))) as (fig, axes):
-        bars, steps_ax = axes[0]
-        bars.barh(total.index, total.inter_gb_per_epoch, xerr=total.inter_gb_per_epoch_ci95,
-                  color=[styles[r]["color"] for r in total.run], height=0.7)
-        bars.set_yticks(total.index, total.run)
-        bars.set_xlabel("inter-node GB/epoch")
-        if total.inter_gb_per_epoch.max() > 100 * max(total.inter_gb_per_epoch.min(), 1e-12):
-            log_scale(bars)
-        for label, curve in frame.groupby("run", sort=False):
-            mean = curve.groupby(schema.EPOCH).mb_per_step.mean()
-            steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
-                          label=label, **styles[label])
-        steps_ax.set_xlabel("epoch")
-        steps_ax.set_ylabel("inter-node MB per local step")
-        if (frame.mb_per_step > 0).any():
-            log_scale(steps_ax, "y")
+    counts = [int((total.facet == row_title).sum()) for row_title in titles]
+    heights = [max(1.6, 0.27 * n + 0.7) for n in counts]
+    with paper_figure(width or "two", nrows=len(titles), ncols=2,
+                      heights=heights) as (fig, axes):
+        for (bars, steps_ax), row_title in zip(axes, titles):
+            part = total[total.facet == row_title].sort_values("inter_gb_per_epoch")
+            part = part.reset_index(drop=True)
+            values = part.inter_gb_per_epoch
+            half = part.inter_gb_per_epoch_ci95.fillna(0.0)
+            # a log axis where the volumes span decades and none is zero (a bar of 0 has
+            # no place on it); its bars start at the axis' left end, not at 0
+            logarithmic = bool((values > 0).all() and values.max() > 100 * values.min())
+            left = values.min() / 2 if logarithmic else 0.0
+            bars.barh(part.index, values - left, left=left, xerr=half.where(half > 0),
+                      color=[styles[r]["color"] for r in part.run], height=0.7)
+            bars.set_yticks(part.index, part.run)
+            bars.set_xlabel("inter-node GB/epoch")
+            bars.set_title(row_title, loc="left")  # one title per row, over both panels
+            if logarithmic:
+                bars.set_xscale("log")
+            bars_in_range(bars, values + half)
+            curves = frame[frame.facet == row_title]
+            for curve_label, curve in curves.groupby("run", sort=False):
+                mean = curve.groupby("epoch").mb_per_step.mean()
+                steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
+                              label=curve_label, **styles[curve_label])
+            steps_ax.set_xlabel("epoch")
+            steps_ax.set_ylabel("inter-node MB per local step")
+            if (curves.mb_per_step > 0).any():
+                log_scale(steps_ax, "y")
+            hide_if_empty(steps_ax)
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
+        files, context = finish(fig, runs, per_run.run_id, out, name, faceted=varying)
     return Figure(name, title, files, total, sorted(per_run.run_id),
-                  "bytes are the ring's algorithmic volume summed over ranks")
+                  "bytes are the ring's algorithmic volume summed over GPUs", context)
+
+
+def trained_rows(runs: ResultSet, rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` of a runs' table less those of simulated runs, whose residuals, penalties
+    and masks come from stand-in batches (a simulation trains nothing)."""
+    simulated = np.array([bool(s) for s in column(runs.runs, schema.SIMULATED)], dtype=bool)
+    return rows[~simulated[rows[RUN_INDEX].to_numpy()]] if len(rows) else rows
 
 
 def round_axis(ax, rounds: pd.Series) -> None:
@@ -477,9 +672,10 @@ def residuals(
 ) -> Figure | Skipped:
     """Figs. 10: intra- and inter-node primal residuals of a few layers over rounds."""
     name, title = "fig10_residuals", "Primal residuals per layer"
-    all_layers = runs.table("layers")
+    all_layers = trained_rows(runs, runs.table("layers"))
     if all_layers.empty:
-        return Skipped(name, title, "no PruneX run with layers.parquet")
+        return Skipped(name, title, "no PruneX run with layers.parquet that trained "
+                       "(a simulation does not)")
     rounds = all_layers.groupby(RUN_INDEX, sort=False)[schema.ITERATION].nunique()
     gpus = runs.runs[schema.GPUS]
     # the largest run with a few rounds (one round has no curve)
@@ -509,18 +705,20 @@ def residuals(
         log_scale(ax, "y")
         round_axis(ax, part.iteration)
         ax.set_ylabel("primal residual (L2)")
-        ax.set_title(run_display(runs, run))
+        ax.set_title(label_table(runs.runs.iloc[[run]]).iat[0])  # the title says the rest
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
-    return Figure(name, title, files, part, [runs.runs[schema.RUN_ID].iat[run]])
+        run_id = runs.runs[schema.RUN_ID].iat[run]
+        files, context = finish(fig, runs, [run_id], out, name)
+    return Figure(name, title, files, part, [run_id], context=context)
 
 
 def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 11: rho1 and rho2 (mean over layers) over rounds, per PruneX configuration."""
     name, title = "fig11_rho", "Adaptive penalties over rounds"
-    layers = runs.table("layers")
+    layers = trained_rows(runs, runs.table("layers"))
     if layers.empty:
-        return Skipped(name, title, "no PruneX run with layers.parquet")
+        return Skipped(name, title, "no PruneX run with layers.parquet that trained "
+                       "(a simulation does not)")
     chosen = layers[RUN_INDEX].unique()
     # what the PruneX runs share is judged among them (their labels may leave out ranks)
     labels = pd.Series(label_table(runs.runs.iloc[chosen]).to_numpy(), index=chosen)
@@ -545,8 +743,8 @@ def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | 
             round_axis(ax, part.iteration)
             ax.set_ylabel(f"{penalty} (mean over layers)")
         legend_outside(fig, axes, ncol=2)
-        files = save(fig, out, name)
-    return Figure(name, title, files, frame, sorted(frame.run_id.unique()))
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name)
+    return Figure(name, title, files, frame, sorted(frame.run_id.unique()), context=context)
 
 
 def read_masks(run: RunView) -> dict | None:
@@ -601,9 +799,10 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
     and a ViT's kept heads and MLP neurons per block."""
     name, title = "fig13_masks", "Learned structured masks (filters x channels, heads, neurons)"
     views = runs.runs[VIEW]
-    candidates = [i for i, view in enumerate(views) if (view.folder / "masks.pt").exists()]
+    candidates = [i for i, view in enumerate(views) if (view.folder / "masks.pt").exists()
+                  and not view.summary.get(schema.SIMULATED)]  # a replay's masks: stand-ins
     if not candidates:
-        return Skipped(name, title, "no run folder has masks.pt (PruneX runs save it)")
+        return Skipped(name, title, "no trained run folder has masks.pt (PruneX runs save it)")
     saved, position = None, None
     # PruneX's learned masks first (the paper's figure), then those of the pruning baselines
     learned = sorted(candidates, key=lambda i: (not views.iat[i].method.startswith("prunex"),
@@ -633,10 +832,11 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(False)
-            rows.append({schema.LAYER: layer, "shape": tuple(keep.shape), schema.DENSITY: density})
-        fig.suptitle(run_display(runs, position), fontsize=8)
-        files = save(fig, out, name)
-    return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept")
+            rows.append({"layer": layer, "shape": tuple(keep.shape), "density": density})
+        files, context = finish(fig, runs, [run.run_id], out, name,
+                                lead=label_table(runs.runs.iloc[[position]]).iat[0])
+    return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept",
+                  context)
 
 
 FIGURES = (scaling, pareto, time_to_accuracy, comm_latency, phase_breakdown, message_volume,

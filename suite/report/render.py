@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from suite.report.figures import FIGURES, Skipped
+from suite.report.labels import several_of
 from suite.report.load import FINAL_DENSITY, load_runs
 from suite.report.tables import caption_of, paper_table, to_latex, to_markdown
 from suite.results import schema
@@ -19,6 +20,7 @@ from suite.results.resultset import (
     CONFIGURATION,
     LR,
     LR_SCHEDULE,
+    MACHINE_CLASS,
     SETTING,
     SHOWN_OPTIONS,
     VIEW,
@@ -28,10 +30,13 @@ from suite.results.resultset import column as column_of
 from suite.results.stats import mean_ci
 from suite.results.view import RunView
 
-#: what makes runs repeats of one configuration (they differ only in the seed)
-CONFIG = [schema.METHOD, schema.WORKLOAD, schema.DATASET, schema.GPUS, schema.NODES,
-          schema.OPTIONS, "setting", schema.BATCH_SIZE, schema.LR, schema.LR_SCHEDULE,
-          schema.EPOCHS, schema.SIMULATED]
+#: what makes runs repeats of one configuration (they differ only in the seed): runs of two
+#: machine classes, or two budgets (epochs), are never pooled
+CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting",
+          "machine_class", "batch_size", "lr", "lr_schedule", "epochs", "simulated"]
+#: what a configuration's runs share without it being part of their identity: the method's
+#: exchange schedule, local steps between exchanges inside a node / across nodes
+CARRIED = ["exchange_steps"]
 #: per-run numbers averaged over repeats; those in WITH_CI also get a 95 % half-width
 AVERAGED = ["final_acc", "best_acc", "s_per_iter", "ms_per_step", "train_s", "inter_MB_per_epoch",
             "inter_MB_per_iter", "density", "exported_params_M", "exported_GFLOPs"]
@@ -43,7 +48,8 @@ def run_table(runs: ResultSet) -> pd.DataFrame:
     frame = runs.runs
     shown = {text: json.loads(text) for text in set(frame[SHOWN_OPTIONS])}
     keys = [schema.RUN_ID, schema.METHOD, schema.WORKLOAD, schema.DATASET, schema.GPUS,
-            schema.NODES, SHOWN_OPTIONS, CONFIGURATION, SETTING, BATCH_SIZE, LR, LR_SCHEDULE,
+            schema.NODES, SHOWN_OPTIONS, CONFIGURATION, SETTING, MACHINE_CLASS, BATCH_SIZE, LR,
+            LR_SCHEDULE, schema.EXCHANGE_EVERY,
             schema.SEED, schema.FINAL_ACCURACY, schema.BEST_ACCURACY, schema.EPOCHS,
             schema.ITERATION_SECONDS, schema.SAMPLES_PER_RANK, schema.TRAIN_SECONDS,
             schema.INTER_NODE_BYTES_TOTAL, schema.INTER_NODE_BYTES_PER_ITERATION, FINAL_DENSITY,
@@ -63,10 +69,12 @@ def run_table(runs: ResultSet) -> pd.DataFrame:
             # what repeats are grouped by: the resolved settings (options shows them)
             "configuration": r[CONFIGURATION],
             "setting": r[SETTING],
-            schema.BATCH_SIZE: r[BATCH_SIZE],
-            schema.LR: r[LR],
-            schema.LR_SCHEDULE: r[LR_SCHEDULE],
-            schema.SEED: r[schema.SEED],
+            "machine_class": r[MACHINE_CLASS],
+            "exchange_steps": schema.exchange_text(r[schema.EXCHANGE_EVERY]),
+            "batch_size": r[BATCH_SIZE],
+            "lr": r[LR],
+            "lr_schedule": r[LR_SCHEDULE],
+            "seed": r[schema.SEED],
             "final_acc": r[schema.FINAL_ACCURACY],
             "best_acc": r[schema.BEST_ACCURACY],
             schema.EPOCHS: round(epochs, 3),
@@ -109,6 +117,7 @@ def summary_table(per_run: pd.DataFrame) -> pd.DataFrame:
     for _, group in per_run.groupby([keys[c] for c in grouping], sort=False):
         first = group.iloc[0]
         row = {c: first[c] for c in CONFIG}
+        row.update({c: " | ".join(dict.fromkeys(group[c])) for c in CARRIED})
         row.update(run_id=",".join(group.run_id), repeats=len(group),
                    seeds=",".join(str(x) for x in group.seed))
         for column in AVERAGED:
@@ -117,13 +126,20 @@ def summary_table(per_run: pd.DataFrame) -> pd.DataFrame:
             if column in WITH_CI:
                 row[f"{column}_ci95"] = half
         rows.append(row)
-    order = [schema.RUN_ID, *CONFIG, "repeats", "seeds"]
+    order = ["run_id", *CONFIG, *CARRIED, "repeats", "seeds"]
     frame = pd.DataFrame(rows)
     return frame[order + [c for c in frame.columns if c not in order]]
 
 
 def _markdown(frame: pd.DataFrame) -> str:
     return frame.to_markdown(index=False, floatfmt=".4g")
+
+
+def kept_apart(runs: ResultSet) -> list[str]:
+    """One line per kind of difference that a report keeps apart and says so: ``runs of 3
+    machine classes (cpu-gloo, ...), kept apart in every table and figure``."""
+    return [f"runs of {len(values)} {kind} ({', '.join(values)}), kept apart in every table "
+            "and figure" for kind, values in several_of(runs.runs).items()]
 
 
 def render(results_dir: str | Path, out: str | Path, echo=print, width: str | None = None) -> Path:
@@ -135,6 +151,9 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     out.mkdir(parents=True, exist_ok=True)
     for line in skipped_runs:
         echo(f"skipped run {line}")
+    apart = kept_apart(runs)
+    for line in apart:
+        echo(line)
     per_run = run_table(runs)
     summary = summary_table(per_run)
     summary.to_csv(out / "summary.csv", index=False)
@@ -145,12 +164,16 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     results = [draw(runs, out, width=width) for draw in FIGURES]
     md = [f"# prunex-bench report: {Path(results_dir)}", "",
           f"{len(runs)} runs. Every number below comes from these run folders.", "",
-          "## Summary", "", "One row per configuration: repeats (seeds) as their mean, "
-          "`*_ci95` the 95 % t half-width (empty for one repeat); each run in `runs.csv`.",
+          *[f"{line}." for line in apart], *([""] if apart else []),
+          "## Summary", "", "One row per configuration: repeats (runs of one machine class, "
+          "configuration and budget that differ in the seed) as their mean, `*_ci95` the "
+          "95 % t half-width (empty for one repeat); `exchange_steps`: local steps between "
+          "exchanges inside a node / across nodes; each run in `runs.csv`.",
           "", _markdown(summary), "",
           "## Paper table", "", f"{caption}. Also as LaTeX: [table.tex](table.tex).", "",
           to_markdown(paper), ""]
     page = [f"<h1>prunex-bench report: {html.escape(str(results_dir))}</h1>",
+            *[f"<p>{html.escape(line)}.</p>" for line in apart],
             "<h2>Summary</h2>", summary.to_html(index=False, float_format="%.4g")]
     for result in results:
         if isinstance(result, Skipped):

@@ -4,7 +4,7 @@ labels, and paper sizes.
 A method's label, colour and marker are what it declared at registration (the built-ins:
 Okabe & Ito's colour-blind-safe set, plus Tol's wine and grey), so PruneX has the same colour
 in every figure and for any subset of runs, and a plugin brings its own; a phase's colour is
-declared with the phase (:mod:`suite.cluster.phases`). Sizes and fonts come from
+declared with the phase (`suite.cluster.phases`). Sizes and fonts come from
 ``tueplots`` (ICML's 3.25 in column and 6.75 in page width, sans-serif, no LaTeX needed),
 with every text at 7 pt or more at print size. Every figure is saved as PDF (vector, for the
 paper), SVG and PNG (300 dpi, for reports).
@@ -12,12 +12,15 @@ paper), SVG and PNG (300 dpi, for reports).
 
 from __future__ import annotations
 
+import math
+import textwrap
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib import ticker
+from matplotlib.transforms import ScaledTranslation
 from tueplots import axes as tue_axes
 from tueplots import bundles
 
@@ -57,12 +60,12 @@ def options_text(options: dict | None) -> str:
 @contextmanager
 def paper_figure(
     width: str = "two", *, nrows: int = 1, ncols: int = 1, ratio: float = 0.62,
-    height: float | None = None, stack: bool = True,
+    height: float | None = None, stack: bool = True, heights: list[float] | None = None,
 ):
     """A figure ``width`` ("one" column or "two"-column page) wide, each panel ``ratio``
-    times its width tall (or the whole figure ``height`` inches), in the paper style; yields
-    (fig, axes as an nrows x ncols array). In one column, side-by-side panels are stacked
-    unless ``stack`` is False."""
+    times its width tall (or the whole figure ``height`` inches, or each row of panels its
+    own of ``heights`` inches), in the paper style; yields (fig, axes as an nrows x ncols
+    array). In one column, side-by-side panels are stacked unless ``stack`` is False."""
     rc = {
         **bundles.icml2024(column="half" if width == "one" else "full", usetex=False,
                            family="sans-serif"),
@@ -76,8 +79,13 @@ def paper_figure(
     stacked = stack and width == "one" and ncols > 1
     rows, cols = (nrows * ncols, 1) if stacked else (nrows, ncols)
     tall = height if height is not None else WIDTHS[width] / cols * ratio * rows
+    grid = None
+    if heights is not None:
+        ratios = [h for h in heights for _ in range(ncols)] if stacked else list(heights)
+        tall, grid = sum(ratios), {"height_ratios": ratios}
     with plt.rc_context(rc):
-        fig, axes = plt.subplots(rows, cols, figsize=(WIDTHS[width], tall), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(WIDTHS[width], tall), squeeze=False,
+                                 gridspec_kw=grid)
         yield fig, axes.reshape(nrows, ncols)
 
 
@@ -92,7 +100,8 @@ def save(fig, out: Path, name: str) -> list[Path]:
 
 
 def legend_outside(fig, axes, **kwargs) -> None:
-    """One legend for the figure, below the panels, never on the data."""
+    """One legend for the figure, below the panels, never on the data (call it last: the
+    figure grows by its height)."""
     handles, labels = {}, []
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -101,8 +110,14 @@ def legend_outside(fig, axes, **kwargs) -> None:
                 labels.append(label)
     if handles:
         ncol = kwargs.pop("ncol", min(len(labels), 3))
-        if fig.get_figwidth() < 4:  # one column: long labels side by side would not fit
-            ncol = 1 if max(map(len, labels)) > 24 else min(ncol, 2)
+        # as many columns as the longest label lets fit in the figure's width (a character
+        # of 7 pt is about 0.55 of it wide; the handle and the gap about 30 pt)
+        entry = max(map(len, labels)) * 0.55 * MIN_POINTS + 30
+        ncol = max(1, min(ncol, len(labels), int(fig.get_figwidth() * 72 // entry)))
+        # the figure grows by the legend's rows, so the panels keep their size however many
+        # configurations it names (its width stays the paper's)
+        rows = math.ceil(len(labels) / ncol)
+        fig.set_figheight(fig.get_figheight() + rows * 1.45 * MIN_POINTS / 72 + 0.1)
         fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
                    ncol=ncol, **kwargs)
 
@@ -139,3 +154,64 @@ def series_styles(pairs) -> dict[str, dict]:
                              "fillstyle": FILLSTYLES[n % len(FILLSTYLES)]}
             used[method] = n + 1
     return styles
+
+
+def context_title(fig, text: str) -> None:
+    """What the figure's runs share (``suite.report.labels.figure_context``) as its title, at
+    the smallest print size, wrapped to the figure's width."""
+    if not text:
+        return
+    chars = max(30, int(fig.get_figwidth() * 72 / (0.52 * MIN_POINTS)))
+    fig.suptitle("\n".join(textwrap.wrap(text, chars)), fontsize=MIN_POINTS)
+
+
+def axis_fraction(ax, axis: str, value: float) -> float:
+    """Where ``value`` falls along ``axis`` of ``ax`` (0 at the lower limit, 1 at the upper),
+    on the axis' own scale (log axes in log)."""
+    low, high = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+    if scale == "log":
+        if value <= 0 or low <= 0:
+            return 0.0
+        low, high, value = math.log(low), math.log(high), math.log(value)
+    return 0.0 if high == low else (value - low) / (high - low)
+
+
+def dodge(ax, points: list[tuple[list, float, float]], near: float = 6.0,
+          spacing: float = 5.0) -> list[float]:
+    """Spread sideways the markers that share a point, so none hides another: ``points``
+    are (the artists of one marker, its x, its y) in data; markers closer than ``near``
+    points on both axes (at the axes' size when called) form a cluster, and its members are
+    moved ``spacing`` points apart, symmetrically about where they are (a display offset:
+    the data and the axis limits are untouched). Call after the axes' scales and limits are
+    set. Returns each marker's offset in points."""
+    ax.autoscale_view()
+    box = ax.get_position()  # in figure fractions
+    width = box.width * ax.figure.get_figwidth() * 72
+    height = box.height * ax.figure.get_figheight() * 72
+    where = [(axis_fraction(ax, "x", x) * width, axis_fraction(ax, "y", y) * height)
+             for _, x, y in points]
+    cluster = list(range(len(points)))
+
+    def root(i: int) -> int:
+        while cluster[i] != i:
+            i = cluster[i]
+        return i
+
+    for i in range(len(points)):
+        for j in range(i):
+            if abs(where[i][0] - where[j][0]) < near and abs(where[i][1] - where[j][1]) < near:
+                cluster[root(i)] = root(j)
+    members: dict[int, list[int]] = {}
+    for i in range(len(points)):
+        members.setdefault(root(i), []).append(i)
+    offsets = [0.0] * len(points)
+    for group in members.values():
+        for rank, i in enumerate(group):
+            offsets[i] = (rank - (len(group) - 1) / 2) * spacing
+    for (artists, _, _), offset in zip(points, offsets):
+        if offset:
+            shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
+            for artist in artists:
+                artist.set_transform(ax.transData + shift)
+    return offsets

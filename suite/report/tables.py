@@ -8,10 +8,11 @@ import math
 
 import pandas as pd
 
+from suite.report.labels import budget_words
 from suite.report.style import method_style
 
 PM = "±"
-TEXT = ("Method", "Workload", "Options", "Setting")
+TEXT = ("Method", "Workload", "Options", "Exchange (steps)", "Setting", "Machine", "Budget")
 #: (summary column, header, decimals, scale) of the numbers a paper reports
 NUMBERS = [
     ("final_acc", "Accuracy (%)", 2, 100.0),
@@ -46,9 +47,13 @@ def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
         cells = {
             "Method": method_style(row.method).name,
             "Workload": row.workload,
-            "Ranks": int(row.gpus),
+            "GPUs": int(row.gpus),
             "Options": human_options(row.options),
+            # local steps between exchanges inside a node / across nodes
+            "Exchange (steps)": row.get("exchange_steps", "-"),
             "Setting": row.setting,
+            "Machine": row.get("machine_class", "-"),
+            "Budget": budget_words(row.epochs),
             "Seeds": int(row.repeats),
         }
         for column, header, decimals, scale in NUMBERS:
@@ -60,8 +65,9 @@ def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
             )
         rows.append(cells)
     table = pd.DataFrame(rows)
-    constant = [c for c in ("Workload", "Setting") if table[c].nunique() == 1]
+    constant = [c for c in ("Workload", "Setting", "Machine", "Budget") if table[c].nunique() == 1]
     empty = ["Options"] if (table["Options"] == "").all() else []
+    empty += ["Exchange (steps)"] if (table["Exchange (steps)"] == "-").all() else []
     empty += [h for _, h, _, _ in NUMBERS if h in table and (table[h] == "-").all()]
     return table.drop(columns=constant + empty)  # said once in the caption, not in every row
 
@@ -80,9 +86,14 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
 
 
 def caption_of(summary: pd.DataFrame) -> str:
-    """What every row shares (workload, setting, epochs), and how repeats are reduced."""
-    shared = [f"{column} {summary[column].iloc[0]}" for column in ("workload", "setting", "epochs")
-              if summary[column].nunique() == 1]
+    """What every row shares (workload, setting, machine class, budget), and how repeats are
+    reduced."""
+    shared = [f"{words} {summary[column].iloc[0]}"
+              for column, words in (("workload", "workload"), ("setting", "setting"),
+                                    ("machine_class", "machine class"))
+              if column in summary and summary[column].nunique() == 1]
+    if summary["epochs"].nunique() == 1:
+        shared.append(f"budget {budget_words(summary['epochs'].iloc[0])}")
     return "; ".join([*shared, "mean ± 95 % t interval over seeds"])
 
 

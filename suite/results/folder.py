@@ -1,17 +1,19 @@
 """Run folders: manifest, tables and summary, all written atomically.
 
-Layout of ``results/<run_id>/``::
+Layout of ``results/<run_id>/``:
 
-    manifest.json        config, versions, git revision, hardware, topology
-    iterations.parquet   one row per (iteration, rank): phase seconds, bytes per link, loss, ...
-    evals.parquet        one row per evaluation: accuracy, elapsed seconds, cumulative bytes
-    layers.parquet       (PruneX) per-layer residuals, penalties, density per round
-    summary.json         the keys ``bench compare`` and ``bench report`` read
-    parts/               per-rank rows streamed while a run is live (a chunk file every few
-                         seconds); merged into the tables and removed at the end
-    errors/              on failure: one file per failing rank, first line = the reason
-    checkpoints/         with --checkpoint-every/--checkpoint-minutes: the newest complete
-                         checkpoint (suite.run.checkpoint) and latest.json naming it
+```text
+manifest.json        config, versions, git revision, hardware, topology
+iterations.parquet   one row per (iteration, rank): phase seconds, bytes per link, loss, ...
+evals.parquet        one row per evaluation: accuracy, elapsed seconds, cumulative bytes
+layers.parquet       (PruneX) per-layer residuals, penalties, density per round
+summary.json         the keys ``bench compare`` and ``bench report`` read
+parts/               per-rank rows streamed while a run is live (a chunk file every few
+                     seconds); merged into the tables and removed at the end
+errors/              on failure: one file per failing rank, first line = the reason
+checkpoints/         with --checkpoint-every/--checkpoint-minutes: the newest complete
+                     checkpoint (suite.run.checkpoint) and latest.json naming it
+```
 
 Every file is written to a temporary name and renamed, so a reader never sees half a file.
 The summary carries the run's identity (method, workload, ranks, options) and ``running``

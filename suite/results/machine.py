@@ -8,7 +8,7 @@ the collective backend. Under torch's portable kernels (``ATEN_CPU_CAPABILITY=de
 vendor stops mattering at the gate's thresholds (an Intel Xeon's nightly against an AMD
 EPYC's: 0 regressions over eleven methods), so that class names no vendor:
 ``cpu-gloo-portable-t1``, a class any CPU runner can join. A nightly compares
-against the reference recorded on its own class (``results/reference/<class>/``), never a
+against the reference recorded on its own class (``reference/<class>/``), never a
 run against a reference of other kernels: on another CPU generation a tenth of an epoch moves
 a method's accuracy by as much as a change of seed. Runs recorded before the class named
 these (``cpu-gloo``, ``cuda-nccl-h100``) keep the short name they had.

@@ -131,11 +131,12 @@ def read_result_set(
         The result set; its ``runs`` is empty when no folder could be read (the caller
         says what that means for its command).
 
-    Example::
-
+    Examples:
+        ```python
         runs = read_result_set("results", METHODS.defaults,
                                tables={"evals": ["iteration", "accuracy"]})
         last = runs.table("evals").groupby("run_index").accuracy.last()
+        ```
     """
     views, skipped = [], []
     for folder in run_folders(path):

@@ -50,6 +50,10 @@ GPUS = "gpus"
 NODES = "nodes"
 GPUS_PER_NODE = "gpus_per_node"
 OPTIONS = "options"
+#: method options every label and table shows wherever a run resolved them, given or not: the
+#: structured keeps (suite.structured.masks.StructuredKeepSettings), without which a pruning
+#: run at its default keep would not say what it pruned
+ALWAYS_SHOWN_OPTIONS = ("filter_keep", "channel_keep", "shape_keep", "head_keep", "mlp_keep")
 SEED = "seed"
 LAUNCHER = "launcher"
 STARTED = "started"
@@ -309,6 +313,14 @@ ITERATION_COLUMNS = (
     BYTES_INTRA, BYTES_INTER, ONE_OFF, WIRE_TX_BYTES, WIRE_RX_BYTES, FROZEN, MASK_DRIFT,
     MASK_DRIFT_FRACTION, PACKED_BYTES, RHO1_MEAN, RHO2_MEAN,
 )
+
+
+def exchange_text(schedule: dict | None, separator: str = " / ") -> str:
+    """A run's ``exchange_every`` as a table shows it: local steps between exchanges inside
+    a node and across nodes, ``4 / 32``; ``-`` for a run recorded before it was."""
+    if not isinstance(schedule, dict) or EXCHANGE_INTER not in schedule:
+        return "-"
+    return f"{schedule.get(EXCHANGE_INTRA, '-')}{separator}{schedule[EXCHANGE_INTER]}"
 
 
 def phase_column(phase: str) -> str:

@@ -1,5 +1,5 @@
 """A run folder as every reader sees it: ``bench report``, ``bench compare`` and the activity
-checks read a run through :class:`RunView` (its summary and manifest read once, its tables on
+checks read a run through ``RunView`` (its summary and manifest read once, its tables on
 demand, damaged files listed instead of raised), so they agree on what a run is."""
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ class RunView:
             the dense exchange a method is measured against (None when the set has none).
         unreadable: files that could not be read, with the reason.
 
-    Example::
-
+    Examples:
+        ```python
         def sends_little(run: RunView) -> list[str]:
             if run.dense_bytes and run.bytes_per_iteration > 0.1 * run.dense_bytes:
                 return ["sent more than a tenth of DDP's bytes"]
             return []
+        ```
     """
 
     folder: Path
@@ -114,12 +115,14 @@ class RunView:
         return {k: v for k, v in sorted(resolved.items()) if k not in declared or v != declared[k]}
 
     def shown_options(self, declared: dict | None) -> dict:
-        """:meth:`configuration` as a label shows it: without what the method derived on its
+        """``configuration`` as a label shows it: without what the method derived on its
         own (an option declared without a default that the run was not given, e.g. PruneX's
-        rho1 from its round pull)."""
+        rho1 from its round pull), except the structured keeps, which a label always names
+        (``schema.ALWAYS_SHOWN_OPTIONS``: PruneX's default is channel keep 0.5)."""
         given = self.given_options
         return {k: v for k, v in self.configuration(declared).items()
-                if k in given or declared is None or declared.get(k, 0) is not None}
+                if k in given or declared is None or declared.get(k, 0) is not None
+                or (k in schema.ALWAYS_SHOWN_OPTIONS and v is not None)}
 
     @property
     def machine_class(self) -> str:

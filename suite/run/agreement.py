@@ -21,7 +21,7 @@ from suite.results import schema
 
 
 class NonFiniteLoss(BenchError):
-    """Every rank stops after the same iteration (agreed in :meth:`Agreement.settle`)."""
+    """Every rank stops after the same iteration (agreed in ``Agreement.settle``)."""
 
 
 #: the ranks agree at most this often, in seconds of training (``PRUNEX_AGREE_SECONDS``

@@ -58,7 +58,7 @@ def split_state(obj, path: str = "") -> tuple[object, dict[str, torch.Tensor]]:
 
 
 def join_state(skeleton, tensors: dict[str, torch.Tensor]):
-    """Inverse of :func:`split_state`."""
+    """Inverse of ``split_state``."""
     if isinstance(skeleton, list):
         return [join_state(v, tensors) for v in skeleton]
     if isinstance(skeleton, dict):

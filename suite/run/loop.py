@@ -1,9 +1,9 @@
 """The training loop of one rank: iterations, the ranks' agreement, evaluations, row flushes,
 checkpoints and stops, and finishing the run folder.
 
-:class:`TrainingLoop` runs the iterations; after each it decides whether this is a point where
-the ranks must agree (:class:`Point`); at such a point it settles the agreement
-(:mod:`suite.run.agreement`), then evaluates, shows progress, checkpoints or flushes, and stops,
+``TrainingLoop`` runs the iterations; after each it decides whether this is a point where
+the ranks must agree (``Point``); at such a point it settles the agreement
+(``suite.run.agreement``), then evaluates, shows progress, checkpoints or flushes, and stops,
 in that order, so a checkpoint holds every row before it. Collectives issued here for
 bookkeeping (the agreement, test accuracy) are not part of any method's communication and are
 not recorded as traffic.

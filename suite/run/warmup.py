@@ -20,7 +20,7 @@ bucket rebuild in its second iteration), PowerSGD's first compressed step. Rathe
 the method on a snapshot it restores (every method would have to restore all of its state
 bit for bit, DDP's rebuilt buckets included, and a PruneX round costs H local steps), those
 iterations are marked ``one_off`` in the table and the summary's means start where the
-one-off costs end (``Method.one_off_iterations``, :mod:`suite.results.summary`).
+one-off costs end (``Method.one_off_iterations``, ``suite.results.summary``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``bench calibrate``: measure this hardware on the ranks a real run would have (same
-launcher, same placement; :mod:`suite.sim.measure`), fit a profile (:mod:`suite.sim.fit`)
+launcher, same placement; ``suite.sim.measure``), fit a profile (``suite.sim.fit``)
 and write it for the simulator."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Collectives and time priced instead of spent: the simulator's communicator and recorder.
 
 ``SimCommunicator`` prices each collective with the alpha-beta models of
-:mod:`suite.sim.costmodel` on the profile's links and hands back what N identical replicas
+``suite.sim.costmodel`` on the profile's links and hands back what N identical replicas
 would get; ``SimRecorder`` charges each local step the profile's compute time, hides DDP's
 bucket all-reduces behind the backward pass as a pipeline does, scales the host-timed
 elementwise phases by memory bandwidth and adds the expected wait for the slowest rank
-(:mod:`suite.sim.replay` says how the pieces fit). Every other rank issues the same
+(``suite.sim.replay`` says how the pieces fit). Every other rank issues the same
 collectives on its own groups (SPMD) except the leaders-only ones, so its bytes are the
 leader's event log re-attributed with that rank's topology (``rank_rows``).
 """

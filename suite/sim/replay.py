@@ -4,14 +4,14 @@ One process plays global rank 0 (node 0's leader) of an N-rank job on ``gpus_per
 nodes. The method is built exactly as in a real run, from the workload's real model (so every
 buffer has its real size), and its ``step`` runs unchanged; what differs is underneath it:
 
-* ``SimCommunicator`` (:mod:`.pricing`) prices each collective with the alpha-beta models of
-  :mod:`suite.sim.costmodel` on the profile's links, attributes its bytes with the real
+* ``SimCommunicator`` (``pricing``) prices each collective with the alpha-beta models of
+  ``suite.sim.costmodel`` on the profile's links, attributes its bytes with the real
   communicator's ring model, and hands back what N identical replicas would get (a SUM is the
   tensor times n, a gather n copies), so the method's math and control flow stay valid;
-* ``SimLoader`` (:mod:`.standins`) has the real shard's steps per epoch but yields tiny
+* ``SimLoader`` (``standins``) has the real shard's steps per epoch but yields tiny
   stand-in batches (4x4 images), because only the shapes of parameters and gradients matter to
   the schedule;
-* ``SimRecorder`` (:mod:`.pricing`) charges each local step the profile's compute time
+* ``SimRecorder`` (``pricing``) charges each local step the profile's compute time
   (measured or estimated); lets collectives issued during the backward pass (DDP's bucket
   hooks) hide behind it as a pipeline does (bucket i is ready when the backward pass has
   produced its share of the gradients, one bucket is on the wire at a time, and only what ends
@@ -29,6 +29,8 @@ is stationary once PruneX's masks are frozen (the manifest says whether they wer
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder, write_table
 from suite.run.build import build_method, check_steps_taken, make_manifest
 from suite.run.plan import RunPlan
+from suite.sim.estimate import single_threaded
 from suite.sim.measure import memory_bandwidth
 from suite.sim.pricing import SimCommunicator, SimRecorder, rank_rows
 from suite.sim.profile import Profile
@@ -81,6 +84,7 @@ def check_simulable(method: str) -> None:
         raise BenchError(f"the simulator cannot replay {method}: {reason}")
 
 
+@single_threaded
 def simulate_run(
     plan: RunPlan,
     profile: Profile,
@@ -88,10 +92,13 @@ def simulate_run(
     replay: int = DEFAULT_REPLAY,
     accuracy: Borrowed | None = None,
     host_memory_bandwidth: float | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Simulate the plan (one method, one GPU count, its node size given) and write its run
-    folder."""
+    folder; ``progress`` is told each replayed iteration (its local steps and seconds here)
+    and the pricing."""
     config, recipe = plan.config, plan.recipe
+    say = progress or (lambda line: None)
     check_simulable(config.method)
     gpn = config.gpus_per_node
     step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
@@ -122,6 +129,7 @@ def simulate_run(
     rows: list[dict] = []
     last: list[dict] = []
     replayed = 0
+    started = time.perf_counter()
     for it in range(iterations):
         local_steps = min((it + 1) * steps, ctx.budget_steps)
         epoch = local_steps / loader.steps_per_epoch
@@ -139,6 +147,12 @@ def simulate_run(
             )
             last = rank_rows(leader, comm.events, config.gpus, gpn)
             replayed += 1
+            taken = recorder.steps_this_iteration
+            say(f"replayed iteration {replayed}/{min(replay, iterations)} ({taken} local "
+                f"step{'s' if taken != 1 else ''}) in {time.perf_counter() - started:.1f} s")
+            started = time.perf_counter()
+            if replayed == min(replay, iterations) and iterations > replayed:
+                say(f"pricing iterations {replayed + 1}-{iterations} as the last replayed one")
         else:
             last = [dict(row, iteration=it, epoch=epoch) for row in last]
         rows.extend(last)

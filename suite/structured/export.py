@@ -1,13 +1,13 @@
 """The physically smaller model a structured-pruning run promises (what ``bench export``
-writes; :mod:`suite.commands.export` reads the run folder around it).
+writes; ``suite.commands.export`` reads the run folder around it).
 
 The run's evaluated model (``model.pt``: PruneX's consensus z, a pruning baseline's average)
-is masked with its ``masks.pt`` and its dead slices are zeroed (:mod:`.liveness`): that is the
+is masked with its ``masks.pt`` and its dead slices are zeroed (``liveness``): that is the
 *masked dense model*. Every channel that is dead in its whole channel group is then
 removed with Torch-Pruning's pruner functions, on the same dependency graph, so conv, BN and
 linear shapes shrink together. A conv input channel that only one consumer of a residual
 stream prunes cannot be removed (the stream still carries it to the others): its weights stay,
-as zeros. Pruned attention heads and MLP neurons (:mod:`.units`) are removed by slicing
+as zeros. Pruned attention heads and MLP neurons (``units``) are removed by slicing
 their members (qkv rows and biases, the output projection's columns, fc1's rows and biases,
 fc2's columns; the attention block's head count follows). The exported model must reproduce
 the masked dense model's outputs (eval mode) within ``TOLERANCE``, both computed in float64 so
@@ -145,7 +145,7 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> fl
 @dataclass(frozen=True)
 class LiveCount:
     """Elements of a masked model that still change its output: what ``--pack live`` sends
-    per round and what the exported model keeps (the same liveness, :mod:`.liveness`)."""
+    per round and what the exported model keeps (the same liveness, ``liveness``)."""
 
     parameters: int
     buffers: int  # float buffers: BN running statistics

@@ -5,8 +5,8 @@ when residual additions tie them), scaled by the BN entries that follow each of 
 and read by the input channels of every conv that consumes it. Torch-Pruning's
 ``DependencyGraph`` traces these couplings from the model's real autograd graph (residual
 adds, concatenations, flattens); this module turns each of its groups into the producer /
-follower / consumer index sets that the liveness rule (:mod:`.liveness`) and the exporter
-(:mod:`.export`) need. Framework code: PruneX and the pruning baselines see one graph.
+follower / consumer index sets that the liveness rule (``liveness``) and the exporter
+(``export``) need. Framework code: PruneX and the pruning baselines see one graph.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The structured masks of PruneX and the pruning baselines prune each conv's own filters and
 input channels, but a channel that no conv reads any more makes the filters writing it, and
 their BN entries, dead; a channel that no filter writes any more makes the input channels
-reading it dead. Dead slices are neither sent between nodes (:mod:`.packing`) nor exported
-(:mod:`.export`). The rule, on the channel groups of :mod:`.groups`, to a fixed point:
+reading it dead. Dead slices are neither sent between nodes (``packing``) nor exported
+(``export``). The rule, on the channel groups of ``groups``, to a fixed point:
 
   * a conv filter is live if its mask keeps it and it has a live input channel; its BN
     entries and its bias go with it (a filter without weights would otherwise still send

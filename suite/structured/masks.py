@@ -72,10 +72,11 @@ class StructuredMask:
         channels: (C_in,) bool.
         shape: (C_in, KH, KW) bool.
 
-    Example::
-
+    Examples:
+        ```python
         projected, mask = project(weight, channel_keep=0.5)
         mask.kept_channels(), mask.density(), mask.dense()
+        ```
     """
 
     filters: torch.Tensor  # (C_out,) bool
@@ -238,9 +239,10 @@ def project(
         chosen at each step, which always hold exactly keep_count groups per constrained set,
         even when norms are zero.
 
-    Example::
-
+    Examples:
+        ```python
         z_i, mask = project(candidate, channel_keep=0.5)
+        ```
     """
     c_out, c_in, kh, kw = _conv_shape(weight.shape)
     device = weight.device
@@ -371,11 +373,12 @@ class StructuredKeepSettings:
     keeps prune each attention block's heads and each MLP's hidden neurons. Without any keep,
     ``channel_keep`` is 0.5.
 
-    Example::
-
+    Examples:
+        ```python
         @dataclass
         class MyPruningSettings(StructuredKeepSettings, PackingSettings):
             prune_at: float = option(0.5, "fraction trained dense first", check=FRACTION)
+        ```
     """
 
     filter_keep: float | None = option(

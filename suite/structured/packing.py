@@ -10,7 +10,7 @@ slices into few large collectives (~32 MB, as in PyTorch DDP's gradient bucketin
 
 Two packings (``--pack``): ``dense-masks`` sends each conv's own [K_out, K_in] block and every
 other tensor whole (the paper's sec. 4.4); ``live`` sends only the live slices
-(:mod:`.liveness`): filters no conv reads any more, their BN entries, and input channels
+(``liveness``): filters no conv reads any more, their BN entries, and input channels
 no filter writes are left out too, on both ends, so still no index travels.
 """
 
@@ -41,9 +41,10 @@ class PackingSettings:
     so the same flags give the same bytes (``--pack``, ``--bucket-mb``); a settings class
     inherits it, and ``StructuredRound`` reads it.
 
-    Example::
-
+    Examples:
+        ```python
         StructuredRound(ctx, ctx.model, ctx.settings, keeps=ctx.settings.keeps)
+        ```
     """
 
     pack: Literal["live", "dense-masks"] = option(
@@ -212,7 +213,7 @@ class PackLayout:
         buffers: dict[str, torch.Tensor],
         out: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """``pack`` of a :func:`model_entries` layout: parameters and float buffers by their
+        """``pack`` of a ``model_entries`` layout: parameters and float buffers by their
         names in the model."""
         named = {_PARAM + n: t for n, t in params.items()}
         named.update({_BUFFER + n: t for n, t in buffers.items()})
@@ -221,7 +222,7 @@ class PackLayout:
     def unpack_model(
         self, packed: list[torch.Tensor]
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """``unpack`` of a :func:`model_entries` layout: (parameters, float buffers) by their
+        """``unpack`` of a ``model_entries`` layout: (parameters, float buffers) by their
         names in the model."""
         full = self.unpack(packed)
         params = {k[len(_PARAM) :]: t for k, t in full.items() if k.startswith(_PARAM)}

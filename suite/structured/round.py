@@ -4,14 +4,14 @@ Both end a round the same way: the nodes' masks are OR-agreed (PruneX eq. 14), t
 slices traced, theta kept on the support, and the node models packed into dense buckets that
 the leaders average between nodes (eqs. 11, 15). Because this is one object, "the same masks
 send the same bytes" holds by construction. Masks are keyed by parameter name everywhere;
-the packing keys stay inside :mod:`suite.structured.packing`.
+the packing keys stay inside ``suite.structured.packing``.
 
 The method decides *what* goes in (PruneX: z_i + v_i; the baselines: the node mean) and
 *when* masks change (PruneX: projection each round until the freeze; GMP: a schedule).
 
 The structured sets are each conv weight's filters, input channels and kernel positions
-(:mod:`.masks`), and, with ``--head-keep``/``--mlp-keep``, each attention block's heads and
-each MLP's hidden neurons (:mod:`.units`). One dict holds both kinds of mask: a conv's under
+(``masks``), and, with ``--head-keep``/``--mlp-keep``, each attention block's heads and
+each MLP's hidden neurons (``units``). One dict holds both kinds of mask: a conv's under
 its weight's name, a group's under its key (``blocks.0.attn#heads``).
 """
 
@@ -74,12 +74,13 @@ class StructuredRound:
         sharded: every local rank all-reduces 1/P of each bucket with its peers
             (Horovod-style) instead of one leader per node.
 
-    Example::
-
+    Examples:
+        ```python
         structure = StructuredRound(ctx, ctx.model, ctx.settings, keeps=ctx.settings.keeps)
         masks = structure.select(node_mean, keeps)      # magnitude masks of the node mean
         structure.agree(masks)                          # eq. (14): OR between nodes
         z, buffers = structure.exchange(node_mean, bn_buffers)  # packed AVG between nodes
+        ```
     """
 
     def __init__(
@@ -225,7 +226,7 @@ class StructuredRound:
     def select(
         self, tensors: dict[str, torch.Tensor], keeps: dict[str, float | None] | None = None
     ) -> dict:
-        """The masks :meth:`project` would choose, ``tensors`` untouched."""
+        """The masks ``project`` would choose, ``tensors`` untouched."""
         names = [*self.shapes, *(s.param for g in self.unit_groups for s in g.slices)]
         return self.project({n: tensors[n].clone() for n in dict.fromkeys(names)}, keeps)
 

@@ -5,7 +5,7 @@ their biases) and the output projection's columns that read it; a hidden neuron 
 ``fc1``'s row and bias and ``fc2``'s column. Removing a head or a neuron is removing all of
 its slices together, so the model stays a smaller model of the same kind. The groups are
 derived from the model's graph with Torch-Pruning, as the CNN channel groups are
-(:mod:`.groups`): its dependency graph couples a Linear's outputs to the Linear that reads
+(``groups``): its dependency graph couples a Linear's outputs to the Linear that reads
 them; a pair whose reader takes a third of the writer's outputs and whose module says
 ``num_heads`` (timm's ``Attention``) is cut into heads, a one-to-one pair into neurons.
 
@@ -13,7 +13,7 @@ The projection of a group onto "at most k units nonzero" keeps the k units of la
 Frobenius norm (over all of a unit's slices) and zeroes the rest: the units partition the
 group's coordinates, so this is the exact Euclidean projection (``project_units``; checked
 against a brute-force minimization in the tests). Masks are one bit per unit
-(:class:`UnitMask`), OR-agreed between nodes like the conv masks, and they give each member
+(``UnitMask``), OR-agreed between nodes like the conv masks, and they give each member
 tensor its kept rows or columns, which the live packing sends and the exporter keeps.
 """
 

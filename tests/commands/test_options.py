@@ -1,6 +1,7 @@
 """Method-owned options: declarations, one validation path, plugins, experiment files,
 re-runs, dry runs and exit codes."""
 
+import importlib.util
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 from suite.commands.listing import options_markdown
 from suite.errors import BenchError
 from suite.plugins.options import FRACTION, option, options_of, resolve_settings
+from suite.plugins.registry import WORKLOADS
 from suite.run.build import evaluation_points
 from tests.support.runs import BENCH, ONE_RANK, TINY, bench, bench_here, one_line, one_line_error
 
@@ -65,12 +67,25 @@ def test_default_evaluations_are_about_ten_and_never_every_iteration():
         assert all(b - a >= 3 for a, b in zip(points, points[1:])) or n < 6
 
 
-def test_the_documented_option_table_matches_the_registry():
-    page = (REPO / "docs" / "options.md").read_text()
-    table = re.search(r"<!-- options:begin -->\n(.*?)<!-- options:end -->", page, re.S)
-    assert table, "docs/options.md lacks the generated options table"
-    generated = options_markdown(builtin_only=True)  # installed plugins are not documented
-    assert table.group(1) == generated, "regenerate: bench list --markdown"
+def docs_tables():
+    """tools/docs_tables.py, which writes the docs' tables from the registry."""
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "tools" / "docs_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_documented_tables_match_the_registry():
+    """Every option (docs/options.md), every method and workload --method and --workload
+    take (docs/commands/run.md) and every built-in workload (docs/index.md) are the
+    registry's own (installed plugins are not documented)."""
+    module = docs_tables()
+    for (page, marker), generated in module.tables().items():
+        found = module.section((REPO / page).read_text(), marker)
+        assert found, f"{page} lacks its generated {marker} table"
+        assert found.group(1) == generated, f"{page}: regenerate with python tools/docs_tables.py"
+    assert generated.count("\n| `") == len(WORKLOADS.builtin_entries()) >= 14
+    assert options_markdown(builtin_only=True) in (REPO / "docs" / "options.md").read_text()
 
 
 def install_plugin(tmp_path: Path) -> dict:

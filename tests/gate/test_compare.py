@@ -136,26 +136,37 @@ def test_markdown_format_for_ci_summaries(tmp_path):
     assert "| method" in proc.stdout and "|:--" in proc.stdout.replace(" ", "")
 
 
-def test_a_multi_node_run_without_inter_node_bytes_is_not_ranked(tmp_path):
-    """Intra-node traffic and no inter-node bytes on several nodes: its inter-node collectives
-    went past the communicator, so its bytes would read as the best; it is not ranked."""
-    two_nodes = {"nodes": 2, "intra_node_bytes_total": 4e6, "inter_node_bytes_total": 2e6}
-    runs = [{**RUNS[0], **two_nodes}, {**RUNS[1], **two_nodes}]
-    base = write_set(tmp_path / "a", runs)
-    hidden = {**runs[1], "inter_node_bytes_total": 0.0, "inter_node_bytes_per_iteration": 0.0}
-    proc = bench("compare", base, write_set(tmp_path / "b", [runs[0], hidden]))
-    assert proc.returncode == 1, proc.stdout
-    assert ("REGRESSION: not ranked: intra-node traffic and no inter-node bytes on 2 nodes"
-            in proc.stdout)
-    assert "improved" not in proc.stdout  # its zero bytes are not a win
+LONG = [{"method": "ddp", "gpus": 4, "exchange_every": {"intra_node": 1, "inter_node": 1}},
+        {"method": "prunex", "gpus": 4, "exchange_every": {"intra_node": 4, "inter_node": 32},
+         "options": {"channel_keep": 0.5, "rho1": 9.906975624424414, "local_steps": 32,
+                     "freeze_share": 0.3, "after_freeze": "admm"}}]
 
 
-def test_a_method_without_its_own_check_must_cross_nodes():
-    from suite.gate.activity import crosses_nodes
-    from suite.results.view import RunView
+def test_the_text_table_fits_120_columns_and_wide_shows_everything(tmp_path):
+    """Options printed in full made the table 262 columns wide (issue 44)."""
+    base, new = write_set(tmp_path / "a", LONG), write_set(tmp_path / "b", LONG)
+    proc = bench("compare", base, new)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(map(len, lines)) <= 120, "\n".join(lines)
+    assert lines[0] == "cnn-fmnist, 4 GPUs, real:"  # what every row shares, once
+    header = lines[1].split()
+    assert header[:4] == ["method", "options", "exch", "metric"]
+    prunex = [line for line in lines if line.startswith("prunex ")]
+    assert prunex and all("…" in line and " 4/32 " in line for line in prunex)
+    assert all(" 1/1 " in line for line in lines if line.startswith("ddp "))
+    assert "nan" not in proc.stdout.lower()
+    wide = bench("compare", base, new, "--wide").stdout
+    assert "rho1=9.907" in wide and "after_freeze=admm" in wide and "4 / 32" in wide
+    assert max(map(len, wide.splitlines())) > 120
+    rows = json.loads(bench("compare", base, new, "--format", "json").stdout)["rows"]
+    assert {row["method"]: row["exchange"] for row in rows} == {"ddp": "1 / 1",
+                                                               "prunex": "4 / 32"}
 
-    view = RunView(folder=None, summary={"nodes": 2, "inter_node_bytes_total": 0.0})
-    assert crosses_nodes(view) == ["recorded no inter-node bytes on 2 nodes: a method of "
-                                   "several nodes must cross them, through ctx.comm"]
-    assert crosses_nodes(RunView(None, {"nodes": 1, "inter_node_bytes_total": 0.0})) == []
-    assert crosses_nodes(RunView(None, {"nodes": 2, "inter_node_bytes_total": 5.0})) == []
+
+def test_runs_recorded_before_the_exchange_schedule_show_a_dash(tmp_path):
+    base = write_set(tmp_path / "a", RUNS)
+    proc = bench("compare", base, write_set(tmp_path / "b", RUNS), "--format", "markdown")
+    assert "| exchange" in proc.stdout.replace("  ", " ")
+    rows = json.loads(bench("compare", base, base, "--format", "json").stdout)["rows"]
+    assert {row["exchange"] for row in rows} == {"-"}

@@ -19,7 +19,7 @@ from suite.gate.judge import judge_sets
 from suite.gate.trend import history_rows
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "results" / "reference"
+REFERENCE = REPO / "reference"
 PORTABLE = REFERENCE / "cpu-gloo-portable-t1"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 NIGHTS, STEP = 8, 5  # PruneX sends 30 % more from night 6 on

@@ -17,7 +17,7 @@ from suite.gate.reference import DEFAULT_GATE
 from suite.results.machine import device_model, machine_class
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "results" / "reference" / "cpu-gloo"
+REFERENCE = REPO / "reference" / "cpu-gloo"
 BENCH = [sys.executable, "-m", "suite.cli"]
 ENV = {**os.environ, "PRUNEX_PROGRESS": "0"}
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PORTABLE = REPO / "results" / "reference" / "cpu-gloo-portable-t1"
+PORTABLE = REPO / "reference" / "cpu-gloo-portable-t1"
 
 
 def test_an_interrupted_reference_resumes_without_rerunning_finished_cells(tmp_path):

@@ -14,7 +14,7 @@ from suite.results import schema
 from suite.results.resultset import read_result_set
 from suite.results.view import RunView
 
-REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
+REFERENCE = Path(__file__).resolve().parents[2] / "reference"
 
 
 def test_a_committed_reference_reads_in_the_current_format():

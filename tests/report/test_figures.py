@@ -1,0 +1,220 @@
+"""Figures as a reviewer wants them (issue 44), read from the rendered matplotlib objects, not
+pixels: GPUs, not ranks, and what they were; the workload, layout and budget on every figure;
+every PruneX label names its keep; markers that share a point drawn apart; no error-bar glyph
+for a single run; budgets as words; every bar inside its axis and no empty panel; machine
+classes and budgets kept apart, never pooled as repeats."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.container import ErrorbarContainer
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+
+import suite.report.figures as figures
+from suite.report.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+NIGHTLY = REPO / "reference" / "cpu-gloo-amd25-avx512-t1"
+OTHER_CLASS = REPO / "reference" / "cpu-gloo-amd25-default-t1"
+#: a simulated scaling sweep that takes seconds (the sim page's first example, smaller)
+SWEEP = ["sim", "--method", "prunex,ddp", "--gpus", "8,16,32", "--workload", "cnn-fmnist",
+         "--profile", "v100-ib100"]
+
+
+def rendered(runs: Path, out: Path, monkeypatch) -> tuple[dict, list[str]]:
+    """``bench report``'s figures of ``runs`` as matplotlib objects (name -> figure), and
+    the lines it printed."""
+    drawn = {}
+    save = figures.save
+
+    def keep(fig, folder, name):
+        drawn[name] = fig
+        return save(fig, folder, name)
+
+    monkeypatch.setattr(figures, "save", keep)
+    lines: list[str] = []
+    render(runs, out, echo=lines.append)
+    return drawn, lines
+
+
+@pytest.fixture(scope="module")
+def nightly_and_sweep(tmp_path_factory):
+    """The nightly's runs (one machine class, a tenth of an epoch) and a simulated scaling
+    sweep (1 epoch) in one results folder."""
+    root = tmp_path_factory.mktemp("runs")
+    for folder in NIGHTLY.iterdir():
+        if folder.is_dir():
+            shutil.copytree(folder, root / folder.name)
+    proc = subprocess.run([sys.executable, "-m", "suite.cli", *SWEEP, "--results-dir",
+                           str(root)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root
+
+
+@pytest.fixture
+def drawn(nightly_and_sweep, tmp_path, monkeypatch):
+    return rendered(nightly_and_sweep, tmp_path / "report", monkeypatch)
+
+
+def texts(fig) -> list[str]:
+    """Every text a figure shows: title, panels' titles and axis labels, ticks, legends."""
+    found = [fig._suptitle.get_text() if fig._suptitle else ""]
+    for ax in fig.axes:
+        found += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+        found += [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()]
+    for legend in fig.legends:
+        found += [t.get_text() for t in legend.get_texts()]
+    return [" ".join(t.split()) for t in found if t]
+
+
+def legend_labels(fig) -> list[str]:
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def test_every_figure_names_gpus_workload_layout_and_budget(drawn):
+    figs, lines = drawn
+    assert set(figs) >= {"fig09_scaling", "fig12_pareto", "fig06_inter_node_volume",
+                         "fig08_phase_breakdown", "fig05_time_to_accuracy"}
+    for name, fig in figs.items():
+        title = fig._suptitle.get_text().replace("\n", " ")
+        assert not any(re.search(r"\branks?\b", t) and "CPU ranks standing in" not in t
+                       for t in texts(fig)), (name, texts(fig))
+        assert "cnn-fmnist" in title, (name, title)
+        assert re.search(r"GPUs as \d+ nodes x \d+|\d+ GPUs per node|GPUs: in each", title)
+        assert re.search(r"\b[\d.]+ epochs?\b|budget: in each", title), (name, title)
+        raw = [t for t in texts(fig) if re.search(r"\b(0(\.\d+)?|1) epochs\b|batch_size", t)]
+        assert not raw, (name, raw)  # "1 epochs", "batch_size 32": keys, not words
+    scaling = figs["fig09_scaling"]
+    assert all(ax.get_xlabel() == "GPUs (log scale)" for ax in scaling.axes)
+    title = scaling._suptitle.get_text().replace("\n", " ")
+    assert "simulated GPUs (profile v100-ib100)" in title and "1 epoch" in title
+    assert "speedup over 8 GPUs" in scaling.axes[0].get_ylabel()
+
+
+def test_every_prunex_label_names_its_keep_and_budgets_are_words(drawn):
+    figs, _ = drawn
+    for name, fig in figs.items():
+        for label in legend_labels(fig) + [t.get_text() for ax in fig.axes
+                                           for t in ax.get_yticklabels()]:
+            if label.startswith("PruneX"):
+                assert "keep" in label, (name, label)
+    labels = [t.get_text() for t in figs["fig06_inter_node_volume"].axes[0].get_yticklabels()]
+    # the nightly's tenth of an epoch and the sweep's epoch, each said in words
+    assert any(label.endswith("0.1 epoch") for label in labels)
+    assert any(re.search(r"16 GPUs, 1 epoch", label) for label in labels)
+
+
+def marker_positions(ax) -> list[tuple[str, np.ndarray]]:
+    """(label, where it is drawn in display space) of each one-point marker of ``ax``."""
+    ax.figure.canvas.draw()
+    found = []
+    for line in ax.lines:
+        x, y = line.get_xdata(), line.get_ydata()
+        if len(x) == 1 and line.get_marker() not in (None, "", "None"):
+            point = line.get_transform().transform((float(x[0]), float(y[0])))
+            found.append((line.get_label(), point))
+    return found
+
+
+def test_markers_that_share_a_point_are_drawn_apart(drawn):
+    figs, _ = drawn
+    pareto = figs["fig12_pareto"]
+    density = pareto.axes[1]  # DDP, its 16-bit hooks, Top-K, PowerSGD: all at density 1.0
+    data = {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0])
+            for line in density.lines
+            if len(line.get_xdata()) == 1 and line.get_label() != "Pareto frontier"}
+    same = [(a, b) for a in data for b in data if a < b and data[a] == data[b]]
+    assert same, "the nightly has configurations at one point (DDP bf16 and fp16)"
+    where = dict(marker_positions(density))
+    for a, b in same:
+        assert np.abs(where[a] - where[b]).max() >= 3, (a, b)  # pixels apart at 100 dpi
+    scaling = figs["fig09_scaling"]  # every line starts at speedup 1 on the fewest GPUs
+    starts = [line.get_transform().transform((line.get_xdata()[0], line.get_ydata()[0]))
+              for line in scaling.axes[0].lines if line.get_label() != "ideal"]
+    assert len({tuple(np.round(p, 1)) for p in starts}) == len(starts) >= 2
+
+
+def test_single_runs_have_no_error_bar_glyph(drawn):
+    figs, _ = drawn
+    pareto = figs["fig12_pareto"]
+    assert not [c for ax in pareto.axes for c in ax.containers
+                if isinstance(c, ErrorbarContainer)]  # every configuration is one run
+    handles = [h for legend in pareto.legends for h in legend.legend_handles]
+    assert handles and all(isinstance(h, Line2D) for h in handles)
+
+
+def test_every_bar_is_inside_its_axis_and_no_panel_is_empty(drawn):
+    figs, _ = drawn
+    for name, fig in figs.items():
+        for ax in fig.axes:
+            if not ax.get_visible():
+                continue
+            assert figures.draws_data(ax), (name, ax.get_title())
+            low, high = sorted(ax.get_xlim())
+            for bar in (p for p in ax.patches if isinstance(p, Rectangle)):
+                if bar.get_width() <= 0:
+                    continue
+                assert low - 1e-12 <= bar.get_x() and bar.get_x() + bar.get_width() <= high * (
+                    1 + 1e-9), (name, bar.get_x(), bar.get_width(), (low, high))
+
+
+def test_a_report_over_two_machine_classes_keeps_them_apart(tmp_path, monkeypatch):
+    """The nightly of two classes, one seed each: never repeats of one configuration."""
+    runs = tmp_path / "runs"
+    for source in (NIGHTLY, OTHER_CLASS):
+        for folder in source.iterdir():
+            if folder.is_dir():
+                shutil.copytree(folder, runs / f"{source.name}-{folder.name}")
+    figs, lines = rendered(runs, tmp_path / "report", monkeypatch)
+    named = [line for line in lines if "machine classes" in line]
+    assert named == ["runs of 2 machine classes (cpu-gloo-amd25-avx512-t1, "
+                     "cpu-gloo-amd25-default-t1), kept apart in every table and figure"]
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert len(summary) == 22 and (summary.repeats == 1).all()
+    assert summary.groupby("method").machine_class.nunique().eq(2).all()
+    assert (summary.seeds.astype(str) == "0").all()
+    assert "runs of 2 machine classes" in (tmp_path / "report" / "report.md").read_text()
+    pareto = figs["fig12_pareto"]  # a row of panels per class, one legend for both
+    titles = {ax.get_title() for ax in pareto.axes}
+    assert titles == {f"cnn-fmnist, {klass}" for klass in ("cpu-gloo-amd25-avx512-t1",
+                                                           "cpu-gloo-amd25-default-t1")}
+    assert len(legend_labels(pareto)) == 12  # 11 methods and the frontier
+    bars = [t.get_text() for t in figs["fig08_phase_breakdown"].axes[0].get_yticklabels()]
+    assert len(bars) == 22 and all(label.endswith("-t1") for label in bars)
+
+
+def test_repeats_of_one_seed_on_two_classes_are_not_pooled(tmp_path):
+    """Three runs of seed 0 on three classes (the committed references) were reported as
+    `repeats 3, seeds 0,0,0` with a 20-point interval."""
+    out = tmp_path / "report"
+    render(REPO / "reference", out, echo=lambda line: None)
+    summary = pd.read_csv(out / "summary.csv")
+    prunex = summary[summary.method == "prunex"]
+    assert len(prunex) == 3 and (prunex.repeats == 1).all()
+    assert prunex.final_acc_ci95.isna().all()
+    assert sorted(prunex.machine_class) == ["cpu-gloo", "cpu-gloo-amd25-avx512-t1",
+                                            "cpu-gloo-amd25-default-t1"]
+    assert json.loads(json.dumps(list(prunex.seeds.astype(str)))) == ["0", "0", "0"]
+
+
+def test_the_summary_shows_each_methods_exchange_schedule(nightly_and_sweep, tmp_path):
+    out = tmp_path / "report"
+    render(nightly_and_sweep, out, echo=lambda line: None)
+    summary = pd.read_csv(out / "summary.csv", dtype={"exchange_steps": str})
+    sims = summary[summary.setting == "sim v100-ib100"].set_index(["method", "gpus"])
+    assert sims.loc[("ddp", 8), "exchange_steps"] == "1 / 1"
+    assert sims.loc[("prunex", 8), "exchange_steps"] == "4 / 32"
+    nightly = summary[summary.setting == "real"]
+    assert (nightly.exchange_steps == "-").all()  # recorded before the key existed
+    assert "exchange_steps" in (out / "report.md").read_text()
+    assert "Exchange (steps)" in (out / "table.md").read_text()
