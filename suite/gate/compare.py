@@ -461,7 +461,7 @@ def shown(table: pd.DataFrame, wide: bool = True) -> pd.DataFrame:
     if not wide:  # an activity row's NEW is its run folder: --wide and json name it
         out["new"] = [n if m != "activity" else "-" for n, m in zip(out["new"], out["metric"])]
         out["verdict"] = [str(v).replace(f": {m} ", ": ", 1)  # the method has its column
-                          for v, m in zip(out["verdict"], out["method"])]
+                          for v, m in zip(out["verdict"], out[schema.METHOD])]
         for side in ("baseline", "new"):
             out[side] = ["-" if v == "nan" else v for v in out[side]]
     if "exchange" not in out:

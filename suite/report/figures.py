@@ -138,7 +138,7 @@ def facet_rows(frame: pd.DataFrame) -> tuple[tuple[str, ...], list[tuple[str, pd
     them), its runs (``frame``'s index) and their labels, named among themselves (the row's
     title and the figure's say the rest)."""
     keys = pd.DataFrame({
-        "workload": [str(w) for w in column(frame, schema.WORKLOAD)],
+        schema.WORKLOAD: [str(w) for w in column(frame, schema.WORKLOAD)],
         "budget": [budget_words(e) for e in column(frame, schema.EPOCHS)],
         "setting": [str(s) for s in column(frame, SETTING)],
         "machine": [machine_part(s, m) for s, m in zip(column(frame, SETTING),
@@ -196,13 +196,15 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
     ):
         seconds = epoch_seconds(epochs, train)
         if seconds:
-            rows.append({"series": line, "method": method, "workload": workload, "gpus": gpus,
-                         "epoch_seconds": seconds, "run_id": run_id})
+            rows.append({"series": line, schema.METHOD: method, schema.WORKLOAD: workload,
+                         schema.GPUS: gpus,
+                         "epoch_seconds": seconds, schema.RUN_ID: run_id})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
-    frame = frame.groupby(["workload", "series", "method", "gpus"], as_index=False).agg(
-        epoch_seconds=("epoch_seconds", "median"), run_id=("run_id", ",".join)
+    frame = frame.groupby([schema.WORKLOAD, "series", schema.METHOD, schema.GPUS],
+                          as_index=False).agg(
+        epoch_seconds=("epoch_seconds", "median"), run_id=(schema.RUN_ID, ",".join)
     )
     lines = frame.groupby([schema.WORKLOAD, "series"]).filter(lambda g: g.gpus.nunique() >= 2)
     if lines.empty:
@@ -213,7 +215,7 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
     names = dict(zip(line_table(runs_frame, parts_of(runs_frame))[drawn.index],
                      line_table(drawn, parts_of(drawn))))
     lines = lines.assign(series=lines.series.map(names))
-    base = lines.loc[lines.groupby(["workload", "series"]).gpus.idxmin()]
+    base = lines.loc[lines.groupby([schema.WORKLOAD, "series"]).gpus.idxmin()]
     base = base.set_index(["workload", "series"])[["gpus", "epoch_seconds"]]
     lines = lines.join(base, on=["workload", "series"], suffixes=("", "_base"))
     lines["speedup"] = lines.epoch_seconds_base / lines.epoch_seconds
@@ -229,7 +231,7 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
         efficiency.axhline(1.0, color="k", lw=0.8, ls=(0, (1, 1)))
         drawn = []
         for series, line in lines.groupby("series", sort=False):
-            line = line.sort_values("gpus")
+            line = line.sort_values(schema.GPUS)
             drawn.append(speed.plot(line.gpus, line.speedup, label=series, ms=4,
                                     **styles[series]))
             drawn.append(efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series]))
@@ -282,7 +284,7 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
     markers that share a point are spread sideways."""
     name, title = "fig12_pareto", "Accuracy vs inter-node traffic and density (Pareto)"
     frame = runs.runs
-    dense_gflops = {view.summary["workload"]: view.export["dense"]["flops"] / 1e9
+    dense_gflops = {view.summary[schema.WORKLOAD]: view.export["dense"]["flops"] / 1e9
                     for view in frame[VIEW] if view.export}
     frame = frame[[a is not None for a in column(frame, schema.FINAL_ACCURACY)]]
     if frame.empty:
@@ -294,13 +296,13 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
         facet[index] = row_title or str(frame.loc[index[0], schema.WORKLOAD])
         label[index] = labels
     per_run = pd.DataFrame({
-        "facet": facet, "label": label, "method": frame[schema.METHOD],
-        "density": frame[FINAL_DENSITY].astype(float),
-        "accuracy": 100 * column(frame, schema.FINAL_ACCURACY).astype(float),
+        "facet": facet, "label": label, schema.METHOD: frame[schema.METHOD],
+        schema.DENSITY: frame[FINAL_DENSITY].astype(float),
+        schema.ACCURACY: 100 * column(frame, schema.FINAL_ACCURACY).astype(float),
         "inter_gb": [(b or 0) / 1e9 for b in column(frame, schema.INTER_NODE_BYTES_TOTAL)],
         "gflops": [exported_gflops(view, density, dense_gflops)
                    for view, density in zip(frame[VIEW], frame[FINAL_DENSITY])],
-        "run_id": frame[schema.RUN_ID],
+        schema.RUN_ID: frame[schema.RUN_ID],
     }).reset_index(drop=True)
     keys = ["facet", "label", "method"]
     reduced = repeats_reduced(per_run, keys, "accuracy")
@@ -412,15 +414,15 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
             part = frame[frame.facet == row_title]
             ends: dict[int, list] = {0: [], 1: []}  # per panel: (artists, last x, last y)
             for label_text, curve in part.groupby("run", sort=False):
-                points = curve.groupby("iteration").agg(
-                    train_seconds=("train_seconds", "mean"), inter_gb=("inter_gb", "mean"),
+                points = curve.groupby(schema.ITERATION).agg(
+                    train_seconds=(schema.TRAIN_SECONDS, "mean"), inter_gb=("inter_gb", "mean"),
                     accuracy=("accuracy_pct", "mean"),
                     spread=("accuracy_pct", lambda a: mean_ci(a)[1]),
                 )
                 band = points.spread.fillna(0)
                 low = (points.accuracy - band).clip(0, 100)
                 high = (points.accuracy + band).clip(0, 100)
-                for panel, (ax, x) in enumerate(zip(row, ("train_seconds", "inter_gb"))):
+                for panel, (ax, x) in enumerate(zip(row, (schema.TRAIN_SECONDS, "inter_gb"))):
                     artists = ax.plot(points[x], points.accuracy, ms=3, label=label_text,
                                       **styles[label_text])
                     artists.append(ax.fill_between(points[x], low, high, alpha=0.2, lw=0,
@@ -436,7 +438,8 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
                 dodge(ax, ends[panel])  # curves that end at one point, drawn apart
         legend_outside(fig, axes, ncol=2)
         files, context = finish(fig, runs, frame.run_id.unique(), out, name, faceted=varying)
-    table = frame[["run_id", "run", "iteration", "epoch", "train_seconds", "inter_gb", "accuracy"]]
+    table = frame[[schema.RUN_ID, "run", "iteration", "epoch", schema.TRAIN_SECONDS, "inter_gb",
+                   "accuracy"]]
     note = "repeats of a configuration: mean per evaluation, band the 95 % interval"
     return Figure(name, title, files, table, sorted(frame.run_id.unique()), note, context)
 
@@ -479,11 +482,11 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
         return Skipped(name, title, "no run recorded communication phases")
     owner = per_step[RUN_INDEX].to_numpy()
     varying, titles, facet, label = faceted_labels(runs, owner)
-    frame = pd.DataFrame({"iteration": per_step[schema.ITERATION].to_numpy(),
+    frame = pd.DataFrame({schema.ITERATION: per_step[schema.ITERATION].to_numpy(),
                           "comm_ms": 1e3 * per_step["per_step"].to_numpy(),
                           "facet": facet[owner], "run": label[owner],
-                          "method": runs.runs[schema.METHOD].to_numpy()[owner],
-                          "run_id": runs.runs[schema.RUN_ID].to_numpy()[owner]})
+                          schema.METHOD: runs.runs[schema.METHOD].to_numpy()[owner],
+                          schema.RUN_ID: runs.runs[schema.RUN_ID].to_numpy()[owner]})
     styles = series_styles(zip(frame.run, frame.method))
     orders = {row_title: frame[frame.facet == row_title].groupby("run", sort=False).comm_ms
               .median().sort_values().index.tolist() for row_title in titles}
@@ -504,7 +507,7 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
             if len(positive) and positive.max() > 100 * positive.min():
                 log_scale(ax)
         files, context = finish(fig, runs, frame.run_id.unique(), out, name, faceted=varying)
-    table = frame.groupby(["facet", "run", "run_id"], as_index=False).comm_ms.agg(
+    table = frame.groupby(["facet", "run", schema.RUN_ID], as_index=False).comm_ms.agg(
         ["mean", "median", "std", "max"]
     )
     return Figure(name, title, files, table, sorted(frame.run_id.unique()),
@@ -528,19 +531,19 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
         phases = frame[schema.PHASE_SECONDS].iat[i]
         steps = column(frame, schema.STEPS_PER_ITERATION).iat[i] or 1
         key = (facet[i], label[i])
-        rows.append({"facet": facet[i], "run": label[i], "run_id": frame[schema.RUN_ID].iat[i],
+        rows.append({"facet": facet[i], "run": label[i], schema.RUN_ID: frame[schema.RUN_ID].iat[i],
                      **{k: v / steps for k, v in phases.items()}})
         overlapped |= {(key, p) for p in frame[OVERLAPPED_PHASES].iat[i] if p in phases}
     per_run = pd.DataFrame(rows).fillna(0.0).set_index(["facet", "run"])
     # repeats share a bar, none is dropped
     ids = per_run.groupby(level=["facet", "run"], sort=False).run_id.agg(",".join)
-    means = per_run.drop(columns="run_id").groupby(level=["facet", "run"], sort=False).mean()
+    means = per_run.drop(columns=schema.RUN_ID).groupby(level=["facet", "run"], sort=False).mean()
     means = means[means.sum().sort_values(ascending=False).index]
     stacked = means.copy()
     for key, phase in overlapped:
         stacked.loc[key, phase] = 0.0
     totals = stacked.sum(axis=1)
-    repeats = per_run.drop(columns="run_id")
+    repeats = per_run.drop(columns=schema.RUN_ID)
     spread = pd.Series([mean_ci(repeats.loc[[key]].sum(axis=1) - sum(
         repeats.loc[[key], p] for k, p in overlapped if k == key))[1] for key in means.index],
         index=means.index)
@@ -602,14 +605,14 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
     steps = np.array([s or 1 for s in column(runs_frame, schema.STEPS_PER_ITERATION)],
                      dtype=object)
     methods = runs_frame[schema.METHOD].to_numpy()
-    frame = pd.DataFrame({"epoch": per_iter.epoch, "facet": facet[owner], "run": labels[owner],
-                          "method": methods[owner],
+    frame = pd.DataFrame({schema.EPOCH: per_iter.epoch, "facet": facet[owner], "run": labels[owner],
+                          schema.METHOD: methods[owner],
                           "mb_per_step": per_iter.inter / 1e6 / steps[owner].astype(float)})
     inter = sums_per_run(per_iter.inter, per_iter[RUN_INDEX])
     epochs = column(runs_frame, schema.EPOCHS)
     per_run = pd.DataFrame([
-        {"facet": facet[i], "run": labels[i], "method": methods[i],
-         "run_id": runs_frame[schema.RUN_ID].iat[i], "inter_gb_total": total / 1e9,
+        {"facet": facet[i], "run": labels[i], schema.METHOD: methods[i],
+         schema.RUN_ID: runs_frame[schema.RUN_ID].iat[i], "inter_gb_total": total / 1e9,
          "inter_gb_per_epoch": total / 1e9 / (epochs.iat[i] or math.nan)}
         for i, total in inter.items()
     ])
@@ -638,7 +641,7 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
             bars_in_range(bars, values + half)
             curves = frame[frame.facet == row_title]
             for curve_label, curve in curves.groupby("run", sort=False):
-                mean = curve.groupby("epoch").mb_per_step.mean()
+                mean = curve.groupby(schema.EPOCH).mb_per_step.mean()
                 steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
                               label=curve_label, **styles[curve_label])
             steps_ax.set_xlabel("epoch")
@@ -832,7 +835,7 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(False)
-            rows.append({"layer": layer, "shape": tuple(keep.shape), "density": density})
+            rows.append({schema.LAYER: layer, "shape": tuple(keep.shape), schema.DENSITY: density})
         files, context = finish(fig, runs, [run.run_id], out, name,
                                 lead=label_table(runs.runs.iloc[[position]]).iat[0])
     return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept",

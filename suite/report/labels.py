@@ -78,8 +78,8 @@ def display_parts(method: str, shown_options: str, gpus, device, setting: str,
     """The pieces of a figure label: method, options (``shown_options``: sorted JSON),
     GPUs, budget, machine class, setting."""
     return {
-        "method": method_style(method).name,
-        "options": options_text(json.loads(shown_options)),
+        schema.METHOD: method_style(method).name,
+        schema.OPTIONS: options_text(json.loads(shown_options)),
         # GPUs whatever they ran on (--gpus names them so); the caption says what they were
         "ranks": f"{gpus} GPUs",
         "budget": budget_words(epochs),
@@ -134,10 +134,10 @@ def label_table(runs: pd.DataFrame, parts: pd.DataFrame | None = None,
     base = [", ".join(p for p in pieces if p) + setting
             for *pieces, setting in zip(*columns, suffix)]
     recipe = pd.DataFrame({
-        "lr": [f"lr {v:g}" if isinstance(v, float | int) else f"lr {v}"
+        schema.LR: [f"lr {v:g}" if isinstance(v, float | int) else f"lr {v}"
                for v in column(runs, LR)],
         "batch": [f"batch {v}" for v in column(runs, BATCH_SIZE)],
-        "dataset": [str(v) for v in column(runs, schema.DATASET)],
+        schema.DATASET: [str(v) for v in column(runs, schema.DATASET)],
     }, index=runs.index)
     labels = pd.Series(base, index=runs.index, dtype=object)
     groups = recipe.groupby(labels.to_numpy(), sort=False)
@@ -156,7 +156,7 @@ def line_table(runs: pd.DataFrame, parts: pd.DataFrame | None = None) -> pd.Seri
     extra = [p for p in ("budget", "machine") if p not in shared]
     workloads = column(runs, schema.WORKLOAD)
     several = workloads.nunique(dropna=False) > 1
-    pieces = zip(parts["method"], parts["options"], *(parts[p] for p in extra))
+    pieces = zip(parts[schema.METHOD], parts[schema.OPTIONS], *(parts[p] for p in extra))
     return pd.Series(
         [", ".join(p for p in piece if p) + setting + (f", {workload}" if several else "")
          for piece, setting, workload in zip(pieces, parts["setting"], workloads)],

@@ -33,7 +33,7 @@ from suite.results.view import RunView
 #: what makes runs repeats of one configuration (they differ only in the seed): runs of two
 #: machine classes, or two budgets (epochs), are never pooled
 CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting",
-          "machine_class", "batch_size", "lr", "lr_schedule", "epochs", "simulated"]
+          "machine_class", schema.BATCH_SIZE, "lr", schema.LR_SCHEDULE, "epochs", "simulated"]
 #: what a configuration's runs share without it being part of their identity: the method's
 #: exchange schedule, local steps between exchanges inside a node / across nodes
 CARRIED = ["exchange_steps"]
@@ -71,10 +71,10 @@ def run_table(runs: ResultSet) -> pd.DataFrame:
             "setting": r[SETTING],
             "machine_class": r[MACHINE_CLASS],
             "exchange_steps": schema.exchange_text(r[schema.EXCHANGE_EVERY]),
-            "batch_size": r[BATCH_SIZE],
-            "lr": r[LR],
-            "lr_schedule": r[LR_SCHEDULE],
-            "seed": r[schema.SEED],
+            schema.BATCH_SIZE: r[BATCH_SIZE],
+            schema.LR: r[LR],
+            schema.LR_SCHEDULE: r[LR_SCHEDULE],
+            schema.SEED: r[schema.SEED],
             "final_acc": r[schema.FINAL_ACCURACY],
             "best_acc": r[schema.BEST_ACCURACY],
             schema.EPOCHS: round(epochs, 3),
@@ -126,7 +126,7 @@ def summary_table(per_run: pd.DataFrame) -> pd.DataFrame:
             if column in WITH_CI:
                 row[f"{column}_ci95"] = half
         rows.append(row)
-    order = ["run_id", *CONFIG, *CARRIED, "repeats", "seeds"]
+    order = [schema.RUN_ID, *CONFIG, *CARRIED, "repeats", "seeds"]
     frame = pd.DataFrame(rows)
     return frame[order + [c for c in frame.columns if c not in order]]
 

@@ -29,6 +29,8 @@ ALLOWED = {
     ("suite/plugins/method.py", "lr"),  # torch's optimizer param groups
     ("suite/config.py", "accuracy_from"),  # the --accuracy-from option
     ("suite/run/build.py", "steps_per_iteration"),  # the Method attribute's name
+    ("suite/report/labels.py", "budget"),  # a label's part: the budget in words
+    ("suite/report/figures.py", "budget"),
 }
 #: modules of other formats whose keys spell some of the run folder's: a hardware profile and
 #: its calibration plan (suite.sim), the command line's option names
