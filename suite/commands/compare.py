@@ -11,11 +11,12 @@ compared).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 
 from suite.errors import BenchError
 from suite.gate.activity import crosses_nodes
-from suite.gate.compare import as_json, format_table, parse_threshold
+from suite.gate.compare import TEXT_WIDTH, as_json, format_table, parse_threshold
 from suite.gate.judge import judge_sets
 from suite.plugins.registry import METHODS
 
@@ -67,7 +68,10 @@ def run_compare(
     for side, keys in judged.unmatched.items():
         for key in keys:
             echo(f"{'- ' if fmt == 'markdown' else ''}unmatched ({side}): {key}")
-    echo(judged.verdict_line())
+    line = judged.verdict_line()
+    # the text table keeps to TEXT_WIDTH columns, and so does the verdict under it
+    echo(line if fmt != "text" or wide else
+         textwrap.fill(line, TEXT_WIDTH, subsequent_indent="  ", break_on_hyphens=False))
     if judged.new_runs and not judged.matched:
         echo(f"nothing compared: none of the {judged.new_runs} NEW run(s) matches a baseline "
              "run (see the unmatched above), so the gate fails", err=True)

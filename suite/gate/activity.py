@@ -137,9 +137,10 @@ def crosses_nodes(view: RunView) -> list[str]:
     Returns:
         What the run did not do, one line each.
 
-    Example::
-
+    Examples:
+        ```python
         activity=lambda run: crosses_nodes(run) + sends_fraction_of_dense(run, 0.2, 0.3, "x")
+        ```
     """
     nodes = view.summary.get(schema.NODES) or 1
     if nodes > 1 and not view.summary.get(schema.INTER_NODE_BYTES_TOTAL):

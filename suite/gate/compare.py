@@ -8,7 +8,9 @@ bytes relative to the baseline, all signed so that positive is better. A change 
 threshold is a regression, except that with repeats on both sides the two intervals must also
 not overlap, and that a time measured on a busy runner (its run's or its DDP twin's manifest
 says other processes took more than the gate's share of the cores: suite.results.runner) is
-"not judged" instead, on either side; loss, accuracy and bytes are judged as always. A key
+"not judged" instead, on either side, and so is a time measured on another processor than
+its baseline's (a runner judged against the portable class's reference); loss, accuracy and
+bytes are judged as always. A key
 whose NEW runs all failed (or were interrupted, or never finished) is a regression too, and so
 is one whose runs' traffic was not counted (several nodes, intra-node bytes and no inter-node
 bytes: its inter-node collectives went past the communicator), which is not ranked at all.
@@ -182,6 +184,38 @@ def busy_keys(runs: pd.DataFrame, max_share: float | None) -> dict[tuple, str]:
     return found
 
 
+def timed_on(view) -> str | None:
+    """The processor a run was timed on (its GPUs' model, else its CPU's vendor, family and
+    model name), from its manifest; None where the manifest does not say."""
+    hardware = (getattr(view, "manifest", None) or {}).get(schema.HARDWARE) or {}
+    devices = hardware.get(schema.CUDA_DEVICES) or []
+    if devices:
+        return ", ".join(sorted({str(d) for d in devices}))
+    parts = [hardware.get(k) for k in (schema.CPU_VENDOR, schema.CPU_FAMILY,
+                                         schema.CPU_MODEL_NAME)]
+    return " ".join(str(p) for p in parts) if any(parts) else None
+
+
+def foreign_keys(baseline: pd.DataFrame, new: pd.DataFrame) -> dict[tuple, str]:
+    """Key -> why its times cannot be judged: its NEW runs were timed on another processor
+    than its baseline runs (a CPU runner judged against the portable class's reference,
+    recorded elsewhere: kernels and numbers travel across vendors, speed does not)."""
+    def machines(runs: pd.DataFrame) -> dict[tuple, set[str]]:
+        found: dict[tuple, set[str]] = {}
+        if VIEW not in runs:
+            return found
+        for run_key, view in zip(map(tuple, runs[KEY].values.tolist()), runs[VIEW]):
+            machine = timed_on(view)
+            if machine:
+                found.setdefault(run_key, set()).add(machine)
+        return found
+
+    before, after = machines(baseline), machines(new)
+    return {key: (f"timed on {', '.join(sorted(after[key]))}; the baseline on "
+                  f"{', '.join(sorted(before[key]))}")
+            for key in before.keys() & after.keys() if before[key] != after[key]}
+
+
 def reduce_repeats(frame: pd.DataFrame) -> pd.DataFrame:
     """Per key and metric: mean, 95 % half-width (NaN for one repeat) and repeat count, of
     the runs that finished with their traffic counted."""
@@ -221,7 +255,8 @@ def compare(
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
     labels = {**shown_options_of(baseline), **shown_options_of(new)}
     new_values_keys = set(new_values.index)
-    busy_times = {**busy_keys(baseline, max_outside_load), **busy_keys(new, max_outside_load)}
+    busy_times = {**foreign_keys(baseline, new), **busy_keys(baseline, max_outside_load),
+                  **busy_keys(new, max_outside_load)}
     failed = failed_rows(new, new_keys - new_values_keys)
     rows = []
     for run_key in sorted(base_keys & new_keys, key=str):
@@ -548,7 +583,20 @@ def format_table(table: pd.DataFrame, fmt: str = "text", wide: bool = False) -> 
         return shown(table).to_string(index=False)
     shared = shared_line(table)
     body = fitted(shown(table, wide=False), TEXT_WIDTH)
-    return (f"{shared}:\n" if shared else "") + body
+    return (f"{shared}:\n" if shared else "") + body + "".join(
+        f"\n{line}" for line in regression_details(table))
+
+
+def regression_details(table: pd.DataFrame) -> list[str]:
+    """The full words of every regression about a run rather than a metric (its activity
+    check, its status, its uncounted traffic), which the compact table may elide: one line
+    each under it, so the reason is never cut."""
+    if "regression" not in table or "verdict" not in table:
+        return []
+    about_runs = ~table["metric"].isin(list(METRICS) + [TIME_RATIO]) if "metric" in table \
+        else table["regression"]
+    picked = table[table["regression"].fillna(False).astype(bool) & about_runs]
+    return [str(verdict) for verdict in picked["verdict"]]
 
 
 def as_json(

@@ -573,7 +573,11 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
             ax.set_yticks(list(y), list(part.index))
             ax.set_xlabel("seconds per local step")
             ax.set_title(row_title)
-            bars_in_range(ax, [e + (0 if pd.isna(h) else h) for e, h in zip(ends, halves)])
+            # an overlapped phase longer than the compute it hides behind ends past its bar
+            hidden = [part.loc[bar_label, phase] for (row_key, bar_label), phase in overlapped
+                      if row_key == row_title]
+            bars_in_range(ax, [e + (0 if pd.isna(h) else h) for e, h in zip(ends, halves)]
+                          + hidden)
         legend_outside(fig, axes, ncol=4)
         files, context = finish(fig, runs, ids, out, name, faceted=varying)
     table = means.assign(run_id=ids).reset_index()

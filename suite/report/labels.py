@@ -148,12 +148,13 @@ def label_table(runs: pd.DataFrame, parts: pd.DataFrame | None = None,
 
 
 def line_table(runs: pd.DataFrame, parts: pd.DataFrame | None = None) -> pd.Series:
-    """Per run the line it belongs to in a scaling plot: method, options, budget and machine
-    class where the runs hold several, setting (and the workload where there are several),
-    not the GPU count. ``parts``: as in label_table."""
+    """Per run the line it belongs to in a scaling plot: method, options, machine class
+    where the runs hold several, setting (and the workload where there are several), not the
+    GPU count, nor the budget: the plot compares seconds per epoch, which a budget does not
+    change, and a sweep of ``--iterations`` gives each GPU count a budget of its own.
+    ``parts``: as in label_table."""
     parts = parts_table(runs) if parts is None else parts
-    shared = shared_parts(parts)
-    extra = [p for p in ("budget", "machine") if p not in shared]
+    extra = [] if "machine" in shared_parts(parts) else ["machine"]
     workloads = column(runs, schema.WORKLOAD)
     several = workloads.nunique(dropna=False) > 1
     pieces = zip(parts[schema.METHOD], parts[schema.OPTIONS], *(parts[p] for p in extra))

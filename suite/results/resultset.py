@@ -202,8 +202,9 @@ def view_columns(view: RunView, declared: dict | None) -> dict:
 
 def schedule_of(recipe: dict) -> str:
     """``cosine+warmup0.1`` or ``constant``: the lr schedule a manifest's recipe names."""
-    kind = recipe[schema.LR_SCHEDULE]
-    warmup = recipe[schema.WARMUP_EPOCHS] or 0
+    # runs recorded before schedules existed trained at a constant lr
+    kind = recipe.get(schema.LR_SCHEDULE, "constant")
+    warmup = recipe.get(schema.WARMUP_EPOCHS) or 0
     return f"{kind}+warmup{warmup:g}" if warmup else kind
 
 

@@ -31,10 +31,11 @@ def upgrade(summary: dict, manifest: dict) -> int:
     Raises:
         BenchError: the folder was written by a newer format than this code reads.
 
-    Example::
-
+    Examples:
+        ```python
         version = upgrade(summary, manifest)  # 1 for a committed reference
         summary[schema.FORMAT_VERSION_KEY]  # schema.FORMAT_VERSION
+        ```
     """
     version = format_version(summary)
     if version > schema.FORMAT_VERSION:

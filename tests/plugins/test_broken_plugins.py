@@ -122,7 +122,7 @@ def test_every_command_on_the_builtins_runs_as_if_nothing_were_installed(env, tm
     assert_quiet(simulated, set(LOAD_FAILURES))
     reported = bench("report", results, "-o", tmp_path / "report", env=env)
     assert_quiet(reported, METHOD_FAILURES)
-    compared = bench("compare", results, results, "--metric", "accuracy,bytes", env=env)
+    compared = bench("compare", results, results, "--metric", "accuracy,bytes", "--wide", env=env)
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert set(plugin_warnings(compared.stderr)) == METHOD_FAILURES
     assert "ddp did its job" in compared.stdout and "topk did its job" in compared.stdout

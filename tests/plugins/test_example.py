@@ -44,6 +44,7 @@ def test_the_documented_example_plugin_runs_as_written(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["dataset"] == "stripes"
     assert summary["inter_node_bytes_per_iteration"] > 0
-    compared = bench("compare", results, results, "--metric", "accuracy,bytes", env=env)
+    compared = bench("compare", results, results, "--metric", "accuracy,bytes", "--wide",
+                     env=env)
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "scaled-sgd did its job" in compared.stdout

@@ -25,7 +25,7 @@ from suite.report.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 NIGHTLY = REPO / "reference" / "cpu-gloo-amd25-avx512-t1"
-OTHER_CLASS = REPO / "reference" / "cpu-gloo-amd25-default-t1"
+OTHER_CLASS = REPO / "reference" / "cpu-gloo-portable-t1"
 #: a simulated scaling sweep that takes seconds (the sim page's first example, smaller)
 SWEEP = ["sim", "--method", "prunex,ddp", "--gpus", "8,16,32", "--workload", "cnn-fmnist",
          "--profile", "v100-ib100"]
@@ -108,10 +108,13 @@ def test_every_prunex_label_names_its_keep_and_budgets_are_words(drawn):
                                            for t in ax.get_yticklabels()]:
             if label.startswith("PruneX"):
                 assert "keep" in label, (name, label)
-    labels = [t.get_text() for t in figs["fig06_inter_node_volume"].axes[0].get_yticklabels()]
-    # the nightly's tenth of an epoch and the sweep's epoch, each said in words
-    assert any(label.endswith("0.1 epoch") for label in labels)
-    assert any(re.search(r"16 GPUs, 1 epoch", label) for label in labels)
+    volume = figs["fig06_inter_node_volume"]
+    # a row per budget: the nightly's tenth of an epoch and the sweep's epoch, each said in
+    # words in its row's title; the sweep's labels name their GPUs
+    titles = [ax.get_title("left") for ax in volume.axes if ax.get_title("left")]
+    assert "0.1 epoch" in titles and any(t.startswith("1 epoch") for t in titles), titles
+    labels = [t.get_text() for ax in volume.axes for t in ax.get_yticklabels()]
+    assert any(re.search(r", 16 GPUs$", label) for label in labels), labels
 
 
 def marker_positions(ax) -> list[tuple[str, np.ndarray]]:
@@ -133,8 +136,10 @@ def test_markers_that_share_a_point_are_drawn_apart(drawn):
     data = {line.get_label(): (line.get_xdata()[0], line.get_ydata()[0])
             for line in density.lines
             if len(line.get_xdata()) == 1 and line.get_label() != "Pareto frontier"}
-    same = [(a, b) for a in data for b in data if a < b and data[a] == data[b]]
-    assert same, "the nightly has configurations at one point (DDP bf16 and fp16)"
+    # at one density, less than half a point of accuracy apart: one blob unless dodged
+    same = [(a, b) for a in data for b in data
+            if a < b and data[a][0] == data[b][0] and abs(data[a][1] - data[b][1]) < 0.5]
+    assert same, "the nightly has configurations at one point (DDP, bf16 and fp16)"
     where = dict(marker_positions(density))
     for a, b in same:
         assert np.abs(where[a] - where[b]).max() >= 3, (a, b)  # pixels apart at 100 dpi
@@ -178,16 +183,16 @@ def test_a_report_over_two_machine_classes_keeps_them_apart(tmp_path, monkeypatc
     figs, lines = rendered(runs, tmp_path / "report", monkeypatch)
     named = [line for line in lines if "machine classes" in line]
     assert named == ["runs of 2 machine classes (cpu-gloo-amd25-avx512-t1, "
-                     "cpu-gloo-amd25-default-t1), kept apart in every table and figure"]
+                     "cpu-gloo-portable-t1), kept apart in every table and figure"]
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")
     assert len(summary) == 22 and (summary.repeats == 1).all()
     assert summary.groupby("method").machine_class.nunique().eq(2).all()
     assert (summary.seeds.astype(str) == "0").all()
     assert "runs of 2 machine classes" in (tmp_path / "report" / "report.md").read_text()
     pareto = figs["fig12_pareto"]  # a row of panels per class, one legend for both
-    titles = {ax.get_title() for ax in pareto.axes}
-    assert titles == {f"cnn-fmnist, {klass}" for klass in ("cpu-gloo-amd25-avx512-t1",
-                                                           "cpu-gloo-amd25-default-t1")}
+    titles = {ax.get_title("left") for ax in pareto.axes} - {""}
+    assert titles == {"cpu-gloo-amd25-avx512-t1", "cpu-gloo-portable-t1"}  # the suptitle
+    assert "cnn-fmnist" in pareto._suptitle.get_text()  # says what both rows share
     assert len(legend_labels(pareto)) == 12  # 11 methods and the frontier
     bars = [t.get_text() for t in figs["fig08_phase_breakdown"].axes[0].get_yticklabels()]
     assert len(bars) == 22 and all(label.endswith("-t1") for label in bars)
@@ -203,7 +208,7 @@ def test_repeats_of_one_seed_on_two_classes_are_not_pooled(tmp_path):
     assert len(prunex) == 3 and (prunex.repeats == 1).all()
     assert prunex.final_acc_ci95.isna().all()
     assert sorted(prunex.machine_class) == ["cpu-gloo", "cpu-gloo-amd25-avx512-t1",
-                                            "cpu-gloo-amd25-default-t1"]
+                                            "cpu-gloo-portable-t1"]
     assert json.loads(json.dumps(list(prunex.seeds.astype(str)))) == ["0", "0", "0"]
 
 

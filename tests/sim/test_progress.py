@@ -12,6 +12,7 @@ import threading
 import time
 
 from suite.config import RunConfig
+from suite.run.plan import plan_run
 from suite.sim.estimate import PATIENCE_SECONDS, Cell, quicker, smaller_command, time_local_step
 
 BENCH = [sys.executable, "-m", "suite.cli"]
@@ -68,6 +69,7 @@ def test_a_stand_in_step_is_timed_on_one_thread():
     import torch
 
     before = torch.get_num_threads()
-    built, step, parameters = time_local_step(RunConfig(method="ddp", workload="cnn-fmnist"))
+    built, step, parameters = time_local_step(
+        plan_run(RunConfig(method="ddp", workload="cnn-fmnist")))
     assert 0 < built < 60 and 0 < step < 10 and 200_000 < parameters < 300_000
     assert torch.get_num_threads() == before  # restored
