@@ -2,8 +2,12 @@
 
 Every method runs the same workload, ranks, epochs and shared lr schedule (the recipe's
 cosine with warmup), evaluated the same way (BN statistics recalibrated on the same training
-batches). Each method gets the same small lr sweep on seed 0; its best lr by final accuracy
-then runs the remaining seeds. No method is tuned more than another.
+batches). PruneX and hierarchical local SGD run at one exchange schedule: the model averaged
+inside a node every ``--intra-average-period`` local steps (4) and across nodes once per round
+of ``--local-steps`` H; the table's exchange column says each method's (local steps between
+exchanges inside a node / across nodes), so a pairing at unequal schedules shows. Each
+method gets the same small lr sweep on seed 0; its best lr by final accuracy then runs the
+remaining seeds. No method is tuned more than another.
 
     python benchmarks/fair_comparison.py                      # the full setting
     python benchmarks/fair_comparison.py --epochs 0.5 --seeds 0,1 --methods prunex,ddp
@@ -87,7 +91,8 @@ def main() -> None:
         rows.append({"method": method, "lr (best of sweep)": best[method], "seeds": n,
                      "final accuracy %": mean_pm(mean, half, 2),
                      "inter-node MB/epoch": round(group.inter_MB_per_epoch.mean(), 2),
-                     "samples/rank": int(group.samples_per_rank.mean())})
+                     "samples/rank": int(group.samples_per_rank.mean()),
+                     "exchange (intra / inter)": ", ".join(sorted(set(group.exchange)))})
     table = pd.DataFrame(rows).to_markdown(index=False)
     lr_table = swept.pivot_table(index="method", columns="lr", values="accuracy").round(2)
     lr_table = lr_table.reindex([m for m in methods if m in lr_table.index])

@@ -100,6 +100,8 @@ def main() -> None:
             mean, half, n = mean_ci(runs.accuracy) if len(runs) else (float("nan"),) * 2 + (0,)
             rows.append({"arm": arm, "seeds": n, "final accuracy %": mean_pm(mean, half, 2),
                          "inter-node MB/epoch": round(runs.inter_MB_per_epoch.mean(), 2)
+                         if len(runs) else "-",
+                         "exchange (intra / inter)": ", ".join(sorted(set(runs.exchange)))
                          if len(runs) else "-"})
         lines = [f"### {workload}", "", pd.DataFrame(rows).to_markdown(index=False), ""]
         for arm, baseline in GAPS:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from suite.results.schema import EXCHANGE_EVERY, exchange_text
+
 #: the smallest real data of a ``--smoke`` run: synthetic, a few samples, small batches
 SMOKE_DATA = ["--dataset", "synthetic", "--synthetic-size", "256,64", "--batch-size", "16"]
 #: the smallest hierarchical layout: 2 emulated nodes of 1 rank
@@ -99,19 +101,21 @@ def smoke_defaults(args: argparse.Namespace, values: dict[str, str]) -> None:
 
 
 RUN_COLUMNS = ["method", "seed", "lr", "run", "accuracy", "epochs", "inter_MB_per_epoch",
-               "samples_per_rank", "frozen_at_round"]
+               "samples_per_rank", "frozen_at_round", "exchange"]
 
 
 def run_table(root: Path) -> pd.DataFrame:
     """One row per finished run under ``root``: its lr, final accuracy in %, inter-node MB per
-    epoch and (PruneX) the round its masks froze at. A cell run twice (e.g. after its identity
+    epoch, (PruneX) the round its masks froze at, and its exchange schedule (local steps
+    between exchanges inside a node / across nodes). A cell run twice (e.g. after its identity
     changed) counts once."""
     rows = [
         {"method": s["method"], "seed": s["seed"], "lr": m["recipe"]["lr"], "run": str(folder),
          "accuracy": 100 * s["final_accuracy"], "epochs": s["epochs"],
          "inter_MB_per_epoch": s["inter_node_bytes_total"] / 1e6 / s["epochs"],
          "samples_per_rank": s.get("samples_per_rank"),
-         "frozen_at_round": (s.get("masks_frozen_at") or {}).get("round")}
+         "frozen_at_round": (s.get("masks_frozen_at") or {}).get("round"),
+         "exchange": exchange_text(m.get(EXCHANGE_EVERY))}
         for folder, s, m in finished_runs(root)
     ]
     return pd.DataFrame(rows, columns=RUN_COLUMNS).drop_duplicates(["method", "seed", "lr"])
