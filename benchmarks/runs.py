@@ -25,8 +25,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from suite.results.schema import EXCHANGE_EVERY, exchange_text
-
 #: the smallest real data of a ``--smoke`` run: synthetic, a few samples, small batches
 SMOKE_DATA = ["--dataset", "synthetic", "--synthetic-size", "256,64", "--batch-size", "16"]
 #: the smallest hierarchical layout: 2 emulated nodes of 1 rank
@@ -104,6 +102,14 @@ RUN_COLUMNS = ["method", "seed", "lr", "run", "accuracy", "epochs", "inter_MB_pe
                "samples_per_rank", "frozen_at_round", "exchange"]
 
 
+def exchange_words(schedule: dict | None) -> str:
+    """A manifest's ``exchange_every`` as ``4 / 32`` (local steps between exchanges inside a
+    node / across nodes); ``-`` for a run recorded before it was."""
+    if not isinstance(schedule, dict):
+        return "-"
+    return f"{schedule.get('intra_node', '-')} / {schedule.get('inter_node', '-')}"
+
+
 def run_table(root: Path) -> pd.DataFrame:
     """One row per finished run under ``root``: its lr, final accuracy in %, inter-node MB per
     epoch, (PruneX) the round its masks froze at, and its exchange schedule (local steps
@@ -115,7 +121,7 @@ def run_table(root: Path) -> pd.DataFrame:
          "inter_MB_per_epoch": s["inter_node_bytes_total"] / 1e6 / s["epochs"],
          "samples_per_rank": s.get("samples_per_rank"),
          "frozen_at_round": (s.get("masks_frozen_at") or {}).get("round"),
-         "exchange": exchange_text(m.get(EXCHANGE_EVERY))}
+         "exchange": exchange_words(m.get("exchange_every"))}
         for folder, s, m in finished_runs(root)
     ]
     return pd.DataFrame(rows, columns=RUN_COLUMNS).drop_duplicates(["method", "seed", "lr"])

@@ -12,14 +12,3 @@ GPU_SESSION = os.environ.get("PRUNEX_GPU_TESTS") == "1"
 
 if not GPU_SESSION:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-
-#: the files that take longest (a minute or more of subprocess runs each), handed out first:
-#: xdist's loadfile gives files to the workers in collection order, and these, collected
-#: last (tests/test_*.py sort after the folders), made one worker run alone at the end
-SLOWEST_FIRST = ("tests/test_compat.py", "tests/test_gpu_tools.py", "tests/test_quickstart.py",
-                 "tests/report/test_sweep_report.py", "tests/gate/test_gate.py")
-
-
-def pytest_collection_modifyitems(session, config, items):
-    order = {path: i for i, path in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: order.get(item.nodeid.split("::")[0], len(order)))

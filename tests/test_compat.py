@@ -60,7 +60,7 @@ def floor_and_here(tmp_path_factory):
     for name, env in (("here", ENV), ("floor", as_floor(ENV))):
         roots[name] = tmp_path_factory.mktemp(name)
         proc = bench("sweep", "--method", ",".join(METHODS), "--workload", "cnn-fmnist", *TINY,
-                     "--gpus", "4", "--gpus-per-node", "2", "--iterations", "3",
+                     "--gpus", "2", "--gpus-per-node", "1", "--iterations", "3",
                      "--local-steps", "2", "--results-dir", roots[name], env=env, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return roots

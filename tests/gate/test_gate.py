@@ -330,16 +330,23 @@ def runner_load(outside: float, cores: int = 2) -> dict:
             "load_average_end": [7.5, 7.0, 6.5]}
 
 
-@pytest.mark.parametrize(("outside", "code"), [(1.5, 0), (0.1, 1)])
-def test_time_on_a_busy_runner_is_not_judged(tmp_path, outside, code):
-    """PruneX 45 % slower on a runner whose other processes took 1.5 of its 2 cores: its time
-    says "not judged", while its loss is judged as always; on a quiet runner the same numbers
-    are a REGRESSION."""
+def slower_prunex(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """(a reference tree of the portable class, a copy of its runs where PruneX's iterations
+    take 45 % longer, PruneX's reference summary)."""
     tree = tmp_path / "reference"
     portable_set(tree / "cpu-gloo-portable-t1")
     new = portable_set(tmp_path / "new")
     prunex = json.loads(next(PORTABLE.glob("prunex-*/summary.json")).read_text())
     edit(new, "prunex", "summary.json", iteration_seconds=1.455 * prunex["iteration_seconds"])
+    return tree, new, prunex
+
+
+@pytest.mark.parametrize(("outside", "code"), [(1.5, 0), (0.1, 1)])
+def test_time_on_a_busy_runner_is_not_judged(tmp_path, outside, code):
+    """PruneX 45 % slower on a runner whose other processes took 1.5 of its 2 cores: its time
+    says "not judged", while its loss is judged as always; on a quiet runner the same numbers
+    are a REGRESSION."""
+    tree, new, prunex = slower_prunex(tmp_path)
     for method in ("ddp", "prunex", "localsgd-hier"):
         edit(new, method, "manifest.json", runner_load=runner_load(outside))
     proc = bench("compare", tree, new, "--format", "json")
@@ -365,11 +372,7 @@ def test_time_on_another_processor_is_not_judged(tmp_path):
     numbers travel across vendors, its speed does not, so a time ratio 45 % off on an Intel
     Xeon says "not judged" (measured: localsgd-hier's 0.88 of DDP's on the EPYC was 1.1 on a
     quiet Xeon), while bytes and loss are judged as always."""
-    tree = tmp_path / "reference"
-    portable_set(tree / "cpu-gloo-portable-t1")
-    new = portable_set(tmp_path / "new")
-    prunex = json.loads(next(PORTABLE.glob("prunex-*/summary.json")).read_text())
-    edit(new, "prunex", "summary.json", iteration_seconds=1.455 * prunex["iteration_seconds"])
+    tree, new, prunex = slower_prunex(tmp_path)
     for method in ("ddp", "prunex", "localsgd-hier"):
         manifest = json.loads(next(new.glob(f"{method}-cnn*/manifest.json")).read_text())
         hardware = {**manifest["hardware"], "cpu_vendor": "GenuineIntel", "cpu_family": "6",
