@@ -591,10 +591,9 @@ def regression_details(table: pd.DataFrame) -> list[str]:
     """The full words of every regression about a run rather than a metric (its activity
     check, its status, its uncounted traffic), which the compact table may elide: one line
     each under it, so the reason is never cut."""
-    if "regression" not in table or "verdict" not in table:
+    if not {"regression", "verdict", "metric"} <= set(table):
         return []
-    about_runs = ~table["metric"].isin(list(METRICS) + [TIME_RATIO]) if "metric" in table \
-        else table["regression"]
+    about_runs = ~table["metric"].isin(list(METRICS))  # METRICS holds the time ratio too
     picked = table[table["regression"].fillna(False).astype(bool) & about_runs]
     return [str(verdict) for verdict in picked["verdict"]]
 
