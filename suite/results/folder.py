@@ -24,6 +24,7 @@ processes are gone (``suite.results.recover``), and readers treat it as failed.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -166,15 +167,14 @@ def cpu_identity() -> dict:
 
 
 def versions() -> dict:
-    # lazy: timm, torchvision costs ~1.6 s to import; only this path needs it
-    import timm
-    import torchvision
-
+    """The software a number depends on. timm and torchvision are read from their installed
+    metadata, not imported: importing them costs each rank ~1.7 s of CPU (timm pulls in
+    torch._dynamo), and a run of a built-in CNN needs neither."""
     return {
         schema.PYTHON_VERSION: platform.python_version(),
         schema.TORCH_VERSION: torch.__version__,
-        schema.TORCHVISION_VERSION: torchvision.__version__,
-        schema.TIMM_VERSION: timm.__version__,
+        schema.TORCHVISION_VERSION: installed_version("torchvision"),
+        schema.TIMM_VERSION: installed_version("timm"),
         schema.PANDAS_VERSION: pd.__version__,
         schema.CUDA_VERSION: torch.version.cuda,
         schema.CUDNN_VERSION: (torch.backends.cudnn.version()
@@ -183,6 +183,14 @@ def versions() -> dict:
         # the APIs newer than the supported floor that this torch lacks (suite.compat)
         schema.TORCH_FALLBACKS: compat.fallbacks(),
     }
+
+
+def installed_version(distribution: str) -> str | None:
+    """A distribution's installed version, or None where it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def nccl_version() -> str | None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
 import torch.distributed as dist
 
-from suite.cluster.ranks import collective_timeout, join_process_group
+from suite.cluster.ranks import collective_timeout, detach_from_fork_server, join_process_group
 from suite.cluster.recorder import Recorder
 from suite.cluster.watchdog import POSITION, Watchdog
 from suite.errors import BenchError
@@ -34,6 +35,7 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
     """Entry point of one rank (also used by elastic_launch). ``run_dir`` is None where the
     rank is its own launcher (``--launcher torchrun``): the ranks then agree on rank 0's
     run id."""
+    detach_from_fork_server()
     if run_dir is not None:  # its launcher said which plugins it skipped, once
         quiet_plugin_warnings()
     stop = StopRequest().install()
@@ -76,11 +78,34 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
             watchdog.stop()  # one writer of this rank's rows and errors file
         if folder is not None:
             record_failure(folder, recorder, rank, exc, stop, standalone=standalone)
+        if may_be_knock_on(exc):
+            let_a_dead_peer_be_reported_first()
         raise  # without destroying the process group: that waits on peers that may be gone
     finally:
         if watchdog is not None:
             watchdog.stop()
     dist.destroy_process_group()
+
+
+#: how long a rank that failed, perhaps because a peer died, waits before it exits
+KNOCK_ON_GRACE_SECONDS = 1.0
+
+
+def may_be_knock_on(exc: BaseException) -> bool:
+    """An error that is not ours (a BenchError) nor a stop: typically a collective whose
+    peer vanished, i.e. the knock-on effect of another rank's death."""
+    return isinstance(exc, Exception) and not isinstance(exc, (BenchError, *AGREED_STOPS))
+
+
+def let_a_dead_peer_be_reported_first() -> None:
+    """The launcher names the first rank it sees fail. A rank killed by a signal is seen
+    through the fork server, which reports its exit a moment after the death, while its
+    peers' collectives fail at once: without this pause the launcher could name a
+    survivor's "connection closed" instead of "rank 1 was killed by SIGKILL"."""
+    try:
+        time.sleep(KNOCK_ON_GRACE_SECONDS)
+    except BaseException:  # a stop signal during the pause: exit now, the reason is kept
+        pass
 
 
 def stall_reporter(folder: RunFolder, recorder: Recorder, rank: int, stop: StopRequest):

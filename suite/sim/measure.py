@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from suite.cluster.ranks import join_process_group
+from suite.cluster.ranks import detach_from_fork_server, join_process_group
 from suite.cluster.recorder import synchronize
 from suite.cluster.topology import build_topology
 from suite.data.datasets import dataset_spec, load_data
@@ -219,6 +219,7 @@ def time_allreduce(
 def calibration_rank(plan_json: str, out_path: str) -> None:
     """One rank's part (elastic_launch target and ``python -m suite.sim.measure`` entry)."""
 
+    detach_from_fork_server()
     plan = json.loads(plan_json)
     device = join_process_group(plan["device"])
     cuda = device.type == "cuda"

@@ -273,9 +273,11 @@ def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(s
     log = "".join(p.read_text() for p in (tmp_path / "signalled" / "slurm-job").glob("*.out"))
     assert "requeued, its next start resumes" in log
     # no process of either job outlives it: node agents (submitit) and their ranks
-    left = [pid for pid in subprocess.run(
-        ["pgrep", "-f", "submitit.core._submit|multiprocessing.spawn"], capture_output=True,
-        text=True).stdout.split() if job_of(pid) in (plain, signalled)]
+    # (ranks forked by the fork server carry its command line)
+    pattern = "submitit.core._submit|multiprocessing.(spawn|forkserver)"
+    left = [pid for pid in subprocess.run(["pgrep", "-f", pattern], capture_output=True,
+                                          text=True).stdout.split()
+            if job_of(pid) in (plain, signalled)]
     assert not left, f"processes left behind: {left}"
     a = torch.load(tmp_path / "plain" / "model.pt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "signalled" / "model.pt", map_location="cpu", weights_only=True)
