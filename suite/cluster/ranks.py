@@ -3,10 +3,13 @@ process group. Shared by training runs and ``bench calibrate`` so both place ran
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
+import tempfile
 import time
 from datetime import timedelta
+from multiprocessing import forkserver
 
 import torch
 import torch.distributed as dist
@@ -45,7 +48,9 @@ def elastic_launch_config(
     # lazy: ~0.1 s to import; only this path needs it
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
-    preload_rank_modules()
+    start_method = rank_start_method()
+    if start_method == "forkserver":
+        preload_rank_modules()
     return compat.elastic_launch_config(
         min_nodes=nodes,
         max_nodes=nodes,
@@ -55,7 +60,7 @@ def elastic_launch_config(
         rdzv_endpoint=rendezvous,
         max_restarts=max_restarts,
         monitor_interval=0.1,
-        start_method="forkserver",
+        start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         shutdown_timeout=shutdown_seconds,
     )
@@ -66,7 +71,22 @@ def elastic_launch_config(
 #: per interpreter
 RANK_MODULES = ["torch", "torch.distributed", "torch._dynamo", "torch_pruning", "timm",
                 "torchvision", "pandas", "pyarrow.parquet", "matplotlib.colors",
-                "matplotlib.markers"]
+                "matplotlib.markers", "suite.cluster.fork_server_exit"]
+
+
+#: the longest path of a Unix socket (sun_path, less its NUL)
+UNIX_SOCKET_PATH_MAX = 107
+#: what multiprocessing adds to the temporary folder for the fork server's socket
+#: (``/pymp-XXXXXXXX/listener-XXXXXXXX``)
+FORK_SERVER_SOCKET_SUFFIX = 33
+
+
+def rank_start_method() -> str:
+    """``forkserver``, or ``spawn`` where the fork server's socket, which multiprocessing
+    puts under the temporary folder, would not fit a Unix socket's path (a long TMPDIR,
+    as some clusters set per job): spawned ranks start slower but start."""
+    fits = len(tempfile.gettempdir()) + FORK_SERVER_SOCKET_SUFFIX <= UNIX_SOCKET_PATH_MAX
+    return "forkserver" if fits else "spawn"
 
 
 def preload_rank_modules() -> None:
@@ -75,8 +95,6 @@ def preload_rank_modules() -> None:
     instead of each rank importing them in a fresh interpreter (spawn). The server starts at
     the first launch of this process and serves its later launches and restarts; it inherits
     the environment of that moment (``OMP_NUM_THREADS`` is set before it)."""
-    import multiprocessing
-
     multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_MODULES)
 
 
@@ -87,8 +105,6 @@ def detach_from_fork_server() -> None:
     (SIGINT, set by torch's start wrapper) is tied to their parent, the server. Without it the
     server ends with its launcher, and the ranks with the server, as spawned ranks end with
     theirs. A no-op in a rank that was not forked by the server."""
-    from multiprocessing import forkserver
-
     server = forkserver._forkserver
     alive = getattr(server, "_forkserver_alive_fd", None)  # CPython's name since 3.4
     if forkserver.get_inherited_fds() is not None and alive is not None:

@@ -1,10 +1,10 @@
 """The ranks of a run on this machine, or as they already are inside a job.
 
 ``local`` starts N ranks on this machine through torch's elastic launcher (CUDA devices when
-there are at least N, else CPU ranks on gloo with one thread each), forked from a fork server
-that imported the ranks' libraries once (``suite.cluster.ranks.preload_rank_modules``). ``torchrun`` means the
-ranks already exist (RANK/WORLD_SIZE set by torchrun, or SLURM variables by srun) and this
-process is one of them.
+there are at least N, else CPU ranks on gloo with one thread each), forked from a fork
+server that imported the ranks' libraries once (``suite.cluster.ranks.rank_start_method``).
+``torchrun`` means the ranks already exist (RANK/WORLD_SIZE set by torchrun, or SLURM
+variables by srun) and this process is one of them.
 """
 
 from __future__ import annotations

@@ -124,3 +124,39 @@ def test_torchrun_launcher_uses_the_job_as_it_is(tmp_path):
     summary = json.loads((tmp_path / "tr" / "summary.json").read_text())
     assert summary["status"] == "ok"
     assert (summary["gpus"], summary["nodes"], summary["gpus_per_node"]) == (2, 1, 2)
+
+
+def processes_with(marker: str) -> list[str]:
+    """Processes whose environment carries ``marker`` (this test's runs, no other test's)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = open(f"/proc/{entry}/environ", "rb").read()
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+            if marker.encode() in environ:
+                found.append(entry)
+    return found
+
+
+def test_ranks_start_from_the_fork_server_and_nothing_outlives_the_run(tmp_path):
+    """When ``bench run`` returns, neither its ranks nor the fork server they were forked
+    from are left (the server used to outlive it by its second of teardown); a temporary
+    folder too long for the server's socket falls back to spawn."""
+    from tests.support.runs import BENCH, ENV, TINY
+
+    marker = f"PRUNEX_TEST_MARK={os.getpid()}-{tmp_path.name}"
+    env = {**ENV, marker.split("=")[0]: marker.split("=")[1]}
+    proc = subprocess.run([*BENCH, "run", *TINY, "--gpus", "2", "--gpus-per-node", "1",
+                           "--iterations", "2", "--results-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert processes_with(marker) == []
+    long_tmp = tmp_path / ("t" * (110 - len(str(tmp_path))))
+    long_tmp.mkdir()
+    code = ("import tempfile, sys; tempfile.tempdir = sys.argv[1]; "
+            "from suite.cluster.ranks import rank_start_method as m; print(m())")
+    methods = [subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
+                              text=True, env=ENV).stdout.strip() for folder in ("/tmp", long_tmp)]
+    assert methods == ["forkserver", "spawn"]

@@ -278,7 +278,10 @@ def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(s
     left = [pid for pid in subprocess.run(["pgrep", "-f", pattern], capture_output=True,
                                           text=True).stdout.split()
             if job_of(pid) in (plain, signalled)]
-    assert not left, f"processes left behind: {left}"
+    if left:
+        listing = subprocess.run(["ps", "-o", "pid,ppid,etime,stat,cmd", "-p", ",".join(left)],
+                                 capture_output=True, text=True).stdout
+        pytest.fail(f"processes left behind:\n{listing}")
     a = torch.load(tmp_path / "plain" / "model.pt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "signalled" / "model.pt", map_location="cpu", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
