@@ -41,10 +41,10 @@ def elastic_launch_config(
 ):
     """torch elastic's config for ``nproc`` ranks on this machine, one of ``nodes`` machines
     meeting by c10d rendezvous at ``rendezvous`` (default: this machine, a free port), ranks
-    forked from a fork server (``preload_rank_modules``). After a rank dies the agents
-    restart all ranks up to ``max_restarts`` times; when an agent stops its ranks it gives
-    them ``shutdown_seconds`` to finish their iteration, flush and checkpoint before SIGKILL.
-    Its logs go to ``log_dir``, which the caller removes."""
+    forked from a fork server (``rank_start_method``, ``preload_rank_modules``). After a
+    rank dies the agents restart all ranks up to ``max_restarts`` times; when an agent stops
+    its ranks it gives them ``shutdown_seconds`` to finish their iteration, flush and
+    checkpoint before SIGKILL. Its logs go to ``log_dir``, which the caller removes."""
     # lazy: ~0.1 s to import; only this path needs it
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
