@@ -138,7 +138,7 @@ def label_table(runs: pd.DataFrame, parts: pd.DataFrame | None = None,
                for v in column(runs, LR)],
         "batch": [f"batch {v}" for v in column(runs, BATCH_SIZE)],
         schema.DATASET: [str(v) for v in column(runs, schema.DATASET)],
-    }, index=runs.index)
+    }, index=runs.index, dtype=object)  # as the labels: pandas 3's str columns refuse "+" with them
     labels = pd.Series(base, index=runs.index, dtype=object)
     groups = recipe.groupby(labels.to_numpy(), sort=False)
     for part in recipe.columns:  # only what tells the configurations of one label apart
