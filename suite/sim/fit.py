@@ -18,7 +18,11 @@ def fit_ring(times: list[list[float]], n: int, burst: float = 0.0) -> tuple[Link
     """alpha and bandwidth of the ring all-reduce formula ``T = 2(n-1) alpha + max(0, L -
     burst) / B`` (L = 2(n-1)/n S, the bytes each rank sends), fitted to (size, seconds) pairs
     by least squares on relative error; ``burst``: a shaped link's bucket, known from its
-    qdisc. Returns the link and the worst relative residual."""
+    qdisc. Returns the link and the worst relative residual.
+
+    Where two or more sizes lie beyond the burst, B is fitted on those alone and alpha then
+    on every size (Hockney's split: large messages measure bandwidth, small ones latency), so
+    a latency point slowed by a late peer cannot tilt the line into a rate above the link's."""
     sizes = np.array([s for s, t in times if np.isfinite(t)], dtype=float)
     secs = np.array([t for s, t in times if np.isfinite(t)], dtype=float)
     paced = np.maximum(2 * (n - 1) / n * sizes - burst, 0.0)
@@ -27,7 +31,13 @@ def fit_ring(times: list[list[float]], n: int, burst: float = 0.0) -> tuple[Link
             f"need at least two buffer sizes, one beyond the link's {burst:.0f}-byte burst, "
             "to fit a link (--sizes)"
         )
-    slope, intercept = np.polyfit(paced, secs, 1, w=1 / secs)
+    beyond = paced > 0
+    if burst and len(np.unique(paced[beyond])) >= 2:
+        slope = np.polyfit(paced[beyond], secs[beyond], 1, w=1 / secs[beyond])[0]
+        weights = 1 / secs**2  # relative error: minimise sum(((c + slope p - t) / t)^2) over c
+        intercept = np.sum(weights * (secs - slope * paced)) / np.sum(weights)
+    else:
+        slope, intercept = np.polyfit(paced, secs, 1, w=1 / secs)
     if slope <= 0:
         raise BenchError(
             f"all-reduce times over {n} ranks do not grow with size ({times}); measure larger "

@@ -104,6 +104,19 @@ def test_fit_recovers_a_shaped_link_that_a_plain_fit_cannot():
     assert worst_plain > 0.2
 
 
+def test_a_slow_latency_point_does_not_tilt_a_shaped_links_rate():
+    """A late peer slows the smallest all-reduce fivefold (seen on a loaded 2-core CI box);
+    the rate comes from the paced sizes alone and stays the link's, not above it."""
+    from suite.sim.fit import fit_ring
+
+    truth = Link(alpha=4e-4, bandwidth=2.5e7, burst=262144)
+    times = [[s, ring_allreduce(s, 2, truth)] for s in (4096, 2**20, 2**22)]
+    times[0][1] *= 5
+    link, _ = fit_ring(times, 2, burst=262144)
+    assert link.bandwidth == pytest.approx(truth.bandwidth, rel=1e-9)
+    assert link.alpha > truth.alpha  # the slow point still counts for latency
+
+
 def test_groups_are_priced_on_their_links():
     intra, inter = Link(1e-6, 1e11), Link(1e-5, 1e10, burst=1e6)
     profile = Profile("t", "", 4, intra, inter, memory_bandwidth=1e11, rails=2)
