@@ -38,10 +38,11 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
         arange, are_deterministic_algorithms_enabled, as_tensor, bfloat16, bincount, bool,
         cat, channels_last, device, div, dtype, empty, empty_like, equal, float16, float32,
         float64, full, get_float32_matmul_precision, get_num_threads, get_rng_state,
-        inference_mode, int8, int32, int64, is_tensor, isin, linspace, load, long, manual_seed,
+        inference_mode, int8, int32, int64, is_deterministic_algorithms_warn_only_enabled,
+        is_tensor, isin, linspace, load, long, manual_seed,
         maximum, no_grad, nonzero, ones, ones_like, rand, randint, randn, randperm, relu,
         save, set_num_threads, set_rng_state, sin, sort, stack, tensor, uint8, unique,
-        where, zeros, zeros_like
+        use_deterministic_algorithms, where, zeros, zeros_like
     torch._utils: _flatten_dense_tensors, _unflatten_dense_tensors
     torch.autograd: grad
     torch.backends.cpu: get_cpu_capability

@@ -56,6 +56,7 @@ class RunConfig:
     bn_recalibrate: int = 0  # training batches per rank that re-estimate BN stats before an eval
     target_accuracy: float | None = None
     tensorboard: bool = False  # rank 0 writes TensorBoard events to <run folder>/tensorboard
+    deterministic: bool = False  # deterministic kernels (suite.run.determinism)
     seed: int = 0
     results_dir: str = "results"
     run_id: str | None = None
@@ -89,6 +90,7 @@ class RunConfig:
         fields = dict(flags)
         fields["download"] = bool(fields.get("download"))
         fields["tensorboard"] = bool(fields.get("tensorboard"))
+        fields["deterministic"] = bool(fields.get("deterministic"))
         if fields.get("synthetic_size") is None:
             fields.pop("synthetic_size", None)
         else:

@@ -179,6 +179,10 @@ def run_flags(func):
         click.option("--tensorboard", is_flag=True, default=None,
                      help="live logs: TensorBoard events in the run folder's tensorboard/ "
                      "(loss, accuracy, lr, phase seconds, bytes per link, density, rho)"),
+        click.option("--deterministic", is_flag=True, default=None,
+                     help="deterministic kernels (torch.use_deterministic_algorithms, warn only; "
+                     "cuDNN deterministic, no benchmark; cuBLAS's fixed workspace): GPU runs "
+                     "repeat bit for bit, slower"),
         click.option("--results-dir", default="results", show_default=True),
         click.option("--tag", default=None, help="free-form label stored in the manifest"),
         click.option("--batch-size", type=int, default=None, help="per-rank batch",

@@ -207,6 +207,7 @@ def numerics(device: torch.device) -> dict:
     facts = {
         schema.DEVICE: str(device),
         schema.DETERMINISTIC_ALGORITHMS: torch.are_deterministic_algorithms_enabled(),
+        schema.DETERMINISTIC_WARN_ONLY: torch.is_deterministic_algorithms_warn_only_enabled(),
         schema.FLOAT32_MATMUL_PRECISION: torch.get_float32_matmul_precision(),
         schema.TF32_MATMUL: torch.backends.cuda.matmul.allow_tf32,
         schema.TF32_CUDNN: torch.backends.cudnn.allow_tf32,

@@ -211,6 +211,8 @@ CUDA_DEVICES = "cuda_devices"
 
 # manifest.json's ``numerics`` (suite.results.folder.numerics; and DEVICE)
 DETERMINISTIC_ALGORITHMS = "deterministic_algorithms"
+#: True: an op without a deterministic kernel warned and ran anyway (``--deterministic``)
+DETERMINISTIC_WARN_ONLY = "deterministic_warn_only"
 FLOAT32_MATMUL_PRECISION = "float32_matmul_precision"
 TF32_MATMUL = "tf32_matmul"
 TF32_CUDNN = "tf32_cudnn"

@@ -25,6 +25,7 @@ from suite.errors import BenchError
 from suite.plugins.registry import quiet_plugin_warnings
 from suite.results.folder import RunFolder
 from suite.run.checkpoint import latest_checkpoint
+from suite.run.determinism import make_kernels_deterministic
 from suite.run.loop import AGREED_STOPS, AgreedInterruption, train
 from suite.run.plan import RunPlan
 from suite.run.setup import restart_count
@@ -42,6 +43,8 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
     try:
         plan = RunPlan.from_json(plan_json)
         config = plan.config
+        if config.deterministic:  # before the rank touches CUDA
+            make_kernels_deterministic()
         device = join_process_group(config.device, config.collective_timeout,
                                     shared_gpus_ok=config.launcher == "local")
     except BenchError as exc:  # before the group formed: this rank says why on its own

@@ -45,6 +45,7 @@ def test_run_writes_complete_folder(tmp_path):
         "--local-steps",
         "2",
         "--tensorboard",
+        "--deterministic",
         *SMALL,
         "--iterations",
         "3",
@@ -87,6 +88,12 @@ def test_run_writes_complete_folder(tmp_path):
     assert {"tf32_matmul", "cudnn_deterministic", "deterministic_algorithms"} <= set(
         manifest["numerics"]
     )
+    # --deterministic reached the ranks before their first kernel (warn only: a run on an op
+    # without a deterministic CUDA kernel goes on)
+    assert manifest["config"]["deterministic"] is True
+    numerics = manifest["numerics"]
+    assert numerics["deterministic_algorithms"] and numerics["deterministic_warn_only"]
+    assert numerics["cudnn_deterministic"] and not numerics["cudnn_benchmark"]
     assert set(manifest["group_backends"].values()) == {"gloo"}
     # the sharded leaders' peer groups are made only for --leader-mode sharded
     assert set(manifest["group_backends"]) == {"world", "intra", "inter"}

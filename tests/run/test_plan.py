@@ -147,6 +147,7 @@ def test_the_ranks_and_the_dry_run_have_one_plan_and_one_run_id(tmp_path):
     assert manifest["plan"]["digest"] == digest  # what every rank resolved, checked
     assert folder.name == manifest["run_id"] == manifest["plan"]["run_id"] == summary["run_id"]
     assert manifest["config"]["run_id"] == "p" and manifest["steps_per_iteration"] == 1
+    assert not manifest["numerics"]["deterministic_algorithms"]  # only with --deterministic
 
 
 def test_torchrun_ranks_agree_on_one_run_id(tmp_path):
