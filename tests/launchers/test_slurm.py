@@ -43,6 +43,7 @@ NON_DEFAULT = {
     "bn_recalibrate": 4,
     "target_accuracy": 0.83,
     "tensorboard": True,
+    "deterministic": True,
     "seed": 3,
     "results_dir": "/results",
     "run_id": "r-1",

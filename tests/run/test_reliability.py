@@ -41,6 +41,9 @@ TOPK = [
     "--method", "topk", "--dataset", "synthetic", "--synthetic-size", "1024,256",
     "--gpus", "2", "--gpus-per-node", "1", "--batch-size", "16", "--checkpoint-every", "4",
 ]
+#: long enough that a signal sent once 4-6 iterations are on disk lands well before the last
+#: one (a stop asked for at the last iteration is moot: the run ends ok) on a loaded machine
+PRUNEX_ITERATIONS, TOPK_ITERATIONS = 16, 24
 LONG = ["--iterations", "400"]  # far longer than any test waits: it is stopped first
 
 
@@ -56,8 +59,8 @@ def assert_same_model(a: Path, b: Path) -> None:
 def uninterrupted(tmp_path_factory):
     """The reference runs every resumed or restarted run must equal, bit for bit."""
     root = tmp_path_factory.mktemp("reference")
-    for run_id, args in (("prunex", [*PRUNEX, "--iterations", "10"]),
-                         ("topk", [*TOPK, "--iterations", "14"])):
+    for run_id, args in (("prunex", [*PRUNEX, "--iterations", str(PRUNEX_ITERATIONS)]),
+                         ("topk", [*TOPK, "--iterations", str(TOPK_ITERATIONS)])):
         code, err = finish(start(root, run_id, *args))
         assert code == 0, err
     return root
@@ -65,7 +68,8 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "args, iterations, reference, sig",
-    [(PRUNEX, 10, "prunex", signal.SIGTERM), (TOPK, 14, "topk", signal.SIGINT)],
+    [(PRUNEX, PRUNEX_ITERATIONS, "prunex", signal.SIGTERM),
+     (TOPK, TOPK_ITERATIONS, "topk", signal.SIGINT)],
     ids=["prunex-2x2-SIGTERM", "topk-2x1-Ctrl-C"],
 )
 def test_interrupt_then_resume_equals_the_uninterrupted_run(
@@ -113,7 +117,8 @@ def test_interrupt_then_resume_equals_the_uninterrupted_run(
 
 
 def test_max_restarts_survives_a_killed_rank(tmp_path, uninterrupted):
-    proc = start(tmp_path, "restarted", *TOPK, "--iterations", "14", "--max-restarts", "1")
+    proc = start(tmp_path, "restarted", *TOPK, "--iterations", str(TOPK_ITERATIONS),
+                 "--max-restarts", "1")
     folder = tmp_path / "restarted"
     wait_until(folder, 6, proc)
     os.kill(rank_pid(folder, 1), signal.SIGKILL)

@@ -94,7 +94,7 @@ def streamed_iterations(folder: Path) -> int:
     return int((counts == ranks).sum())
 
 
-def wait_until(folder: Path, iterations: int, proc: subprocess.Popen, timeout=90) -> int:
+def wait_until(folder: Path, iterations: int, proc: subprocess.Popen, timeout=180) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[1]
