@@ -142,8 +142,8 @@ def describe(plan: RunPlan, *, generated_run_id: bool = False) -> str:
         f"{plan.spec.image_size}x{plan.spec.image_size}, {plan.spec.num_classes} classes; "
         f"{plan.train_samples} train, {plan.test_samples} test samples)",
         f"ranks       {config.gpus} ({layout}); launcher {config.launcher}, "
-        f"device {config.device}, network {config.network}"
-        + (f" {config.inter_bw}" if config.inter_bw else ""),
+        f"device {config.device}" + (" (deterministic kernels)" if config.deterministic else "")
+        + f", network {config.network}" + (f" {config.inter_bw}" if config.inter_bw else ""),
         f"recipe      batch {recipe.batch_size}/rank, lr {recipe.lr} ({recipe.lr_schedule}, "
         f"warmup {recipe.warmup_epochs:g} epochs), momentum {recipe.momentum}, weight decay "
         f"{recipe.weight_decay}",

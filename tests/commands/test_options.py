@@ -186,6 +186,9 @@ def test_config_file_flags_override_and_rerun_reproduces(tmp_path):
     # the manifest is an experiment file itself; bad keys and values are one line
     dry = bench_here("run", "--config", str(first / "manifest.json"), "--dry-run")
     assert dry.exit_code == 0 and "topk_ratio=0.1" in dry.stdout, dry.stderr
+    config.write_text("method: ddp\ndeterministic: true\n")  # a run flag, not an option
+    dry = bench_here("run", "--config", str(config), "--dry-run")
+    assert dry.exit_code == 0 and "(deterministic kernels)" in dry.stdout, dry.stderr
     config.write_text("method: topk\nlrr: 0.1\n")
     assert "unknown key 'lrr'" in one_line(bench_here("run", "--config", str(config)))
     config.write_text("method: topk\ntopk-ratio: 3\n")
