@@ -145,7 +145,7 @@ def test_it_evaluates_about_as_well_as_hierarchical_local_sgd(runs):
 
 def test_a_pruned_consensus_trains_on_its_support_before_it_is_evaluated(runs):
     """The second cause: before the freeze the evaluated z is the projection of the ranks'
-    dense models, never trained masked. --freeze-share (default 0.5) leaves it the rest of
+    dense models, never trained masked. --freeze-share (default 0.25) leaves it the rest of
     the run; a run that never trains it says so in its warnings."""
     trained, untrained = runs["pruned-trained"], runs["pruned-untrained"]
     assert trained["density"] < 0.9 and not trained["warnings"]
