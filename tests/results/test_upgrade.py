@@ -15,10 +15,12 @@ from suite.results.resultset import read_result_set
 from suite.results.view import RunView
 
 REFERENCE = Path(__file__).resolve().parents[2] / "reference"
+#: a committed class recorded before run folders said their format (format 1)
+FORMAT_1 = REFERENCE / "cpu-gloo-amd25-avx512-t1"
 
 
 def test_a_committed_reference_reads_in_the_current_format():
-    folders = sorted((REFERENCE / "cpu-gloo-portable-t1").glob("prunex-*"))
+    folders = sorted(FORMAT_1.glob("prunex-*"))
     raw = json.loads((folders[0] / "summary.json").read_text())
     assert schema.FORMAT_VERSION_KEY not in raw  # written before formats were versioned
     view = RunView.read(folders[0])
@@ -32,7 +34,7 @@ def test_a_committed_reference_reads_in_the_current_format():
 
 
 def test_a_format_1_summary_without_its_identity_takes_it_from_the_manifest(tmp_path):
-    source = next((REFERENCE / "cpu-gloo-portable-t1").glob("ddp-cnn-*"))
+    source = next(FORMAT_1.glob("ddp-cnn-*"))
     folder = tmp_path / source.name
     shutil.copytree(source, folder)
     summary = json.loads((folder / "summary.json").read_text())
