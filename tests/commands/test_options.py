@@ -254,3 +254,15 @@ def test_every_flag_of_run_sweep_and_sim_is_reserved_from_method_options():
         params = command.get_params(click.Context(command, parent=ctx))
         own = {p.name for p in params if not p.name.startswith("_click")}  # click's --help aside
         assert own - options - reserved_flags() == set(), name
+
+
+def test_deterministic_kernels_make_another_sweep_cell():
+    """A cell run with --deterministic is another configuration (the nightly's cells, run
+    without it, kept their ids: the re-recorded portable reference has the same folder names)."""
+    from dataclasses import replace
+
+    from suite.commands.sweep import cell_id
+    from suite.config import RunConfig
+
+    plain = RunConfig(method="ddp", workload="cnn-fmnist", gpus=4, epochs=0.1)
+    assert cell_id(replace(plain, deterministic=True)) != cell_id(plain)
