@@ -22,7 +22,8 @@ def fit_ring(times: list[list[float]], n: int, burst: float = 0.0) -> tuple[Link
 
     Where two or more sizes lie beyond the burst, B is fitted on those alone and alpha then
     on every size (Hockney's split: large messages measure bandwidth, small ones latency), so
-    a latency point slowed by a late peer cannot tilt the line into a rate above the link's."""
+    a latency point slowed by a late peer cannot tilt the line into a rate above the link's.
+    On an unshaped link every size is beyond the burst, and the split is the joint fit."""
     sizes = np.array([s for s, t in times if np.isfinite(t)], dtype=float)
     secs = np.array([t for s, t in times if np.isfinite(t)], dtype=float)
     paced = np.maximum(2 * (n - 1) / n * sizes - burst, 0.0)
@@ -32,12 +33,11 @@ def fit_ring(times: list[list[float]], n: int, burst: float = 0.0) -> tuple[Link
             "to fit a link (--sizes)"
         )
     beyond = paced > 0
-    if burst and len(np.unique(paced[beyond])) >= 2:
-        slope = np.polyfit(paced[beyond], secs[beyond], 1, w=1 / secs[beyond])[0]
-        weights = 1 / secs**2  # relative error: minimise sum(((c + slope p - t) / t)^2) over c
-        intercept = np.sum(weights * (secs - slope * paced)) / np.sum(weights)
-    else:
-        slope, intercept = np.polyfit(paced, secs, 1, w=1 / secs)
+    if len(np.unique(paced[beyond])) < 2:  # one size beyond the burst: no slope of its own
+        beyond = np.ones_like(beyond)
+    slope = np.polyfit(paced[beyond], secs[beyond], 1, w=1 / secs[beyond])[0]
+    weights = 1 / secs**2  # relative error: minimise sum(((c + slope p - t) / t)^2) over c
+    intercept = np.sum(weights * (secs - slope * paced)) / np.sum(weights)
     if slope <= 0:
         raise BenchError(
             f"all-reduce times over {n} ranks do not grow with size ({times}); measure larger "
