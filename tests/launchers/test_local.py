@@ -18,6 +18,7 @@ from suite.cluster.ranks import (
     ranks_sharing,
 )
 from suite.errors import BenchError
+from tests.support.runs import process_environment
 
 
 def test_more_ranks_than_gpus_share_them_on_gloo():
@@ -128,16 +129,9 @@ def test_torchrun_launcher_uses_the_job_as_it_is(tmp_path):
 
 def processes_with(marker: str) -> list[str]:
     """Processes whose environment carries ``marker`` (this test's runs, no other test's)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = open(f"/proc/{entry}/environ", "rb").read()
-            except OSError:
-                continue  # gone meanwhile, or not ours to read
-            if marker.encode() in environ:
-                found.append(entry)
-    return found
+    name, value = marker.split("=", 1)
+    return [pid for pid in os.listdir("/proc")
+            if pid.isdigit() and (process_environment(pid) or {}).get(name) == value]
 
 
 def test_ranks_start_from_the_fork_server_and_nothing_outlives_the_run(tmp_path):

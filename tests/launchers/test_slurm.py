@@ -22,6 +22,7 @@ from suite.config import RunConfig
 from suite.launchers.slurm import SlurmRequest, submission
 from suite.plugins.registry import METHODS
 from suite.run.plan import plan_run
+from tests.support.runs import process_environment
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "suite.cli"]
@@ -246,12 +247,7 @@ def summary(run_dir: Path) -> dict:
 
 def job_of(pid: str) -> str | None:
     """The SLURM job a process belongs to (other tests' ranks may run beside these jobs)."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None  # gone meanwhile
-    found = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")]
-    return found[0] if found else None
+    return (process_environment(pid) or {}).get("SLURM_JOB_ID")
 
 
 def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(slurm, tmp_path):

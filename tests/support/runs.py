@@ -22,6 +22,17 @@ ONE_RANK = ["--gpus", "1", "--gpus-per-node", "1"]
 SMALL = ["--dataset", "synthetic", "--gpus", "4", "--gpus-per-node", "2", "--batch-size", "16"]
 
 
+def process_environment(pid: int | str) -> dict[str, str] | None:
+    """A live process's environment (None: gone meanwhile, or not ours to read), to tell this
+    test's processes from other tests' running beside them."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
+
+
 def bench(*args, cwd=None, env: dict | None = None, timeout: float = 300):
     """``bench ARGS`` in a subprocess; the CompletedProcess."""
     return subprocess.run([*BENCH, *map(str, args)], capture_output=True, text=True, cwd=cwd,
