@@ -69,13 +69,6 @@ def smoke(session):
     session.run("bench", "report", results, "-o", report)
 
 
-#: the nightly's ranks: 2 nodes of 2
-GPUS = 4
-# a tenth of an epoch, evaluated once at the end: minutes on CPU, seconds on GPUs; rounds of 4
-# local steps, so PruneX's masks settle and freeze within it (its evaluated consensus is only
-# meaningful once they do)
-NIGHTLY = ["--workload", "cnn-fmnist", "--gpus", str(GPUS), "--gpus-per-node", "2",
-           "--epochs", "0.1", "--eval-every", "100000", "--local-steps", "4"]
 #: NIGHTLY_* variables -> the flags that override a class's gate.json (in bench compare and
 #: bench trend alike)
 OVERRIDES = {"NIGHTLY_TIME_THRESHOLD": "--max-time-regression",
@@ -89,14 +82,25 @@ def nightly_seeds() -> str:
     TF32 are not, so the gate compares distributions. NIGHTLY_SEEDS overrides."""
     import torch
 
+    from suite.gate.nightly import GPUS
+
     default = "0,1,2" if torch.cuda.device_count() >= GPUS else "0"
     return os.environ.get("NIGHTLY_SEEDS", default)
 
 
 def sweep_nightly(session, results: str, methods, env: dict) -> None:
-    """The nightly's ``methods`` into ``results`` (a failed cell is counted by the gate);
-    re-run on the same folder, it resumes: finished cells are not run again."""
-    session.run("bench", "sweep", "--method", ",".join(methods), *NIGHTLY, "--seed",
+    """The nightly's ``methods`` (suite.gate.nightly: a tenth of an epoch of Fashion-MNIST on
+    2 nodes of 2, evaluated once at the end; NIGHTLY_EPOCHS changes the budget) into
+    ``results`` (a failed cell is counted by the gate); re-run on the same folder, it resumes:
+    finished cells are not run again."""
+    from suite.errors import BenchError
+    from suite.gate.nightly import nightly_flags
+
+    try:
+        flags = nightly_flags()
+    except BenchError as exc:
+        session.error(str(exc))
+    session.run("bench", "sweep", "--method", ",".join(methods), *flags, "--seed",
                 nightly_seeds(), "--results-dir", results, env=env, success_codes=[0, 1])
 
 
@@ -124,6 +128,7 @@ def plan_or_error(session):
     """This runner's nightly plan (suite.gate.plan_nightly), or the session's one-line end."""
     from suite.errors import BenchError
     from suite.gate import plan_nightly, reference_root
+    from suite.gate.nightly import GPUS
 
     try:
         plan = plan_nightly(reference_root(), GPUS, os.environ.get("NIGHTLY_METHODS"))
@@ -131,6 +136,12 @@ def plan_or_error(session):
         session.error(str(exc))
     if plan.note:
         session.log(plan.note)
+    from suite.gate.nightly import stale_reference_lines
+
+    for line in stale_reference_lines(plan.reference.parent, [plan.machine_class]):
+        if line.split(": ", 1)[1].split(" ", 1)[0] in plan.methods:
+            session.warn(f"stale reference (the gate will fail it; re-record with `nox -s "
+                         f"reference`): {line}")
     return plan
 
 
@@ -147,13 +158,18 @@ def nightly(session):
     default <NIGHTLY_DIR>/history.jsonl) with the gate's verdicts, `bench trend` fails on a
     change point in its last run, and `bench dashboard` writes the history's pages next to the
     report. NIGHTLY_COMPARE_TIME=1 adds absolute times. NIGHTLY_DIR sets where results, report
-    and dashboard go."""
+    and dashboard go. Every nightly trains: its results folder is emptied first (the last
+    night's numbers are in the history), so a second nightly of one commit is a night of its
+    own, never the last night's runs judged again."""
     from suite.gate import reference_root
 
     out = os.environ.get("NIGHTLY_DIR", ".nox/nightly")
     results, report, dashboard = f"{out}/results", f"{out}/report", f"{out}/dashboard"
     history = os.environ.get("NIGHTLY_HISTORY", f"{out}/history.jsonl")
     plan = plan_or_error(session)
+    if os.path.exists(results):
+        session.log(f"{results}: the last night's runs are removed; every nightly trains")
+        shutil.rmtree(results)
     sweep_nightly(session, results, plan.methods, plan.env)
     session.run("bench", "report", results, "-o", report)
     root = str(reference_root())
@@ -188,6 +204,7 @@ def reference(session):
         staging_root,
         this_machine_class,
     )
+    from suite.gate.nightly import GPUS
 
     machine = this_machine_class(GPUS)
     methods = chosen_methods(os.environ.get("NIGHTLY_METHODS"), NIGHTLY_METHODS)

@@ -195,9 +195,12 @@ def sweep_cmd(**kwargs) -> None:
 @click.option("--wide", is_flag=True,
               help="text: every column in full (machine class, workload, options); default: "
               "120 columns, long options elided, what every row shares said once above")
+@click.option("--allow-unmatched", is_flag=True,
+              help="a method both sides ran under different settings is listed as unmatched "
+              "instead of failing (a hand compare of sweeps that overlap in part)")
 def compare_cmd(
     baseline, new, max_regression, max_accuracy_drop, max_time_regression, max_loss_regression,
-    metric, fmt, wide,
+    metric, fmt, wide, allow_unmatched,
 ) -> None:
     """Compare two sets of runs like with like; exit 1 on a regression, 2 on bad input.
 
@@ -210,12 +213,14 @@ def compare_cmd(
     one line. Against a reference the class's gate.json sets the thresholds and metrics (as
     the nightly's), flags override them, and the last line says which judged; times measured
     on a busy runner are "not judged". Every finished NEW run must also pass its method's
-    activity check."""
+    activity check, and a method both sides ran must match its baseline's settings (a
+    changed default fails, naming what differs, unless --allow-unmatched)."""
 
     try:
         code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
                            echo=click.echo, max_time_regression=max_time_regression,
-                           max_loss_regression=max_loss_regression, wide=wide)
+                           max_loss_regression=max_loss_regression, wide=wide,
+                           allow_unmatched=allow_unmatched)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)

@@ -48,16 +48,17 @@ def given_thresholds(
 def run_compare(
     baseline: str, new: str, max_regression: str | None, max_accuracy_drop: float | None,
     metric: tuple[str, ...], fmt: str, *, echo: Callable, max_time_regression: str | None = None,
-    max_loss_regression: str | None = None, wide: bool = False,
+    max_loss_regression: str | None = None, wide: bool = False, allow_unmatched: bool = False,
 ) -> int:
     """Print the comparison; 1 when a metric regressed, a NEW run failed or did not do its
     method's job, there is no reference for the NEW runs' class, or no NEW run matched a
-    baseline run (a gate that compared nothing must not pass), else 0 (bad input raises
+    baseline run (a gate that compared nothing must not pass), or a method ran under other
+    settings than its baseline (unless ``allow_unmatched``), else 0 (bad input raises
     BenchError, exit 2)."""
     given = given_thresholds(max_regression, max_accuracy_drop, max_time_regression,
                              max_loss_regression)
     judged = judge_sets(baseline, new, metrics=metric, given=given, declared=METHODS.defaults,
-                        check_of=declared_activity_check)
+                        check_of=declared_activity_check, allow_unmatched=allow_unmatched)
     for line in judged.warnings:
         echo(f"warning: {line}", err=True)
     if fmt == "json":

@@ -14,7 +14,9 @@ bytes are judged as always. A key
 whose NEW runs all failed (or were interrupted, or never finished) is a regression too, and so
 is one whose runs' traffic was not counted (several nodes, intra-node bytes and no inter-node
 bytes: its inter-node collectives went past the communicator), which is not ranked at all.
-Keys present on one side only are listed, never dropped silently.
+Keys present on one side only are listed, never dropped silently, and a method that both
+sides ran under different settings is a regression of its own (``settings_rows``): a changed
+default must not take a method out of the gate unseen.
 """
 
 from __future__ import annotations
@@ -240,12 +242,15 @@ def compare(
     max_time_regression: float | None = None,
     max_loss_regression: float | None = None,
     max_outside_load: float | None = None,
+    unmatched_hint: str | None = "",
 ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """The comparison table and the lists of unmatched keys. ``max_regression`` is relative
     (bytes, and times and training loss unless ``max_time_regression`` and
     ``max_loss_regression`` are given); ``max_accuracy_drop`` is in accuracy points;
     ``max_outside_load``: the share of a runner's cores other processes may take before its
-    times are not judged (None: always judged)."""
+    times are not judged (None: always judged); ``unmatched_hint``: what the line of a method
+    run under other settings than its baseline says to do (None: such methods are only listed
+    as unmatched, ``--allow-unmatched``; see ``settings_rows``)."""
     limits = {m: max_regression for m in METRICS}
     if max_time_regression is not None:
         limits.update({m: max_time_regression for m in TIME_METRICS})
@@ -279,6 +284,8 @@ def compare(
     for run_key in new_only:  # a run that failed is a regression even without a baseline twin
         if run_key not in new_values_keys:
             rows.append(failed[run_key])
+    if unmatched_hint is not None:
+        rows += settings_rows(base_keys, new_keys, unmatched_hint)
     for row in rows:
         row["shown_options"] = labels.get(tuple(row[k] for k in KEY), row[schema.OPTIONS])
     unmatched = {
@@ -286,6 +293,84 @@ def compare(
         "only in new": [describe_key(k) for k in new_only],
     }
     return pd.DataFrame(rows), unmatched
+
+
+#: the metric of a row saying that a method ran under other settings than its baseline
+SETTINGS = "settings"
+
+
+def settings_rows(base_keys: set[tuple], new_keys: set[tuple], hint: str) -> list[dict]:
+    """A regression row per method that both sides ran but not under the same settings: a
+    baseline configuration without a NEW counterpart, or a NEW one the baseline lacks. Such a
+    method would otherwise be judged on nothing (a changed default left PruneX unjudged while
+    the gate passed), so its row names the settings that differ and ``hint``, what to do
+    (re-record the reference). Methods that only one side ran are listed as unmatched, not
+    failed: a nightly may run fewer methods than its reference holds."""
+    def by_method(keys) -> dict[str, list[dict]]:
+        found: dict[str, list[dict]] = {}
+        for run_key in sorted(keys, key=str):
+            found.setdefault(dict(zip(KEY, run_key))[schema.METHOD], []).append(
+                dict(zip(KEY, run_key)))
+        return found
+
+    base, new = by_method(base_keys), by_method(new_keys)
+    rows = []
+    for method in sorted(base.keys() & new.keys()):
+        only_new = [k for k in new[method] if k not in base[method]]
+        only_base = [k for k in base[method] if k not in new[method]]
+        if not (only_new or only_base):
+            continue
+        if only_new:
+            differences = key_differences(nearest(only_new[0], base[method]), only_new[0])
+        else:
+            differences = (f"the baseline's {describe_fields(only_base[0])} has no NEW "
+                           "counterpart")
+        finding = f"{method} ran under other settings than its baseline: {differences}{hint}"
+        run_key = tuple((only_new or only_base)[0][k] for k in KEY)
+        rows.append(table_row(run_key, SETTINGS, Verdict.REGRESSION, finding, baseline="-",
+                              new="-", change=None))
+    return rows
+
+
+def nearest(key: dict, candidates: list[dict]) -> dict:
+    """The candidate key that differs from ``key`` in the fewest fields and options."""
+    return min(candidates, key=lambda other: len(field_differences(other, key)))
+
+
+def options_of(text: str) -> dict:
+    """A key's options (its configuration as JSON) as a dict ({} for ``-``)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def field_differences(before: dict, after: dict) -> list[tuple[str, object, object]]:
+    """(name, baseline value, NEW value) of every key field and option that differs."""
+    found = [(name, before[name], after[name]) for name in KEY
+             if name != schema.OPTIONS and before[name] != after[name]]
+    old, now = options_of(before[schema.OPTIONS]), options_of(after[schema.OPTIONS])
+    found += [(name, old.get(name, DEFAULT_WORD), now.get(name, DEFAULT_WORD))
+              for name in sorted(old.keys() | now.keys()) if old.get(name) != now.get(name)]
+    return found
+
+
+#: how a difference names an option left at its declared default
+DEFAULT_WORD = "its default"
+
+
+def key_differences(before: dict, after: dict) -> str:
+    """``freeze_share 0.5 in the baseline, its default in NEW``, for every field that
+    differs."""
+    return "; ".join(f"{name} {old} in the baseline, {now} in NEW"
+                     for name, old, now in field_differences(before, after))
+
+
+def describe_fields(key: dict) -> str:
+    """A key as its method, options and recipe (``prunex channel_keep=0.3, 0.1 epochs``)."""
+    return (f"{key[schema.METHOD]} {options_words(key[schema.OPTIONS])} ({key['workload']}, "
+            f"{key[schema.GPUS]} ranks, {key[schema.EPOCHS]} epochs)")
 
 
 def table_row(run_key: tuple, metric: str, verdict: Verdict, finding: str | None = None,
@@ -546,17 +631,34 @@ def text_table(frame: pd.DataFrame) -> str:
 
 
 #: the order in which a text table too wide is narrowed: (column, down to how many
-#: characters); options give way before what a verdict says
-NARROWING = (("options", 18), ("new", 12), ("verdict", 28), ("options", 10), ("verdict", 12))
+#: characters); a verdict is never cut (``noted``)
+NARROWING = (("options", 18), ("new", 12), ("options", 10))
+#: the widest verdict a compact table shows in its cell; a longer one gets a note under it
+VERDICT_WIDTH = 30
+
+
+def noted(cells: list[str], verdicts: list[str]) -> tuple[list[str], list[str]]:
+    """(cells, notes): each verdict cell that fits ``VERDICT_WIDTH`` as it is, a longer one as
+    its first word and a note number (``REGRESSION [1]``), with the whole verdict (``verdicts``:
+    the words before the compact table left out the method) once in the notes (``[1]
+    REGRESSION: prunex ran under ...``), so a reason is never cut."""
+    numbers: dict[str, int] = {}
+    shown_cells = []
+    for cell, verdict in zip(map(str, cells), map(str, verdicts)):
+        if len(cell) <= VERDICT_WIDTH:
+            shown_cells.append(cell)
+            continue
+        number = numbers.setdefault(verdict, len(numbers) + 1)
+        shown_cells.append(f"{cell.split(':', 1)[0]} [{number}]")
+    cells = shown_cells
+    return cells, [f"[{n}] {verdict}" for verdict, n in numbers.items()]
 
 
 def fitted(frame: pd.DataFrame, width: int) -> str:
-    """``frame`` as text no wider than ``width`` where it can be: the options, NEW and
-    verdict columns elided in the order of ``NARROWING``."""
+    """``frame`` as text no wider than ``width`` where it can be: the options and NEW
+    columns elided in the order of ``NARROWING``."""
     frame = frame.astype(str)
-    limits = {c: int(frame[c].str.len().max()) for c in ("options", "new", "verdict")
-              if c in frame}
-    shortened = frame
+    limits = {c: int(frame[c].str.len().max()) for c in ("options", "new") if c in frame}
     text = text_table(frame)
     excess = max(map(len, text.splitlines())) - width
     for name, floor in NARROWING:
@@ -573,8 +675,9 @@ def fitted(frame: pd.DataFrame, width: int) -> str:
 
 
 def format_table(table: pd.DataFrame, fmt: str = "text", wide: bool = False) -> str:
-    """The comparison as text (``TEXT_WIDTH`` columns, long options elided; ``wide``: every
-    column in full) or Markdown (every column)."""
+    """The comparison as text (``TEXT_WIDTH`` columns, long options elided, long verdicts
+    whole in notes under the table; ``wide``: every column in full) or Markdown (every
+    column)."""
     if table.empty:
         return "(no matched runs)" if fmt != "json" else "[]"
     if fmt == "markdown":
@@ -582,20 +685,10 @@ def format_table(table: pd.DataFrame, fmt: str = "text", wide: bool = False) -> 
     if wide:
         return shown(table).to_string(index=False)
     shared = shared_line(table)
-    body = fitted(shown(table, wide=False), TEXT_WIDTH)
-    return (f"{shared}:\n" if shared else "") + body + "".join(
-        f"\n{line}" for line in regression_details(table))
-
-
-def regression_details(table: pd.DataFrame) -> list[str]:
-    """The full words of every regression about a run rather than a metric (its activity
-    check, its status, its uncounted traffic), which the compact table may elide: one line
-    each under it, so the reason is never cut."""
-    if not {"regression", "verdict", "metric"} <= set(table):
-        return []
-    about_runs = ~table["metric"].isin(list(METRICS))  # METRICS holds the time ratio too
-    picked = table[table["regression"].fillna(False).astype(bool) & about_runs]
-    return [str(verdict) for verdict in picked["verdict"]]
+    compact = shown(table, wide=False)
+    compact["verdict"], notes = noted(list(compact["verdict"]), list(table["verdict"]))
+    body = fitted(compact, TEXT_WIDTH)
+    return (f"{shared}:\n" if shared else "") + body + "".join(f"\n{line}" for line in notes)
 
 
 def as_json(

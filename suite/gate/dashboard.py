@@ -22,10 +22,10 @@ import pandas as pd
 
 from suite.errors import BenchError
 from suite.gate.compare import TIME_RATIO
-from suite.gate.reference import GENERIC
 from suite.gate.trend import (
     BAND,
     COMMIT_KEY,
+    LABEL,
     NIGHT,
     REFERENCE,
     SERIES_KEY,
@@ -33,8 +33,10 @@ from suite.gate.trend import (
     VERDICTS,
     WHEN,
     ChangePoint,
+    class_gate,
     find_changes,
     read_history,
+    series_words,
 )
 from suite.results import schema
 from suite.results.resultset import MACHINE_CLASS
@@ -82,7 +84,7 @@ def write_dashboard(history: str | Path, output: str | Path) -> Path:
     (out / SCRIPT).write_text(get_plotlyjs())
     classes = []
     for machine, rows in frame.groupby(MACHINE_CLASS, sort=True):
-        changes = class_changes(rows)
+        changes = class_changes(rows, machine)
         failures = last_night_failures(rows)
         (out / page_name(machine)).write_text(class_page(machine, rows, changes, failures))
         classes.append((machine, rows, failures))
@@ -91,13 +93,12 @@ def write_dashboard(history: str | Path, output: str | Path) -> Path:
     return index
 
 
-def class_changes(rows: pd.DataFrame) -> list[ChangePoint]:
-    """The change points ``bench trend`` finds in a class's series, at the thresholds of its
-    last judged line (bench compare's defaults where no line was judged)."""
-    judged = [t for t in rows.sort_values(NIGHT)[THRESHOLDS] if isinstance(t, dict)]
-    gate = judged[-1] if judged else vars(GENERIC)
-    changes, _, _ = find_changes(rows, gate["max_regression"], gate["max_accuracy_drop"],
-                                 gate["max_time_regression"], gate["max_loss_regression"])
+def class_changes(rows: pd.DataFrame, machine: str) -> list[ChangePoint]:
+    """The change points ``bench trend`` finds in a class's series, at the thresholds it
+    judges them with (suite.gate.trend.class_gate)."""
+    gate = class_gate(rows, machine)
+    changes, _, _ = find_changes(rows, gate.max_regression, gate.max_accuracy_drop,
+                                 gate.max_time_regression, gate.max_loss_regression)
     return changes
 
 
@@ -115,11 +116,22 @@ def last_night_failures(rows: pd.DataFrame) -> list[tuple[str, str, str]]:
     return found
 
 
-def series_label(key: dict) -> str:
-    """A series as the page names it: the method, with its options when it has any."""
-    options = key.get(schema.OPTIONS)
-    shown = "" if options in (None, "{}", "-") else f" {options}"
-    return f"{key[schema.METHOD]}{shown}"
+def series_label(key: dict, series: pd.DataFrame) -> str:
+    """A series as the page names it: its last line's words (``prunex: channel keep 0.5``),
+    or, for lines written before they kept them, the method and its options in words."""
+    labels = [v for v in series.get(LABEL, pd.Series(dtype=object)) if isinstance(v, str) and v]
+    return labels[-1] if labels else series_words(key[schema.METHOD],
+                                                   str(key.get(schema.OPTIONS) or "{}"))
+
+
+def span(nights: list[str]) -> str:
+    """``2026-11-26 11:37 UTC`` for one night, ``... to ...`` for several."""
+    times = [t[:16] + (" UTC" if t[:4].isdigit() else "") for t in night_times(nights)]
+    return times[0] if len(set(times)) == 1 else f"{times[0]} to {times[-1]}"
+
+
+def plural(count: int, word: str, words: str) -> str:
+    return f"{count} {word if count == 1 else words}"
 
 
 def class_page(machine: str, rows: pd.DataFrame, changes: list[ChangePoint],
@@ -127,8 +139,9 @@ def class_page(machine: str, rows: pd.DataFrame, changes: list[ChangePoint],
     """One class's page: its failures, then a figure per series (method)."""
     nights = sorted(rows[NIGHT].unique())
     parts = [f"<h1>{html.escape(machine)}</h1>",
-             f"<p class='note'>{len(nights)} nightlies, {html.escape(nights[0])} to "
-             f"{html.escape(nights[-1])}. <a href='index.html'>All classes</a></p>",
+             f"<p class='note'>{plural(len(nights), 'nightly', 'nightlies')}, "
+             f"{html.escape(span(nights))}. "
+             "<a href='index.html'>All classes</a></p>",
              "<h2>Last night's failures</h2>"]
     if failures:
         parts.append("<table id='failures'><tr><th>method</th><th>what</th><th>verdict</th></tr>"
@@ -143,16 +156,20 @@ def class_page(machine: str, rows: pd.DataFrame, changes: list[ChangePoint],
         fields = dict(zip(SERIES_KEY, key))
         marked = [c for c in changes if tuple(c.key) == tuple(key)]
         div = f"series-{number}"
-        parts.append(f"<h2>{html.escape(series_label(fields))}</h2><div id='{div}'></div>")
-        figures.append((div, series_figure(fields, series.sort_values(NIGHT), marked)))
+        series = series.sort_values(NIGHT)
+        parts.append(f"<h2>{html.escape(series_label(fields, series))}</h2><div id='{div}'>"
+                     "</div>")
+        figures.append((div, series_figure(fields, series, marked)))
     judged = [t for t in rows.sort_values(NIGHT)[THRESHOLDS] if isinstance(t, dict)]
     if judged:
-        parts.append(f"<p class='note'>Judged at {html.escape(judged[-1]['source'])}; the band "
-                     "is what passes around the reference, a red cross a change point "
-                     "(bench trend).</p>")
+        parts.append(f"<p class='note'>Judged at {html.escape(judged[-1]['source'])}. The "
+                     "dashed line is the reference's value, the shaded band what passes around "
+                     "it; a red point failed the gate, a hollow one was not judged (hover for "
+                     "why), a red cross is a change point (bench trend).</p>")
+    # no toolbar: at these sizes it sits on the panels' titles
     script = "\n".join(f"var figure = {figure.to_json()};\n"
                        f"Plotly.newPlot({json.dumps(div)}, figure.data, figure.layout, "
-                       "{responsive: true});" for div, figure in figures)
+                       "{responsive: true, displayModeBar: false});" for div, figure in figures)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(machine)}"
             f" nightly</title><style>{STYLE}</style><script src='{SCRIPT}'></script></head>"
             f"<body>{''.join(parts)}<script>{script}</script></body></html>")
@@ -166,6 +183,57 @@ def _number(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def night_times(nights) -> list[str]:
+    """Nights as times Plotly's date axis reads (``2026-11-28 02:30:00``, UTC); a night that
+    is not a time stays as it is."""
+    out = []
+    for night in nights:
+        try:
+            stamp = pd.Timestamp(str(night))
+        except (TypeError, ValueError):
+            out.append(str(night))
+            continue
+        if stamp.tzinfo is not None:
+            stamp = stamp.tz_convert("UTC").tz_localize(None)
+        out.append(stamp.strftime("%Y-%m-%d %H:%M:%S"))
+    return out
+
+
+#: a day, in the milliseconds of Plotly's date axis
+DAY_MS = 86_400_000
+
+
+def date_axis(times: list[str]) -> dict:
+    """A date axis of whole days around ``times``: half a day of room on each side (one night
+    is a point in a day, not a sub-millisecond range) and a tick every day, or every few
+    days so that about six ticks fit."""
+    try:
+        stamps = [pd.Timestamp(t) for t in times]
+    except (TypeError, ValueError):
+        return {"type": "category"}
+    first, last = min(stamps), max(stamps)
+    days = max(1, math.ceil((last - first) / pd.Timedelta(days=1) / 6))
+    pad = pd.Timedelta(hours=12)
+    return {"type": "date", "tickformat": "%b %d", "dtick": days * DAY_MS,
+            "tick0": first.strftime("%Y-%m-%d %H:%M:%S"),  # ticks at the nightly's hour
+            "range": [(first - pad).strftime("%Y-%m-%d %H:%M:%S"),
+                      (last + pad).strftime("%Y-%m-%d %H:%M:%S")]}
+
+
+def stepped(times: list[str], values: list) -> tuple[list[str], list]:
+    """A per-night level drawn across the whole axis: each night's value from half a day
+    before it to the next night, the last one half a day past it (a band of one night is a
+    band, not a point)."""
+    try:
+        stamps = [pd.Timestamp(t) for t in times]
+    except (TypeError, ValueError):
+        return times, values
+    pad = pd.Timedelta(hours=12)
+    xs = [(stamps[0] - pad).strftime("%Y-%m-%d %H:%M:%S"), *times,
+          (stamps[-1] + pad).strftime("%Y-%m-%d %H:%M:%S")]
+    return xs, [values[0], *values, values[-1]]
+
+
 def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
     """A row of panels, one per gate metric: the series, the reference and its band, the
     change points. Every trace carries ``meta`` (kind, method, metric) for readers of the
@@ -175,9 +243,11 @@ def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
     from plotly.subplots import make_subplots
 
     method = key[schema.METHOD]
-    figure = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[
+    figure = make_subplots(rows=1, cols=len(PANELS), horizontal_spacing=0.07, subplot_titles=[
         title + (f" ({unit.strip()})" if unit else "") for title, _, unit in PANELS.values()])
     nights = list(series[NIGHT])
+    times = night_times(nights)
+    size = max(3.0, min(7.0, 300 / max(1, len(nights))))  # points, not a bar, at 300 nights
     for column, (metric, (title, scale, unit)) in enumerate(PANELS.items(), start=1):
         values = [_number(v) for v in (series[metric] if metric in series
                                        else [None] * len(series))]
@@ -193,38 +263,51 @@ def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
         if any(b for b in bands):
             low = [None if not b else b[0] * scale for b in bands]
             high = [None if not b else b[1] * scale for b in bands]
-            figure.add_trace(go.Scatter(x=nights, y=low, mode="lines", line={"width": 0},
+            xs, low = stepped(times, low)
+            _, high = stepped(times, high)
+            figure.add_trace(go.Scatter(x=xs, y=low, mode="lines", line={"width": 0,
+                                                                         "shape": "hv"},
                                         hoverinfo="skip", showlegend=False,
                                         meta={**meta, "kind": "band"}), row=1, col=column)
-            figure.add_trace(go.Scatter(x=nights, y=high, mode="lines", line={"width": 0},
-                                        fill="tonexty", fillcolor="rgba(27,127,59,0.12)",
+            figure.add_trace(go.Scatter(x=xs, y=high, mode="lines", line={"width": 0,
+                                                                          "shape": "hv"},
+                                        fill="tonexty", fillcolor="rgba(27,127,59,0.15)",
                                         hoverinfo="skip", showlegend=False,
                                         meta={**meta, "kind": "band"}), row=1, col=column)
         if any(r is not None for r in references):
+            xs, levels = stepped(times, [None if r is None else r * scale for r in references])
             figure.add_trace(go.Scatter(
-                x=nights, y=[None if r is None else r * scale for r in references],
-                mode="lines", line={"dash": "dash", "color": "#1b7f3b", "width": 1},
+                x=xs, y=levels, mode="lines",
+                line={"dash": "dash", "color": "#1b7f3b", "width": 1, "shape": "hv"},
                 name="reference", hoverinfo="skip", showlegend=False,
                 meta={**meta, "kind": "reference"}), row=1, col=column)
-        colours = ["#b00020" if str(d).startswith(Verdict.REGRESSION.value) else "#1f4e99"
-                   for d in verdicts]
-        figure.add_trace(go.Scatter(x=nights, y=shown, mode="lines+markers", name=title,
-                                    marker={"color": colours, "size": 7},
-                                    line={"color": "#1f4e99"}, hovertext=hover,
+        failed = [str(d).startswith(Verdict.REGRESSION.value) for d in verdicts]
+        judged = [not str(d).startswith(Verdict.NOT_JUDGED.value) for d in verdicts]
+        colours = ["#b00020" if bad else "#1f4e99" for bad in failed]
+        symbols = ["circle" if yes else "circle-open" for yes in judged]
+        figure.add_trace(go.Scatter(x=times, y=shown, mode="lines+markers", name=title,
+                                    marker={"color": colours, "symbol": symbols, "size": size,
+                                            "line": {"width": 1.5, "color": colours}},
+                                    line={"color": "#1f4e99", "width": 1.5 if size > 4 else 1},
+                                    hovertext=hover,
                                     hoverinfo="text", showlegend=False,
-                                    meta={**meta, "kind": "series"}), row=1, col=column)
+                                    meta={**meta, "kind": "series", "judged": judged}),
+                         row=1, col=column)
         steps = [c for c in changes if c.metric == metric]
         if steps:
             whens = list(series[WHEN])
             at = [whens.index(c.when) for c in steps if c.when in whens]
             figure.add_trace(go.Scatter(
-                x=[nights[i] for i in at], y=[shown[i] for i in at], mode="markers",
+                x=[times[i] for i in at], y=[shown[i] for i in at], mode="markers",
                 marker={"symbol": "x", "size": 14, "color": "#b00020"},
                 hovertext=[c.line() for c in steps if c.when in whens], hoverinfo="text",
                 showlegend=False, meta={**meta, "kind": "change"}), row=1, col=column)
-    figure.update_layout(height=300, margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    figure.update_layout(height=300, margin={"l": 50, "r": 20, "t": 50, "b": 50},
                          template="plotly_white", hovermode="closest")
-    figure.update_xaxes(tickangle=30, tickfont={"size": 9})
+    figure.update_annotations(font={"size": 13})  # the panels' titles
+    figure.update_xaxes(**date_axis(times), tickangle=0, tickfont={"size": 10},
+                        automargin=True)
+    figure.update_yaxes(tickfont={"size": 10}, automargin=True, nticks=6)
     return figure
 
 

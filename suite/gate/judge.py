@@ -22,7 +22,7 @@ from suite.gate.compare import (
     parse_metrics,
     with_exchange,
 )
-from suite.gate.reference import Gate, class_folders, gate_for, no_reference
+from suite.gate.reference import Gate, class_folders, gate_for, is_reference, no_reference
 from suite.results.resultset import Declared, nothing_declared
 
 
@@ -81,9 +81,13 @@ def load_baseline(
         held = set(base.machine_class) - {"-"}
         missing = new_classes - held
         if missing and held and not new_classes & held:
+            if not is_reference(Path(baseline)) or any(m.startswith("sim-") for m in missing):
+                raise RunFailed(nothing_compared(missing, held))
             raise RunFailed(no_reference(missing, str(baseline), held))
         return base, warnings
     missing = new_classes - set(folders)
+    if missing and any(m.startswith("sim-") for m in missing):
+        raise RunFailed(nothing_compared(missing, set(folders)))
     if missing:
         raise RunFailed(no_reference(missing, str(baseline), set(folders)))
     frames, warnings = [], []
@@ -94,6 +98,22 @@ def load_baseline(
     return pd.concat(frames, ignore_index=True), warnings
 
 
+def nothing_compared(new_classes: set[str], held: set[str]) -> str:
+    """The one line for two sets of different machine classes, neither a reference: runs
+    are compared only within a class, and a simulated class has no machine to record one."""
+    return (f"nothing compared: NEW holds runs of {', '.join(sorted(new_classes))}, the "
+            f"baseline of {', '.join(sorted(held))}; runs are compared only within one machine "
+            "class (simulated runs with runs of the same profile)")
+
+
+def unmatched_hint(baseline: Path, machine: str) -> str:
+    """What the line of a method run under other settings than its baseline says to do."""
+    if is_reference(baseline) and not machine.startswith("sim-"):
+        return (f"; re-record the reference of {machine} with `nox -s reference` on such a "
+                "runner (after an intended change of a default), or --allow-unmatched")
+    return "; compare runs of the same settings, or --allow-unmatched to judge only those"
+
+
 def judge_sets(
     baseline: str | Path,
     new: str | Path,
@@ -102,6 +122,7 @@ def judge_sets(
     given: dict | None = None,
     declared: Declared = nothing_declared,
     check_of: Callable[[str], ActivityCheck | None] = lambda method: None,
+    allow_unmatched: bool = False,
 ) -> Judgement:
     """Judge NEW against BASELINE.
 
@@ -113,6 +134,8 @@ def judge_sets(
             override the class's.
         declared: each method's option defaults (``METHODS.defaults``).
         check_of: method -> its activity check.
+        allow_unmatched: a method both sides ran under different settings is listed as
+            unmatched instead of failing the gate (``compare.settings_rows``).
 
     Returns:
         The judgement.
@@ -129,7 +152,8 @@ def judge_sets(
         table, left = compare(
             base[base.machine_class == machine], new_runs[new_runs.machine_class == machine],
             chosen, gate.max_regression, gate.max_accuracy_drop, gate.max_time_regression,
-            gate.max_loss_regression, gate.max_outside_load)
+            gate.max_loss_regression, gate.max_outside_load,
+            None if allow_unmatched else unmatched_hint(Path(baseline), machine))
         tables.append(table)
         for side, keys in left.items():
             unmatched[side] += keys

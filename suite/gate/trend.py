@@ -29,8 +29,15 @@ import pandas as pd
 from suite.errors import BenchError
 from suite.gate.compare import KEY, TIME_METRICS, TIME_RATIO, load_summaries
 from suite.gate.judge import Judgement
+from suite.gate.reference import GENERIC, Gate, class_folders, gate_of, reference_root
 from suite.results import schema
-from suite.results.resultset import COMMIT, MACHINE_CLASS, SETTING, nothing_declared
+from suite.results.resultset import (
+    COMMIT,
+    MACHINE_CLASS,
+    SETTING,
+    SHOWN_OPTIONS,
+    nothing_declared,
+)
 from suite.results.schema import Status, Verdict
 
 #: runs a series needs before it gets a verdict: a noise estimate and a segment on each side
@@ -59,6 +66,8 @@ REFERENCE = "reference"
 BAND = "band"
 #: the thresholds that judged the line: Gate's fields (``source``: Gate.describe)
 THRESHOLDS = "thresholds"
+#: the series in words, as a heading names it (``series_words``)
+LABEL = "label"
 
 
 @dataclass
@@ -115,12 +124,29 @@ def history_rows(
             NIGHT: night,
             REPEATS: len(ok),
             schema.STATUS: Status.OK.value if len(ok) else str(group[schema.STATUS].iloc[0]),
+            LABEL: series_words(key[SERIES_KEY.index(schema.METHOD)],
+                                str(group[SHOWN_OPTIONS].iloc[0])),
             **{m: (float(ok[m].mean()) if ok[m].notna().any() else None)
                for m in TREND_METRICS},
         }
         row.update(verdicts.get(key, {}))
         rows.append(row)
     return rows
+
+
+def series_words(method: str, options: str) -> str:
+    """A series as a heading names it: the method and, in words, the options that differ
+    from its defaults (``prunex: channel keep 0.5, local steps 4``; derived values left
+    out, numbers to 3 significant digits)."""
+    try:
+        chosen = json.loads(options)
+    except (TypeError, ValueError):
+        chosen = {}
+    if not isinstance(chosen, dict) or not chosen:
+        return method
+    words = [f"{name.replace('_', ' ')} {value:.3g}" if isinstance(value, float)
+             else f"{name.replace('_', ' ')} {value}" for name, value in sorted(chosen.items())]
+    return f"{method}: {', '.join(words)}"
 
 
 def judged_by_series(judged: Judgement) -> dict[tuple, dict]:
@@ -146,13 +172,49 @@ def judged_by_series(judged: Judgement) -> dict[tuple, dict]:
     return found
 
 
+#: the Gate fields a history line keeps of the thresholds that judged it
+KEPT_THRESHOLDS = ("max_regression", "max_accuracy_drop", "max_time_regression",
+                   "max_loss_regression", "max_outside_load")
+
+
 def thresholds_of(gate) -> dict | None:
-    """A gate as a history line keeps it (None: none judged the line)."""
+    """A gate as a history line keeps it (None: none judged the line): its thresholds, what
+    they were (``source``: ``Gate.describe``) and where they came from (``origin``)."""
     if gate is None:
         return None
-    return {"max_regression": gate.max_regression, "max_accuracy_drop": gate.max_accuracy_drop,
-            "max_time_regression": gate.max_time_regression,
-            "max_loss_regression": gate.max_loss_regression, "source": gate.describe()}
+    return {**{name: getattr(gate, name) for name in KEPT_THRESHOLDS},
+            "source": gate.describe(), "origin": gate.source}
+
+
+def recorded_gate(rows: pd.DataFrame) -> Gate | None:
+    """The thresholds that judged the last judged line of ``rows`` (one class's), as the
+    nightly recorded them, or None where no line was judged."""
+    if THRESHOLDS not in rows:
+        return None
+    order = rows[NIGHT] if NIGHT in rows else rows[WHEN]
+    judged = [t for t in rows.assign(_order=order.astype(str)).sort_values("_order")[THRESHOLDS]
+              if isinstance(t, dict) and "max_regression" in t]
+    if not judged:
+        return None
+    last = judged[-1]
+    return Gate(max_regression=float(last["max_regression"]),
+                max_accuracy_drop=float(last["max_accuracy_drop"]),
+                max_time_regression=float(last["max_time_regression"]),
+                max_loss_regression=float(last["max_loss_regression"]),
+                max_outside_load=last.get("max_outside_load"), metrics=(),
+                source=f"{last.get('origin') or 'its thresholds'}, as the history's last "
+                "judged night recorded them")
+
+
+def class_gate(rows: pd.DataFrame, machine: str, reference: Path | None = None) -> Gate:
+    """The thresholds a class's history is judged with, by hand as by the nightly: those
+    its last judged night recorded, else its reference's ``gate.json`` (under ``reference``,
+    default the committed references), else ``bench compare``'s defaults."""
+    recorded = recorded_gate(rows)
+    if recorded is not None:
+        return recorded
+    folder = class_folders(reference if reference is not None else reference_root()).get(machine)
+    return gate_of(folder) if folder is not None else GENERIC
 
 
 def busy_lines(lines: pd.DataFrame) -> pd.Series:
@@ -177,13 +239,32 @@ def band(metric: str, reference: float, gate) -> list[float]:
 def add_to_history(
     results_dir: str | Path, history: str | Path, declared=None, judged: Judgement | None = None
 ) -> int:
+    """Append a result set's lines to the history, replacing the lines of the same night and
+    series already there (the same set added twice is one night, not two), atomically."""
     rows = history_rows(results_dir, declared, judged)
     path = Path(history)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:
-        for row in rows:
-            out.write(json.dumps(row, sort_keys=True) + "\n")
+    added = {line_identity(row) for row in rows}
+    kept = []
+    if path.is_file():
+        for text in path.read_text().splitlines():
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError:
+                kept.append(text)  # read_history names the damaged line
+                continue
+            if not (isinstance(line, dict) and line_identity(line) in added):
+                kept.append(text)
+    lines = kept + [json.dumps(row, sort_keys=True) for row in rows]
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text("".join(f"{text}\n" for text in lines))
+    temporary.replace(path)
     return len(rows)
+
+
+def line_identity(line: dict) -> tuple:
+    """A history line's night and series: one line each in a history."""
+    return (str(line.get(NIGHT)), *(str(line.get(k)) for k in SERIES_KEY))
 
 
 def read_history(history: str | Path) -> pd.DataFrame:

@@ -92,7 +92,10 @@ def test_compare_matches_like_with_like(tmp_path):
     short = {**RUNS[1], "epochs": 0.1}  # nor a 0.1-epoch run a full one
     proc = bench("compare", base, write_set(tmp_path / "b", [sim, short]))
     assert proc.returncode == 1, proc.stdout  # a gate that compared nothing does not pass
-    assert "(no matched runs)" in proc.stdout
+    # no metric row: each method gets one line saying what differs from its baseline's runs
+    assert "accuracy" not in proc.stdout.split("unmatched")[0]
+    assert "ddp ran under other settings than its baseline: setting real in the baseline, " \
+        "sim ? in NEW" in proc.stdout
     assert "nothing compared: none of the 2 NEW run(s) matches" in proc.stderr
     assert "unmatched (only in new): ddp cnn-fmnist on - 4 ranks {} (sim ?;" in proc.stdout
     assert "0.1 epochs" in proc.stdout

@@ -17,6 +17,7 @@ import pytest
 from suite.gate.dashboard import PANELS, page_name
 from suite.gate.judge import judge_sets
 from suite.gate.trend import history_rows
+from suite.plugins.registry import METHODS
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "reference"
@@ -104,8 +105,8 @@ def test_the_dashboard_in_a_browser(tmp_path):
         drawn = sorted((t["meta"]["method"], t["meta"]["metric"]) for t in series)
         assert drawn == sorted((m, k) for m in ("ddp", "localsgd-hier", "prunex") for k in PANELS)
         assert all(len(t["x"]) == NIGHTS for t in series)
-        bytes_of_prunex = next(t for t in series if t["meta"] == {
-            "kind": "series", "method": "prunex", "metric": "inter_node_bytes_per_iteration"})
+        bytes_of_prunex = next(t for t in series if (t["meta"]["method"], t["meta"]["metric"])
+                               == ("prunex", "inter_node_bytes_per_iteration"))
         assert "commit c005" in bytes_of_prunex["hover"][STEP]
         assert "verdict: REGRESSION" in bytes_of_prunex["hover"][STEP]
         assert "2026-11-06" in bytes_of_prunex["hover"][STEP]
@@ -133,3 +134,62 @@ def test_the_nightly_workflow_publishes_the_dashboard():
     uploads = [s for s in steps if s.get("uses", "").startswith("actions/upload-pages-artifact")]
     assert uploads and uploads[0]["with"]["path"] == "nightly-out/dashboard"
     assert workflow["jobs"]["pages"]["steps"][0]["uses"].startswith("actions/deploy-pages")
+
+
+#: every text box a Plotly figure draws (titles, ticks), with its figure's index
+TEXT_BOXES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(
+    (g, i) => Array.from(g.querySelectorAll('text')).filter(t => t.textContent.trim())
+        .map(t => { const r = t.getBoundingClientRect();
+                    return {plot: i, text: t.textContent, x0: r.left, y0: r.top,
+                            x1: r.right, y1: r.bottom}; }))"""
+#: the area of every band's fill on the page
+FILLS = """() => Array.from(document.querySelectorAll('.js-plotly-plot path.js-fill')).map(
+    p => { const r = p.getBoundingClientRect(); return r.width * r.height; })"""
+
+
+def overlapping(boxes: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of text boxes of one figure that overlap (by more than a pixel each way)."""
+    found = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if a["plot"] == b["plot"] and min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > 1 \
+                    and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > 1:
+                found.append((a["text"], b["text"]))
+    return found
+
+
+def test_one_night_reads_right(tmp_path):
+    """The dashboard after its first night: no text box over another (the time axis once drew
+    sub-millisecond ticks into the next panel), no toolbar, the reference band drawn, headings
+    in words, "1 nightly", and a time the gate did not judge drawn hollow."""
+    sync_playwright = chromium()
+    source = tmp_path / "set"
+    for folder in PORTABLE.iterdir():
+        summary = folder / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text())["method"] in ("ddp", "prunex"):
+            shutil.copytree(folder, source / folder.name)
+    rows = history_rows(source, METHODS.defaults,
+                        judge_sets(REFERENCE, source, declared=METHODS.defaults))
+    for row in rows:  # the gate did not judge the time of a busy night
+        row["verdicts"]["time_ratio"] = "not judged: runner busy (load 1.2 on 2 cores)"
+    history = tmp_path / "history.jsonl"
+    history.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "suite.cli", "dashboard", history, "-o", site],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1250, "height": 900})
+        page.goto((site / page_name("cpu-gloo-portable-t1")).as_uri())
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length == 2")
+        assert overlapping(page.evaluate(TEXT_BOXES)) == []
+        assert page.locator(".modebar").count() == 0
+        assert all(area > 100 for area in page.evaluate(FILLS)) and page.evaluate(FILLS)
+        headings = page.eval_on_selector_all("h2", "hs => hs.map(h => h.textContent)")
+        assert "prunex: channel keep 0.5, local steps 4" in headings, headings
+        assert "1 nightly," in page.inner_text("p.note")
+        series = [t for t in page.evaluate(TRACES) if t["meta"]["kind"] == "series"]
+        judged = {t["meta"]["metric"]: t["meta"]["judged"] for t in series}
+        assert judged["time_ratio"] == [False] and judged["final_train_loss"] == [True]
+        browser.close()

@@ -17,7 +17,7 @@ from suite.gate.reference import DEFAULT_GATE
 from suite.results.machine import device_model, machine_class
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "reference" / "cpu-gloo"
+REFERENCE = REPO / "tests" / "fixtures" / "references" / "cpu-gloo"
 BENCH = [sys.executable, "-m", "suite.cli"]
 ENV = {**os.environ, "PRUNEX_PROGRESS": "0"}
 
@@ -266,7 +266,7 @@ def test_a_bad_history_is_one_line(tmp_path, text):
 
 
 # -- one gate: the class's gate.json judges a hand run and the nightly alike ------------------
-PORTABLE = REFERENCE.parent / "cpu-gloo-portable-t1"
+PORTABLE = REPO / "reference" / "cpu-gloo-portable-t1"
 
 
 def portable_set(target: Path, methods=("ddp", "prunex", "localsgd-hier")) -> Path:

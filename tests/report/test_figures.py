@@ -24,7 +24,7 @@ import suite.report.figures as figures
 from suite.report.render import render
 
 REPO = Path(__file__).resolve().parents[2]
-NIGHTLY = REPO / "reference" / "cpu-gloo-amd25-avx512-t1"
+NIGHTLY = REPO / "tests" / "fixtures" / "references" / "cpu-gloo-amd25-avx512-t1"
 #: a simulated scaling sweep that takes seconds (the sim page's first example, smaller)
 SWEEP = ["sim", "--method", "prunex,ddp", "--gpus", "8,16,32", "--workload", "cnn-fmnist",
          "--profile", "v100-ib100"]
@@ -207,17 +207,16 @@ def test_a_report_over_two_machine_classes_keeps_them_apart(tmp_path, monkeypatc
 
 
 def test_repeats_of_one_seed_on_two_classes_are_not_pooled(tmp_path):
-    """Three runs of seed 0 on three classes (the committed references) were reported as
+    """Runs of seed 0 on several classes (old committed references) were reported as
     `repeats 3, seeds 0,0,0` with a 20-point interval."""
     out = tmp_path / "report"
-    render(REPO / "reference", out, echo=lambda line: None)
+    render(REPO / "tests" / "fixtures" / "references", out, echo=lambda line: None)
     summary = pd.read_csv(out / "summary.csv")
     prunex = summary[summary.method == "prunex"]
-    assert len(prunex) == 3 and (prunex.repeats == 1).all()
+    assert len(prunex) == 2 and (prunex.repeats == 1).all()
     assert prunex.final_acc_ci95.isna().all()
-    assert sorted(prunex.machine_class) == ["cpu-gloo", "cpu-gloo-amd25-avx512-t1",
-                                            "cpu-gloo-portable-t1"]
-    assert json.loads(json.dumps(list(prunex.seeds.astype(str)))) == ["0", "0", "0"]
+    assert sorted(prunex.machine_class) == ["cpu-gloo", "cpu-gloo-amd25-avx512-t1"]
+    assert json.loads(json.dumps(list(prunex.seeds.astype(str)))) == ["0", "0"]
 
 
 def test_the_summary_shows_each_methods_exchange_schedule(nightly_and_sweep, tmp_path):

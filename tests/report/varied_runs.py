@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-REFERENCE = Path(__file__).resolve().parents[2] / "reference" / "cpu-gloo"
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "references" / "cpu-gloo"
 
 #: (copy's run id, source run's method, summary changes, manifest changes)
 VARIANTS = [

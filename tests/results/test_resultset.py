@@ -26,7 +26,7 @@ from suite.results.summary import final_train_loss, final_train_losses
 from suite.results.view import RunView
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "reference"
+REFERENCE = REPO / "tests" / "fixtures" / "references"
 PERTURBED = Path(__file__).resolve().parents[1] / "gate" / "data" / "kernel_perturbations"
 
 

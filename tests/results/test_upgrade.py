@@ -14,7 +14,7 @@ from suite.results import schema
 from suite.results.resultset import read_result_set
 from suite.results.view import RunView
 
-REFERENCE = Path(__file__).resolve().parents[2] / "reference"
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "references"
 #: a committed class recorded before run folders said their format (format 1)
 FORMAT_1 = REFERENCE / "cpu-gloo-amd25-avx512-t1"
 

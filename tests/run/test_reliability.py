@@ -237,7 +237,7 @@ def test_report_lists_damaged_files_and_goes_on(tmp_path):
     from suite.report.render import render
 
     root = tmp_path / "runs"
-    reference = Path(__file__).resolve().parents[2] / "reference" / "cpu-gloo"
+    reference = Path(__file__).resolve().parents[1] / "fixtures" / "references" / "cpu-gloo"
     shutil.copytree(reference, root)
     prunex = next(root.glob("prunex-cnn*"))
     (prunex / "masks.pt").write_bytes(os.urandom(300))
