@@ -34,6 +34,13 @@ def benchmarks(session):
 
 
 @nox.session(python=False)
+def integration(session):
+    """The nox sessions themselves run end to end (the nightly three times against a
+    reference it records): minutes, so apart from the fast suite; CI runs it."""
+    session.run("python", "-m", "pytest", "-q", "-m", "integration", "-rs", *session.posargs)
+
+
+@nox.session(python=False)
 def gpu(session):
     """Everything that needs a GPU, in parts that each fit one 10-minute job on one H100
     (``nox -s gpu -- --part 1``; ``nox -s gpu`` runs 1-4): part 0 a smoke that also runs
@@ -82,19 +89,19 @@ def nightly_seeds() -> str:
     TF32 are not, so the gate compares distributions. NIGHTLY_SEEDS overrides."""
     import torch
 
-    from suite.gate.nightly import GPUS
+    from suite.commands.nightly import GPUS
 
     default = "0,1,2" if torch.cuda.device_count() >= GPUS else "0"
     return os.environ.get("NIGHTLY_SEEDS", default)
 
 
 def sweep_nightly(session, results: str, methods, env: dict) -> None:
-    """The nightly's ``methods`` (suite.gate.nightly: a tenth of an epoch of Fashion-MNIST on
+    """The nightly's ``methods`` (suite.commands.nightly: a tenth of an epoch of Fashion-MNIST on
     2 nodes of 2, evaluated once at the end; NIGHTLY_EPOCHS changes the budget) into
     ``results`` (a failed cell is counted by the gate); re-run on the same folder, it resumes:
     finished cells are not run again."""
+    from suite.commands.nightly import nightly_flags
     from suite.errors import BenchError
-    from suite.gate.nightly import nightly_flags
 
     try:
         flags = nightly_flags()
@@ -126,9 +133,9 @@ def compare_command(reference: str, results: str) -> list[str]:
 
 def plan_or_error(session):
     """This runner's nightly plan (suite.gate.plan_nightly), or the session's one-line end."""
+    from suite.commands.nightly import GPUS
     from suite.errors import BenchError
     from suite.gate import plan_nightly, reference_root
-    from suite.gate.nightly import GPUS
 
     try:
         plan = plan_nightly(reference_root(), GPUS, os.environ.get("NIGHTLY_METHODS"))
@@ -136,7 +143,7 @@ def plan_or_error(session):
         session.error(str(exc))
     if plan.note:
         session.log(plan.note)
-    from suite.gate.nightly import stale_reference_lines
+    from suite.commands.nightly import stale_reference_lines
 
     for line in stale_reference_lines(plan.reference.parent, [plan.machine_class]):
         if line.split(": ", 1)[1].split(" ", 1)[0] in plan.methods:
@@ -196,6 +203,7 @@ def reference(session):
     interrupted recording resumes where it stopped, then replace the class's reference (its
     gate.json stays). Other classes' references are left as they are. Under
     ATEN_CPU_CAPABILITY=default it records the portable class, cpu-gloo-portable-t1."""
+    from suite.commands.nightly import GPUS
     from suite.gate import (
         NIGHTLY_METHODS,
         chosen_methods,
@@ -204,7 +212,6 @@ def reference(session):
         staging_root,
         this_machine_class,
     )
-    from suite.gate.nightly import GPUS
 
     machine = this_machine_class(GPUS)
     methods = chosen_methods(os.environ.get("NIGHTLY_METHODS"), NIGHTLY_METHODS)

@@ -14,6 +14,7 @@ import os
 import sys
 
 import click
+from click.core import ParameterSource
 
 from suite.cluster.netemu import delete_namespaces, leftover_namespaces
 from suite.commands.compare import run_compare
@@ -32,8 +33,10 @@ from suite.commands.flags import (
 from suite.commands.listing import entries_text, options_markdown, options_text
 from suite.commands.trend import run_trend
 from suite.compat import require_supported_torch
+from suite.environment import check_environment
 from suite.errors import BenchError
 from suite.gate.reference import moved_reference
+from suite.results.folder import os_reason
 from suite.results.recover import recover
 from suite.sim.calibrate import calibrate_to_file
 
@@ -59,6 +62,10 @@ def main(strict_plugins: bool) -> None:
     Exit codes: 0 ok, 1 a run or a regression check failed, 2 bad usage or input.
     """
     require_supported_torch()
+    try:  # a malformed variable is one line here, not a traceback inside a rank
+        check_environment()
+    except BenchError as exc:
+        fail(exc)
     if strict_plugins:
         os.environ["PRUNEX_STRICT_PLUGINS"] = "1"  # the ranks read it too
 
@@ -120,7 +127,10 @@ def run_cmd(**kwargs) -> None:
 
     try:
         if kwargs.get("resume"):
-            kwargs = resume_arguments(kwargs)
+            context = click.get_current_context()
+            given = {name for name in kwargs if context.get_parameter_source(name) in (
+                ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+            kwargs = resume_arguments(kwargs, given)
         execute_run(kwargs, given_options(kwargs), echo=click.echo)
     except BenchError as exc:
         fail(exc)
@@ -295,6 +305,9 @@ def report_cmd(results_dir, output, width) -> None:
         path = render(results_dir, output, echo=click.echo, width=width)
     except BenchError as exc:
         fail(exc)
+    except OSError as exc:  # the output folder: read-only, full
+        fail(BenchError(f"bench report: could not write {exc.filename or output} "
+                        f"({os_reason(exc)}); the run folders are untouched"))
     click.echo(f"report: {path}")
 
 
@@ -313,6 +326,9 @@ def export_cmd(run_dir, output, data_dir, repeats) -> None:
         export_and_print(run_dir, output, data_dir=data_dir, repeats=repeats, echo=click.echo)
     except BenchError as exc:
         fail(exc)
+    except OSError as exc:  # the model or export.json: a read-only or full disk
+        fail(BenchError(f"bench export: could not write {exc.filename or run_dir} "
+                        f"({os_reason(exc)})"))
 
 
 @main.command("recover")

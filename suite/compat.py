@@ -65,6 +65,9 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
         HierarchicalModelAverager
     torch.distributed.algorithms.model_averaging.utils: get_params_to_average
     torch.distributed.checkpoint: FileSystemReader, load, save
+    torch.distributed.checkpoint.metadata: Metadata, StorageMeta (read from torch's sources,
+        not yet on a 2.11 wheel: both are in DCP since 2.4; ``load(storage_reader=,
+        checkpoint_id=)`` since 2.2)
     torch.distributed.distributed_c10d: _set_pg_timeout, default_pg_nccl_timeout,
         default_pg_timeout
     torch.distributed.elastic.multiprocessing: DefaultLogsSpecs

@@ -13,6 +13,7 @@ PACKAGES = ("suite", "methods", "baselines", "workloads")
 #: the framework's rooms, bottom first: a module may import its own room and those below it
 LAYERS = [
     "suite.errors",
+    "suite.environment",
     "suite.compat",
     "suite.config",
     "suite.processes",

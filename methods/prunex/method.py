@@ -47,7 +47,6 @@ import sys
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import update_bn
 
 from methods.prunex import hsadmm
 from methods.prunex.blocks import admm_blocks, averaged_buffers
@@ -60,6 +59,7 @@ from suite.api import (
     StepResult,
     StructuredMask,
     StructuredRound,
+    declare_phase,
     phases,
     recalibrate_batchnorm,
     unflatten,
@@ -67,6 +67,14 @@ from suite.api import (
 
 #: batches of each rank's shard on which the consensus's BatchNorm statistics are estimated
 CONSENSUS_BN_BATCHES = 8
+#: samples of each rank's shard on which the freeze decision compares its two candidates
+#: (whole batches, at least one): a fixed count, so the decision costs the same few forward
+#: passes whatever the run's length (two per sample: one per candidate)
+FREEZE_CALIBRATION_SAMPLES = 64
+#: the freeze, timed apart from every round's phases: the masks fixed, theta, u and momentum
+#: onto the support, and the choice of where the sgd rounds start; once per run, so its
+#: iteration is one-off (StepResult.one_off) and steady means leave it out
+FREEZE = declare_phase("freeze", "#EE7733", communication=False)
 #: drift (fraction of the structured bits) and rounds in a row that count as oscillation
 OSCILLATION_DRIFT = 0.5
 OSCILLATION_ROUNDS = 3
@@ -346,7 +354,7 @@ class PruneX(Method):
 
         was_frozen = self.frozen
         if not self.frozen and self.constrained and self.freeze_due(iteration):
-            with rec.phase(phases.PROJECTION):  # theta, momentum and u onto the support
+            with rec.phase(FREEZE):  # theta, momentum and u onto the support; where to start
                 self.freeze(rounds_done=iteration + 1)
         rec.set(
             density=self.density(),
@@ -358,7 +366,7 @@ class PruneX(Method):
             rho1_mean=sum(self.rho1) / len(self.rho1),
             rho2_mean=sum(self.rho2) / len(self.rho2),
         )
-        return StepResult(loss, samples, converged)
+        return StepResult(loss, samples, converged, one_off=self.frozen and not was_frozen)
 
     def freeze_due(self, iteration: int) -> bool:
         """After ``--freeze-round`` rounds, at the end of the round that reaches
@@ -400,15 +408,20 @@ class PruneX(Method):
         projection of a weighted mean of the ranks' theta + u, and while the ranks are far
         apart (early rounds, a large lr) that mean can classify at chance while each rank's
         model does not; restarting every rank from it throws their training away. ``better``
-        compares the two on the same calibration batches (z with BN statistics estimated on
-        z, each rank's theta with its own), world-averaged, and keeps z on a tie."""
+        compares the two on the same calibration samples (``FREEZE_CALIBRATION_SAMPLES`` per
+        rank), world-averaged, and keeps z on a tie.
+
+        The comparison is bounded by design: one forward pass per candidate and sample, no
+        copy of a model, no pass that only estimates BatchNorm statistics. Each candidate's
+        BN layers normalize with the statistics of the batch in front of them, which is what
+        statistics re-estimated on those batches would give (z's own, rather than the ranks'
+        averaged ones that describe other models) without the pass that estimates them."""
         choice = self.freeze_start
         found = {}
         if choice == "better":
-            losses = torch.stack([self.calibration_loss(self.eval_model(self.ctx.comm),
-                                                        estimate_bn=False),
-                                  self.calibration_loss(self.model, estimate_bn=True)])
-            self.ctx.comm.all_reduce(losses, self.ctx.topology.world, phase=phases.PROJECTION)
+            losses = torch.stack([self.calibration_loss(self.consensus),
+                                  self.calibration_loss(self.model)])
+            self.ctx.comm.all_reduce(losses, self.ctx.topology.world, phase=FREEZE)
             consensus, ranks = (losses / self.ctx.topology.world_size).tolist()
             choice = "consensus" if consensus <= ranks else "ranks"
             found = {"consensus_loss": consensus, "ranks_loss": ranks}
@@ -418,21 +431,25 @@ class PruneX(Method):
         return {"start": choice, **found}
 
     @torch.no_grad()
-    def calibration_loss(self, model: nn.Module, *, estimate_bn: bool) -> torch.Tensor:
-        """Mean cross-entropy of ``model`` (eval mode) on this rank's calibration batches;
-        ``estimate_bn``: on a copy whose BN statistics are first estimated on them."""
+    def calibration_loss(self, model: nn.Module) -> torch.Tensor:
+        """Mean cross-entropy of ``model`` on this rank's first ``FREEZE_CALIBRATION_SAMPLES``
+        calibration samples, in eval mode but for its BatchNorm layers, which normalize with
+        each batch's own statistics; their running statistics are left as they were."""
         loader, device = self.ctx.loader, self.ctx.device
-        batches = loader.calibration_batches(CONSENSUS_BN_BATCHES)
-        labels = loader.calibration_labels(CONSENSUS_BN_BATCHES)
-        if estimate_bn and self.estimate_bn:
-            model = copy.deepcopy(model)
-            update_bn(batches, model, device=device)
+        count = max(1, FREEZE_CALIBRATION_SAMPLES // loader.batch_size)
+        batches, labels = loader.calibration_batches(count), loader.calibration_labels(count)
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        kept = [{k: v.clone() for k, v in m.state_dict().items()} for m in norms]
         was_training = model.training
         model.eval()
+        for norm in norms:
+            norm.train()
         total = torch.zeros((), dtype=torch.float64, device=device)
         for x, y in zip(batches, labels):
             total += self.loss_fn(model(x.to(device)), y.to(device)).double()
         model.train(was_training)
+        for norm, state in zip(norms, kept):
+            norm.load_state_dict(state)
         return total / max(1, len(batches))
 
     def sgd_round(self) -> StepResult:

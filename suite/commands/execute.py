@@ -24,7 +24,8 @@ from suite.launchers.slurm import slurm_config, slurm_request, submit_or_print
 from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.folder import MANIFEST, RunFolder
-from suite.run.checkpoint import latest_checkpoint
+from suite.results.lock import check_free
+from suite.run.checkpoint import checked_checkpoint
 from suite.run.plan import RunPlan, plan_run
 
 SIM_FLAGS = LAUNCHER_FLAGS["sim"]
@@ -44,10 +45,24 @@ def config_from_flags(kwargs: dict, given: dict, *, warn: Callable | None = None
     return RunConfig.from_flags(kwargs, options, gpus[0])
 
 
-def resume_arguments(kwargs: dict) -> dict:
-    """``bench run --resume RUN_DIR``: the recorded run's flags (its manifest), into its own
-    folder, from its latest complete checkpoint."""
+#: flags a resume takes beside --resume: how it survives and where it runs, never what it
+#: computes (its recorded configuration)
+RESUME_FLAGS = ("resume", "dry_run", "checkpoint_every", "checkpoint_minutes", "max_restarts",
+                "collective_timeout", "launcher", *SLURM_FLAGS)
 
+
+def resume_arguments(kwargs: dict, given: set[str] = frozenset()) -> dict:
+    """``bench run --resume RUN_DIR``: the recorded run's flags (its manifest), into its own
+    folder, from its latest complete checkpoint; ``given``: the flags set on the command
+    line, of which only ``RESUME_FLAGS`` are taken (they override the recorded ones), any
+    other is refused rather than silently ignored."""
+
+    refused = sorted(name for name in given if name not in RESUME_FLAGS)
+    if refused:
+        flags = ", ".join("--" + name.replace("_", "-") for name in refused)
+        taken = ", ".join("--" + name.replace("_", "-") for name in RESUME_FLAGS[1:])
+        raise BenchError(f"--resume continues the run with its recorded configuration; "
+                         f"{flags} would change it (a resume takes only {taken})")
     folder = RunFolder(Path(kwargs["resume"]).resolve())
     if not folder.has_manifest:
         raise BenchError(f"--resume {folder.path}: no manifest.json (the run never started); "
@@ -58,7 +73,8 @@ def resume_arguments(kwargs: dict) -> dict:
         status = None
     if status == "ok":
         raise BenchError(f"--resume {folder.path}: the run already finished")
-    found = latest_checkpoint(folder.path)
+    check_free(folder.path)  # not a run that is still going
+    found = checked_checkpoint(folder.path)  # its metadata read safely, before any rank
     if found is None:
         raise BenchError(
             f"--resume {folder.path}: no complete checkpoint (it ran without "
@@ -68,6 +84,7 @@ def resume_arguments(kwargs: dict) -> dict:
     resumed = {k: v for k, v in kwargs.items() if k not in recorded}
     resumed.update(recorded, gpus=[recorded[schema.GPUS]], run_id=folder.path.name,
                    results_dir=str(folder.path.parent), resume=True, overwrite=False)
+    resumed.update({name: kwargs[name] for name in given if name != "resume"})
     return resumed
 
 
@@ -149,6 +166,7 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     for cell in cells:
         cell.plan = plan_run(local_config(cell.config))
         validate(cell.plan, existing_folder_ok=True)  # the sweep skips, resumes or moves them
+        checked_checkpoint(Path(base.results_dir) / cell.run_id)  # one it would resume
     if dry_run:
         for cell in cells:
             echo(f"{cell.run_id}  {cell.config.options}")

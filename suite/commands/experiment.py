@@ -24,8 +24,34 @@ from suite.sim.profile import shipped_profiles
 _RECORDED_ONLY = (schema.RUN_ID, "resume", "overwrite")
 
 
+def unique_key_loader():
+    """yaml's SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the
+    last silently: ``method: prunex`` then ``method: ddp`` would run DDP)."""
+    # lazy: yaml costs ~0.1 s to import; only experiment files need it
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    mark = key_node.start_mark
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice", mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
+
+
 def read_experiment(path: str | Path) -> dict:
-    """The file's settings as ``{flag key: value}`` (underscored keys, options flattened)."""
+    """The file's settings as ``{flag key: value}`` (underscored keys, options flattened).
+
+    Raises:
+        BenchError: one line naming the file and, for a YAML error, its line and column: the
+            file is unreadable, not text, not YAML, not a mapping, or gives a key twice.
+    """
     # lazy: yaml costs ~0.1 s to import; only this path needs it
     import yaml
 
@@ -33,12 +59,17 @@ def read_experiment(path: str | Path) -> dict:
     if file.is_dir():
         file = file / MANIFEST
     try:
-        data = yaml.safe_load(file.read_text())
+        data = yaml.load(file.read_text(), Loader=unique_key_loader())  # a SafeLoader
     except OSError as exc:
         raise BenchError(f"--config {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise BenchError(f"--config {path}: not a text file (an experiment file is YAML or a "
+                         "run's manifest.json)") from None
     except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise BenchError(f"--config {path}: not valid YAML ({first})") from None
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise BenchError(f"--config {path}: not valid YAML{where} ({what})") from None
     if not isinstance(data, dict):
         raise BenchError(f"--config {path}: expected a mapping of flag names to values")
     if isinstance(data.get(schema.CONFIG), dict):  # a run folder's manifest
@@ -48,6 +79,10 @@ def read_experiment(path: str | Path) -> dict:
         if str(key).replace("-", "_") == "options":
             if not isinstance(value, dict):
                 raise BenchError(f"--config {path}: 'options' must be a mapping")
+            if any(_key(k) in flat for k in value):  # also under its own name
+                twice = next(_key(k) for k in value if _key(k) in flat)
+                raise BenchError(f"--config {path}: {twice!r} given twice (at the top and "
+                                 "under options)")
             flat.update({_key(k): v for k, v in value.items()})
         else:
             flat[_key(key)] = value
@@ -79,19 +114,25 @@ def _from_manifest(manifest: dict, path) -> dict:
     return config
 
 
-def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = ()) -> None:
+def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = (),
+                     source: str = "--config") -> None:
     """Make ``values`` the defaults of the click command ``ctx`` (flags still override).
 
     ``list_keys``: parameters that take comma lists (sweeps), where a YAML list is joined;
-    any other parameter refuses a list.
+    any other parameter refuses a list. ``source``: how errors name the file
+    (``--config run.yaml``); each value is converted by its flag's type here, so a wrong one
+    names the file and the key, not only the flag.
     """
+    # lazy: click is the command line's; only this path needs it here
+    import click
+
     params = {p.name: p for p in ctx.command.params if p.name and p.name != "config"}
     for param in params.values():  # an off flag as a key: ``fixed-rho: true``
         for off in getattr(param, "secondary_opts", []):
             off_key = _key(off)
             if off_key in values:
                 if isinstance(values[off_key], list):
-                    raise BenchError(f"--config: {off_key} takes one value (true or false)")
+                    raise BenchError(f"{source}: {off_key} takes one value (true or false)")
                 values = {**values, param.name: not _truthy(values[off_key])}
                 del values[off_key]
     unknown = sorted(k for k in values if k not in params)
@@ -99,12 +140,18 @@ def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = ()) -> None
         close = difflib.get_close_matches(unknown[0], params, n=1)
         hint = (f"did you mean {close[0]!r}?" if close else
                 "keys are bench run's flags with '_' for '-' (bench run --help)")
-        raise BenchError(f"--config: unknown key {', '.join(map(repr, unknown))}; {hint}")
+        raise BenchError(f"{source}: unknown key {', '.join(map(repr, unknown))}; {hint}")
     defaults = {}
     for key, value in values.items():
         if isinstance(value, list):
             if key not in list_keys:
-                raise BenchError(f"--config: {key} takes one value, got the list {value}")
+                raise BenchError(f"{source}: {key} takes one value, got the list {value}")
             value = ",".join(str(v) for v in value)
+        param = params[key]
+        try:
+            if not (isinstance(value, str) and getattr(param, "multiple", False)):
+                param.type.convert(value, param, ctx)
+        except click.BadParameter as exc:
+            raise BenchError(f"{source}: {key}: {exc.format_message()}") from None
         defaults[key] = value
     ctx.default_map = {**(ctx.default_map or {}), **defaults}

@@ -54,8 +54,13 @@ def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup
     folder = RunFolder(run_dir)
     if not folder.has_manifest:
         raise BenchError(f"{run_dir} is not a run folder (no manifest.json)")
-    manifest = folder.manifest()
-    config = manifest[schema.CONFIG]
+    try:
+        manifest = folder.manifest() or {}
+        config = manifest[schema.CONFIG]
+        config[schema.METHOD], config[schema.WORKLOAD], config[schema.DATASET]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"{run_dir}: its manifest.json is unreadable or not a run's "
+                         f"({type(exc).__name__}: {str(exc)[:100]})") from None
     if not (run_dir / "masks.pt").is_file():
         raise BenchError(
             f"{run_dir}: no masks.pt: {config[schema.METHOD]} trains a dense model; runs of "
@@ -127,7 +132,10 @@ def export_run(
     exported_stats["test_accuracy"] = accuracy(exported, test.images, test.labels)
     path = Path(output) if output is not None else run_dir / "exported.pt"
     write_torch(path, exported)
-    summary = RunFolder(run_dir).summary() or {}
+    try:
+        summary = RunFolder(run_dir).summary() or {}
+    except (OSError, ValueError):  # a damaged summary: the record says what it can
+        summary = {}
     record = {
         schema.RUN_ID: manifest.get(schema.RUN_ID, run_dir.name),
         schema.METHOD: config[schema.METHOD],

@@ -37,14 +37,44 @@ class IntList(click.ParamType):
         return numbers
 
 
+class Fraction(click.ParamType):
+    """``0.85`` or ``85%``: a fraction (what the run records), given either way."""
+
+    name = "FRACTION"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        text = str(value).strip()
+        try:
+            return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a fraction (0.85) or a percentage (85%)", param, ctx)
+
+
 def fail(exc: BenchError) -> None:
     click.echo(f"Error: {exc}", err=True)
     sys.exit(1 if isinstance(exc, RunFailed) else 2)
 
 
+class OneLineUsageError(click.ClickException):
+    """A usage error (a bad flag value, an unknown flag) as one line, exit 2, with where the
+    usage is, instead of click's usage block around it."""
+
+    exit_code = 2
+
+
 class BenchGroup(click.Group):
     """Attaches the registry's method options, and the workloads' true recipe defaults in
-    the help, to the commands that take them, when such a command is invoked."""
+    the help, to the commands that take them, when such a command is invoked; prints a usage
+    error in one line."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "bench"
+            raise OneLineUsageError(f"{exc.format_message()} (see {where} --help)") from None
 
     def get_command(self, ctx, name):
         if ctx.params.get("strict_plugins"):  # parsed already; the registry loads next
@@ -131,7 +161,7 @@ def config_option(list_keys: tuple[str, ...]):
         if getattr(ctx.command, "method_options", None) == "lists":  # every option is an axis
             keys = (*keys, *METHODS.option_catalogue())
         try:
-            apply_to_command(ctx, read_experiment(value), keys)
+            apply_to_command(ctx, read_experiment(value), keys, source=f"--config {value}")
         except BenchError as exc:
             fail(exc)
         return value
@@ -174,8 +204,8 @@ def run_flags(func):
         click.option("--bn-recalibrate", type=int, default=0, show_default=True, metavar="N",
                      help="before each evaluation, recompute the evaluated model's BatchNorm "
                      "statistics on N training batches per rank (0: use the method's)"),
-        click.option("--target-accuracy", type=float, default=None,
-                     help="record time_to_target_seconds, e.g. 0.85"),
+        click.option("--target-accuracy", type=Fraction(), default=None,
+                     help="record time_to_target_seconds, e.g. 0.85 or 85%"),
         click.option("--tensorboard", is_flag=True, default=None,
                      help="live logs: TensorBoard events in the run folder's tensorboard/ "
                      "(loss, accuracy, lr, phase seconds, bytes per link, density, rho)"),

@@ -23,6 +23,7 @@ from suite.errors import BenchError
 from suite.plugins.options import settings_dict
 from suite.plugins.registry import METHODS
 from suite.results.folder import MANIFEST, SUMMARY
+from suite.results.lock import check_free
 from suite.run.plan import RunPlan
 from suite.structured.masks import StructuredKeepSettings
 from suite.structured.structures import check_structure
@@ -106,6 +107,8 @@ def check_run_folder(plan: RunPlan, *, existing_ok: bool = False) -> None:
         )
     if folder.exists() and not folder.is_dir():
         raise BenchError(f"run folder {folder} is a file")
+    if in_use:
+        check_free(folder)  # --resume or --overwrite of a run that is still going
 
 
 #: (workload, dataset, what is traced) already checked in this process (a sweep's cells)

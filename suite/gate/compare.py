@@ -369,7 +369,7 @@ def key_differences(before: dict, after: dict) -> str:
 
 def describe_fields(key: dict) -> str:
     """A key as its method, options and recipe (``prunex channel_keep=0.3, 0.1 epochs``)."""
-    return (f"{key[schema.METHOD]} {options_words(key[schema.OPTIONS])} ({key['workload']}, "
+    return (f"{key[schema.METHOD]} {options_words(key[schema.OPTIONS])} ({key[schema.WORKLOAD]}, "
             f"{key[schema.GPUS]} ranks, {key[schema.EPOCHS]} epochs)")
 
 

@@ -272,14 +272,23 @@ def read_history(history: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise BenchError(f"history {path} does not exist (bench trend --add RESULTS {path} "
                          "starts one)")
+    try:
+        content = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise BenchError(f"history {path} is not text (a history is JSON lines, one object "
+                         "per run key: bench trend --add writes it)") from None
     lines = []
-    for number, text in enumerate(path.read_text().splitlines(), 1):
+    for number, text in enumerate(content.splitlines(), 1):
         if not text.strip():
             continue
         try:
-            lines.append(json.loads(text))
+            line = json.loads(text)
         except json.JSONDecodeError:
             raise BenchError(f"history {path}: line {number} is not JSON") from None
+        if not isinstance(line, dict) or not isinstance(line.get(schema.METHOD), str):
+            raise BenchError(f"history {path}: line {number} is not a history line (a JSON "
+                             "object with a method and its metrics)")
+        lines.append(line)
     if not lines:
         raise BenchError(f"history {path} is empty")
     return pd.DataFrame(lines)

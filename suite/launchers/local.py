@@ -9,13 +9,17 @@ variables by srun) and this process is one of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
 import signal
+import socket
+import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,8 +33,12 @@ from suite.cluster.netemu import (
 )
 from suite.cluster.ranks import elastic_launch_config, ranks_on_cuda
 from suite.config import RunConfig
+from suite.environment import env_int
 from suite.errors import BenchError, RunFailed, RunInterrupted
-from suite.results.folder import RunFolder, identity_summary
+from suite.processes import alive, kill_all, start_time
+from suite.results import schema
+from suite.results.folder import RunFolder, identity_summary, os_reason
+from suite.results.lock import acquire, release
 from suite.run.entry import rank_main
 from suite.run.plan import RunPlan
 
@@ -47,7 +55,7 @@ def adopt_slurm_environment() -> bool:
     first node only) is refused in one line."""
     if in_distributed_job():
         return True
-    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    nodes = env_int("SLURM_JOB_NUM_NODES", 1, minimum=1)
     if "SLURM_JOB_ID" in os.environ and "SLURM_STEP_ID" not in os.environ and nodes > 1:
         raise BenchError(
             f"inside a SLURM allocation of {nodes} nodes but not in a job step: run it under "
@@ -56,7 +64,7 @@ def adopt_slurm_environment() -> bool:
         )
     if "SLURM_PROCID" not in os.environ:
         return False
-    if int(os.environ.get("SLURM_NTASKS", "1")) < 2:
+    if env_int("SLURM_NTASKS", 1, minimum=1) < 2:
         return False
     os.environ["RANK"] = os.environ["SLURM_PROCID"]
     os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
@@ -76,7 +84,7 @@ def slurm_tasks_on_this_node() -> int:
     ``SLURM_STEP_TASKS_PER_NODE``/``SLURM_TASKS_PER_NODE`` (``"4(x2),3"``: 4 on each of the
     first two nodes, 3 on the third), else 1."""
     if os.environ.get("SLURM_NTASKS_PER_NODE"):
-        return int(os.environ["SLURM_NTASKS_PER_NODE"])
+        return env_int("SLURM_NTASKS_PER_NODE", 1, minimum=1)
     spec = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
     if not spec:
         return 1
@@ -86,7 +94,7 @@ def slurm_tasks_on_this_node() -> int:
         if match is None:
             return 1
         counts += [int(match.group(1))] * int(match.group(2) or 1)
-    node = int(os.environ.get("SLURM_NODEID", "0"))
+    node = env_int("SLURM_NODEID", 0, minimum=0)
     return counts[node] if node < len(counts) else counts[-1]
 
 
@@ -109,7 +117,8 @@ def local_config(config: RunConfig) -> RunConfig:
         device = "cuda" if ranks_on_cuda(config.device, config.gpus) else "cpu"
     return replace(
         config, launcher="local", device=device,
-        gpus_per_node=config.gpus_per_node or default_local_gpus_per_node(config.gpus),
+        gpus_per_node=(config.gpus_per_node if config.gpus_per_node is not None
+                       else default_local_gpus_per_node(config.gpus)),
     )
 
 
@@ -117,15 +126,18 @@ def job_config(config: RunConfig) -> RunConfig:
     """``config`` as one rank of an existing torchrun/SLURM job runs it: the job's world
     size (outside a job, for a dry run, ``--gpus``); the node size, where not given,
     discovered by the ranks."""
-    gpus = int(os.environ["WORLD_SIZE"]) if adopt_slurm_environment() else config.gpus
+    gpus = env_int("WORLD_SIZE", 1, minimum=1) if adopt_slurm_environment() else config.gpus
     return replace(config, launcher="torchrun", gpus=gpus)
 
 
 def open_run_folder(plan: RunPlan) -> RunFolder:
-    """The run's folder, emptied first with --overwrite, with the run's identity in its
-    summary before any rank starts (a run killed at any point is still listed as itself)."""
+    """The run's folder, taken for this process (suite.results.lock: a live run of the same
+    folder is refused in one line), emptied first with --overwrite, with the run's identity
+    in its summary before any rank starts (a run killed at any point is still listed as
+    itself)."""
     config = plan.config
     folder = RunFolder(Path(config.results_dir) / plan.run_id)
+    acquire(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr, flush=True))
     if config.overwrite:
         folder.empty()
     folder.create()
@@ -173,20 +185,90 @@ def run_agent(
         rendezvous=rendezvous, max_restarts=config.max_restarts,
         shutdown_seconds=shutdown_seconds,
     )
-    try:
-        elastic_launch(launch, rank_main)(plan.to_json(), str(folder.path))
-    except ChildFailedError as exc:
-        if node:
-            raise RunFailed(f"node {node}: {dead_rank(exc) or 'a rank failed'}") from None
-        fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
-    except (SignalException, KeyboardInterrupt) as exc:
-        name = exc.sigval.name if isinstance(exc, SignalException) else "SIGINT"
-        if node:
-            raise RunInterrupted(f"node {node}: interrupted by {name}") from None
-        fail_run(folder, config, signal_name=name)
-    finally:
-        shutil.rmtree(logs, ignore_errors=True)
+    # the launcher's own signal handling holds until the folder says how the run ended
+    with LauncherSignals(folder, SignalException).installed():
+        try:
+            elastic_launch(launch, rank_main)(plan.to_json(), str(folder.path))
+        except ChildFailedError as exc:
+            if node:
+                raise RunFailed(f"node {node}: {dead_rank(exc) or 'a rank failed'}") from None
+            # the agent lost sight of its ranks (the fork server they were forked from died):
+            # they may still be stopping on their own, checkpointing and flushing rows
+            wait_for_ranks(folder, shutdown_seconds + 10)
+            fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
+        except (SignalException, KeyboardInterrupt) as exc:
+            name = exc.sigval.name if isinstance(exc, SignalException) else "SIGINT"
+            if node:
+                raise RunInterrupted(f"node {node}: interrupted by {name}") from None
+            fail_run(folder, config, signal_name=name)
+        finally:
+            shutil.rmtree(logs, ignore_errors=True)
+            if node == 0:
+                release(folder.path)
     return folder.path
+
+
+class LauncherSignals:
+    """SIGTERM and SIGINT of the launcher while its agent runs. The first stops the run as
+    torch elastic's own handler does (``SignalException``: the agent sends the ranks the same
+    signal and waits for them to stop, flush and checkpoint). A later one is passed on to the
+    ranks, which stop at once but never in the middle of a write (suite.run.stopping), while
+    the launcher keeps waiting for them: it never dies of a signal (exit 143) leaving ranks
+    behind and the folder saying ``running``; the run ends ``interrupted`` with exit 1."""
+
+    HANDLED = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, folder: RunFolder, exception: type):
+        self.folder, self.exception, self.received = folder, exception, []
+
+    @contextlib.contextmanager
+    def installed(self):
+        own = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # these two: torch's
+        previous = {sig: signal.signal(sig, self.handle) for sig in self.HANDLED}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if own is None:
+                os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+            else:
+                os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = own
+
+    def handle(self, signum, _frame) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1:
+            name = signal.Signals(signum)
+            raise self.exception(f"Process {os.getpid()} got signal: {name}", sigval=name)
+        for pid in rank_pids(self.folder):  # the ranks decide how soon they can stop
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def rank_pids(folder: RunFolder) -> list[int]:
+    """The pids of the run's processes on this host (its ranks), this one aside."""
+    try:
+        processes = (folder.summary() or {}).get(schema.PROCESSES) or []
+    except (OSError, ValueError):
+        return []
+    here = socket.gethostname()
+    return [int(pid) for host, pid in processes if host == here and int(pid) != os.getpid()]
+
+
+def wait_for_ranks(folder: RunFolder, seconds: float) -> None:
+    """Wait until the run's rank processes on this host have ended (their own ending
+    recorded: rows flushed, a checkpoint, their reason), at most ``seconds``; those still
+    alive then are killed, so none outlives its launcher. Nothing to wait for where the
+    agent ended them itself."""
+    ranks = {(pid, start_time(pid)) for pid in rank_pids(folder)}
+    ranks = {rank for rank in ranks if rank[1] is not None}
+    deadline = time.monotonic() + seconds
+    while any(alive(rank) for rank in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kill_all(ranks)
 
 
 def shutdown_seconds(config: RunConfig) -> int:
@@ -220,33 +302,42 @@ def launch_emulated(plan: RunPlan) -> Path:
     folder = open_run_folder(plan)
     nodes = config.gpus // config.gpus_per_node
     code = 0
-    received = []
+    received: list[str] = []
 
     def stop(signum, _frame):  # SIGTERM as Ctrl-C: the agents get it on the way out
         received.append(signal.Signals(signum).name)
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        with emulated_cluster(nodes, rate, config.run_id) as cluster:
-            (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
-            config_file = folder.path / "plan.json"  # what every rank receives
-            config_file.write_text(plan.to_json())
-            code = run_module_in_cluster(
-                cluster,
-                config.gpus_per_node,
-                "suite.run.entry",
-                [str(config_file), str(folder.path)],
-                folder.path / "launcher",
-                shutdown_seconds=shutdown_seconds(config),
-            )
-    except KeyboardInterrupt:
-        fail_run(folder, config, signal_name=(received or ["SIGINT"])[0])
+    try:  # the folder is given up once it says how the run ended
+        try:
+            code = run_emulated(plan, folder, nodes, rate)
+        except KeyboardInterrupt:
+            fail_run(folder, config, signal_name=(received or ["SIGINT"])[0])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if code:
+            fail_run(folder, config, signal_name=None)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    if code:
-        fail_run(folder, config, signal_name=None)
+        release(folder.path)
     return folder.path
+
+
+def run_emulated(plan: RunPlan, folder: RunFolder, nodes: int, rate) -> int:
+    """The ranks in their namespaces until they end; their agents' exit code."""
+    config = plan.config
+    with emulated_cluster(nodes, rate, config.run_id) as cluster:
+        (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
+        config_file = folder.path / "plan.json"  # what every rank receives
+        config_file.write_text(plan.to_json())
+        return run_module_in_cluster(
+            cluster,
+            config.gpus_per_node,
+            "suite.run.entry",
+            [str(config_file), str(folder.path)],
+            folder.path / "launcher",
+            shutdown_seconds=shutdown_seconds(config),
+        )
 
 
 def fail_run(
@@ -256,21 +347,47 @@ def fail_run(
     raise ``RunFailed`` / ``RunInterrupted``. Signals to this process wait until
     the folder says so."""
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    unwritten = []
     try:
-        own = first_rank_error(folder)
+        own = folder.first_rank_error()
         reason = own if own and not own.startswith("rank ") else failure or own
+        full = disk_full(folder.path)
+        if full and (reason is None or "space" not in reason.lower()):
+            reason = full  # the ranks could not even write why
         interrupted = signal_name is not None or (reason or "").startswith("interrupted")
         reason = reason or (
             f"interrupted by {signal_name}" if interrupted else "a rank exited abnormally"
         )
         known = {k: v for k, v in identity_summary(config).items() if k not in ("status", "error")}
-        folder.mark_failed(reason, status="interrupted" if interrupted else "failed", **known)
+        try:
+            unwritten = folder.mark_failed(
+                reason, status="interrupted" if interrupted else "failed", **known)
+        except OSError as exc:
+            unwritten = [f"nothing could be written ({os_reason(exc)}): free space, then "
+                         f"`bench recover {folder.path}`"]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     error = RunInterrupted if interrupted else RunFailed
+    said = f"; {'; '.join(unwritten)}" if unwritten else ""
     raise error(f"run {config.run_id} {'stopped' if interrupted else 'failed'}: {reason} "
-                f"(see {folder.path})") from None
+                f"(see {folder.path}){said}") from None
+
+
+#: free bytes below which a folder's disk counts as full (a flush of rows does not fit)
+FULL_DISK_BYTES = 256 * 1024
+
+
+def disk_full(path: Path) -> str | None:
+    """``no space left on device (8 KiB free on /results)`` when ``path``'s file system has
+    no room left, else None: a rank that hit ENOSPC may have written nothing, not even why."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    return f"no space left on device ({free // 1024} KiB free on the file system of {path})"
 
 
 def quiet_launcher_logs() -> None:
@@ -279,13 +396,6 @@ def quiet_launcher_logs() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def first_rank_error(folder: RunFolder) -> str | None:
-    """The first line each rank wrote about its failure; a BenchError beats a knock-on one."""
-    messages = [p.read_text().splitlines()[0] for p in sorted(folder.errors.glob("rank*.txt"))]
-    own = [m for m in messages if not m.startswith("rank ")]
-    return (own or messages or [None])[0]
 
 
 def launch_in_job(plan: RunPlan) -> None:

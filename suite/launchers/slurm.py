@@ -242,6 +242,20 @@ def slurm_config(config: RunConfig) -> RunConfig:
     return dataclasses.replace(config, device="cuda" if config.device == "auto" else config.device)
 
 
+#: sbatch's --time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+#: days-hours:minutes, days-hours:minutes:seconds; or no limit
+SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE",
+                        re.IGNORECASE)
+
+
+def check_slurm_time(text: str) -> str:
+    """``text`` if sbatch takes it as --time, else one line with its formats."""
+    if not SLURM_TIME.fullmatch(text.strip()):
+        raise BenchError(f"--slurm-time {text!r} is not a SLURM time: minutes, MM:SS, HH:MM:SS, "
+                         "D-HH, D-HH:MM or D-HH:MM:SS (e.g. 02:00:00)")
+    return text.strip()
+
+
 def slurm_request(
     slurm_partition: str | None = None,
     slurm_account: str | None = None,
@@ -253,7 +267,7 @@ def slurm_request(
     request = SlurmRequest(
         partition=slurm_partition,
         account=slurm_account,
-        time=slurm_time or DEFAULT_TIME_LIMIT,
+        time=check_slurm_time(slurm_time) if slurm_time else DEFAULT_TIME_LIMIT,
         cpus_per_task=slurm_cpus_per_task,
         signal_lead=slurm_signal_lead or SIGNAL_LEAD_SECONDS,
     )

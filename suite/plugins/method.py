@@ -222,6 +222,10 @@ class StepResult:
         samples: the samples it consumed on this rank.
         converged: the method's own stopping test passed (PruneX's residual tolerances); the
             same on every rank.
+        one_off: this iteration's time holds a cost the method pays once, decided while it
+            ran (PruneX's freeze): the loop marks it ``one_off`` like the iterations
+            ``Method.one_off_iterations`` names ahead, so steady means leave it out. The
+            same on every rank.
 
     Examples:
         ```python
@@ -232,6 +236,7 @@ class StepResult:
     loss: float
     samples: int
     converged: bool = False
+    one_off: bool = False
 
 
 class Method:

@@ -25,7 +25,6 @@ every skip fatal, as CI may want. The built-ins load first, so a plugin cannot s
 from __future__ import annotations
 
 import difflib
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from suite.config import reserved_flags
+from suite.environment import env_flag
 from suite.errors import BenchError
 from suite.plugins.options import Option, check_default, options_of
 
@@ -58,7 +58,7 @@ def quiet_plugin_warnings() -> None:
 
 
 def strict() -> bool:
-    return os.environ.get("PRUNEX_STRICT_PLUGINS") == "1"
+    return env_flag("PRUNEX_STRICT_PLUGINS")
 
 
 def first_line(exc: BaseException) -> str:

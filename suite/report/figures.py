@@ -583,11 +583,30 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
     table = means.assign(run_id=ids).reset_index()
     run_ids = sorted(i for joined in ids for i in joined.split(","))
     note = (
-        "an iteration's phases over its local steps, mean over GPUs and repeats (error bar: "
-        "95 % interval of the total); hatched: communication that overlaps local compute "
+        "an iteration's steady phases over its local steps, mean over GPUs and repeats (error "
+        "bar: 95 % interval of the total); hatched: communication that overlaps local compute "
         "(DDP's bucket all-reduce during backward), drawn inside it, not stacked"
+        + once_paid(frame, timed, label)
     )
     return Figure(name, title, files, table, run_ids, note, context)
+
+
+def once_paid(frame: pd.DataFrame, timed: list[int], label: list[str]) -> str:
+    """The note's account of the phases a run paid only in one-off iterations (PruneX's
+    freeze), which the steady bars leave out: ``; paid once per run, not in the bars: PruneX
+    : freeze 0.14 s``, seconds per run, mean over repeats; empty where there are none."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for i in timed:
+        steady = column(frame, schema.PHASE_SECONDS).iat[i] or {}
+        once = column(frame, schema.ONE_OFF_SECONDS).iat[i]
+        for phase, seconds in (once if isinstance(once, dict) else {}).items():
+            if not steady.get(phase):  # no steady iteration ran it
+                found.setdefault((label[i], phase), []).append(float(seconds))
+    if not found:
+        return ""
+    return "; paid once per run, not in the bars: " + ", ".join(
+        f"{run}: {phase.replace('_', ' ')} {np.mean(values):.3g} s"
+        for (run, phase), values in sorted(found.items()))
 
 
 def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:

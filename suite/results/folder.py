@@ -82,10 +82,23 @@ def identity_summary(config) -> dict:
     }
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp)`` into a hidden temporary beside ``path``, renamed into place once
+    whole; a write that fails (a full disk) leaves ``path`` as it was and no temporary."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 def write_json(path: Path, obj) -> None:
@@ -94,21 +107,45 @@ def write_json(path: Path, obj) -> None:
     )
 
 
+def write_json_in_place(path: Path, obj) -> None:
+    """``obj`` into ``path`` over its old content, for a disk too full for ``write_json``'s
+    temporary: the old file's blocks are freed by the truncation and taken by the new."""
+    data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+    with open(path, "r+b") as handle:
+        handle.truncate(0)
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def os_reason(exc: OSError) -> str:
+    """``no space left on device``: an OSError's reason in words."""
+    if exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+
+
 def read_json(path: Path):
-    return json.loads(Path(path).read_text())
+    """The JSON in ``path`` (ValueError, with its reason, for bytes that are not JSON text)."""
+    return json.loads(Path(path).read_bytes().decode("utf-8"))
+
+
+def read_json_object(path: Path) -> dict:
+    """``read_json`` of a file that must hold an object (a summary, a manifest): a list or a
+    number there is a ValueError like any damage."""
+    value = read_json(path)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def write_table(path: Path, rows: list[dict] | pd.DataFrame) -> None:
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def write_torch(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def git_revision() -> str | None:
@@ -240,12 +277,13 @@ class RunFolder:
         return self.path / "errors"
 
     def empty(self) -> None:
-        """Remove the run's records (--overwrite); a SLURM job's script and log stay."""
+        """Remove the run's records (--overwrite); a SLURM job's script and log stay, and so
+        does its owner file (suite.results.lock: the process emptying it holds it)."""
         if not self.path.is_dir():
             return
         for entry in self.path.iterdir():
-            if entry.name == "job.sbatch" or entry.name.startswith("slurm-"):
-                continue
+            if entry.name in ("job.sbatch", "owner.json") or entry.name.startswith("slurm-"):
+                continue  # the job's own files; the owner, who empties it
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             else:
@@ -304,12 +342,12 @@ class RunFolder:
     def summary(self) -> dict | None:
         """The summary, None when there is none (a corrupt one raises ValueError)."""
         path = self.path / SUMMARY
-        return read_json(path) if path.exists() else None
+        return read_json_object(path) if path.exists() else None
 
     def manifest(self) -> dict | None:
         """The manifest, None when there is none (a corrupt one raises ValueError)."""
         path = self.path / MANIFEST
-        return read_json(path) if path.exists() else None
+        return read_json_object(path) if path.exists() else None
 
     @property
     def has_manifest(self) -> bool:
@@ -321,22 +359,73 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / SUMMARY, summary)
 
-    def mark_failed(self, error: str, status: str = Status.FAILED, **known) -> None:
-        """Record a failure (or an interruption) without losing rows the ranks flushed.
+    def mark_failed(self, error: str, status: str = Status.FAILED, **known) -> list[str]:
+        """Record a failure (or an interruption) without losing rows the ranks flushed;
+        returns what could not be written (a full disk: the rows stay in ``parts/``, counted,
+        and the summary is rewritten in the place of the old one).
 
         ``known`` adds identifying keys (method, workload, gpus, ...) so a failed run still
         shows up, as failed, in listings and comparisons.
+
+        Raises:
+            OSError: not even the summary could be written (a read-only folder).
         """
-        self.merge_parts()
-        summary = {**known, **(self.summary() or {})}
+        unwritten = []
+        try:
+            self.merge_parts()
+        except OSError as exc:
+            unwritten.append(f"the rows in {self.parts.name}/ stay unmerged ({os_reason(exc)})")
+        try:
+            current = self.summary() or {}
+        except (OSError, ValueError):  # damaged: kept aside, the failure recorded anew
+            current = {}
+            try:
+                os.replace(self.path / SUMMARY, self.path / f"{SUMMARY}.damaged")
+            except OSError:
+                pass
+        summary = {**known, **current}
         if summary.get(schema.STATUS) in ENDED and summary.get(schema.ERROR):
-            return  # the ranks already said why
+            return unwritten  # the ranks already said why
         summary.update({schema.STATUS: status, schema.ERROR: error,
                         schema.ENDED_AT: time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        rows = self.table("iterations")
-        if rows is not None and len(rows):
-            summary[schema.ITERATIONS_RECORDED] = int(rows[schema.ITERATION].nunique())
-        self.write_summary(summary)
+        recorded = self.iterations_recorded()
+        if recorded:
+            summary[schema.ITERATIONS_RECORDED] = recorded
+        try:
+            self.write_summary(summary)
+        except OSError as exc:  # no room for a second copy: the old file's own blocks
+            write_json_in_place(self.path / SUMMARY, summary)
+            unwritten.append(f"the summary was rewritten in place ({os_reason(exc)})")
+        return unwritten
+
+    def first_rank_error(self) -> str | None:
+        """The first line each rank wrote about its ending (``errors/rank*.txt``); a rank's
+        own words (a BenchError, an interruption) beat a knock-on ``rank N: ...``. An empty
+        or unreadable file (a rank that could not write: a full disk) says nothing."""
+        messages = []
+        for path in sorted(self.errors.glob("rank*.txt")):
+            try:
+                lines = [line for line in path.read_text(errors="replace").splitlines() if line]
+            except OSError:
+                continue
+            if lines:
+                messages.append(lines[0])
+        own = [m for m in messages if not m.startswith("rank ")]
+        return (own or messages or [None])[0]
+
+    def iterations_recorded(self) -> int:
+        """Iterations with rows on disk, merged or still in ``parts/``."""
+        frames = []
+        if (self.path / "iterations.parquet").exists():
+            frames.append(pd.read_parquet(self.path / "iterations.parquet",
+                                          columns=[schema.ITERATION]))
+        for file in sorted(self.parts.glob("iterations-rank*.parquet")) if self.parts.exists() \
+                else []:
+            try:
+                frames.append(pd.read_parquet(file, columns=[schema.ITERATION]))
+            except (OSError, ValueError):
+                pass
+        return int(pd.concat(frames)[schema.ITERATION].nunique()) if frames else 0
 
     def table(self, name: str) -> pd.DataFrame | None:
         path = self.path / f"{name}.parquet"

@@ -12,11 +12,11 @@ import os
 import socket
 from pathlib import Path
 
-from suite.errors import BenchError
+from suite.errors import BenchError, RunFailed
 from suite.processes import python_alive
 from suite.results import schema
-from suite.results.folder import RunFolder
-from suite.results.schema import ENDED, ITERATIONS_RECORDED, PROCESSES, STATUS
+from suite.results.folder import RunFolder, os_reason
+from suite.results.schema import ENDED, PROCESSES, STATUS, Status
 from suite.results.upgrade import identity_from_manifest
 
 KILLED = "killed: its processes ended without recording why (finalized by bench recover)"
@@ -66,9 +66,29 @@ def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]
         known = identity_from_manifest(folder.manifest() or {})
     except (OSError, ValueError):
         known = {}
-    unreadable = folder.merge_parts()
+    try:
+        unreadable = folder.merge_parts()
+    except OSError as exc:
+        unreadable, unmerged = [], os_reason(exc)
+    else:
+        unmerged = None
     if status in ENDED:
+        if unmerged:
+            raise RunFailed(f"{folder.path}: the rows left in parts/ could not be merged "
+                            f"({unmerged}); nothing changed (status stays {status})")
         return f"{folder.path}: merged the rows left in parts/ (status stays {status})", unreadable
-    folder.mark_failed(KILLED, **known)
-    rows = (folder.summary() or {}).get(ITERATIONS_RECORDED, 0)
-    return f"{folder.path}: marked failed, {rows} iteration(s) of rows kept", unreadable
+    # the ranks' own last words where they wrote any (an interruption that checkpointed)
+    said = folder.first_rank_error()
+    reason = said if said and not said.startswith("rank ") else KILLED + (
+        f"; a rank said: {said}" if said else "")
+    state = Status.INTERRUPTED if reason.startswith("interrupted") else Status.FAILED
+    rows = folder.iterations_recorded()
+    try:
+        unwritten = folder.mark_failed(reason, status=state, **known)
+    except OSError as exc:
+        raise RunFailed(f"{folder.path}: would be marked {state} ({reason}), {rows} "
+                        f"iteration(s) of rows on disk; nothing could be written "
+                        f"({os_reason(exc)})") from None
+    notes = "".join(f"; {line}" for line in unwritten)
+    return (f"{folder.path}: marked {state} ({reason}), {rows} iteration(s) of rows "
+            f"kept{notes}"), unreadable

@@ -95,6 +95,10 @@ WALL_SECONDS = "wall_seconds"
 TRAIN_SECONDS = "train_seconds"
 ITERATION_SECONDS = "iteration_seconds"
 PHASE_SECONDS = "phase_seconds"
+#: phase -> seconds the run's one-off iterations took in it beyond a steady iteration (mean
+#: over ranks, summed over those iterations): costs paid once, such as PruneX's freeze
+#: decision or DDP's bucket rebuild, which ``phase_seconds`` (steady means) leaves out
+ONE_OFF_SECONDS = "one_off_seconds"
 SETUP_SECONDS = "setup_seconds"
 CONNECT_SECONDS = "connect_seconds"
 WARMUP_SECONDS = "warmup_seconds"
@@ -129,8 +133,8 @@ SUMMARY_FILE_KEYS = (
     CONVERGED, SIMULATED, INTER_NODE_BYTES_TOTAL, INTRA_NODE_BYTES_TOTAL, HIDDEN_INTER_NODE_BYTES,
     HIDDEN_INTRA_NODE_BYTES,
     INTER_NODE_BYTES_PER_ITERATION, WIRE_INTER_BYTES_TOTAL, WIRE_TO_ALGORITHMIC_RATIO,
-    WALL_SECONDS, TRAIN_SECONDS, ITERATION_SECONDS, PHASE_SECONDS, SETUP_SECONDS,
-    CONNECT_SECONDS, WARMUP_SECONDS, FIRST_ITERATION_SECONDS, EVALUATION_SECONDS,
+    WALL_SECONDS, TRAIN_SECONDS, ITERATION_SECONDS, PHASE_SECONDS, ONE_OFF_SECONDS,
+    SETUP_SECONDS, CONNECT_SECONDS, WARMUP_SECONDS, FIRST_ITERATION_SECONDS, EVALUATION_SECONDS,
     SAMPLES_PER_SECOND_PER_RANK, WARNINGS, RESTARTS, RESUMED_AT_ITERATION, CHECKPOINTS_WRITTEN,
     CHECKPOINT_SECONDS_MEAN, CHECKPOINT_BYTES, MASKS_FROZEN_AT, ACCURACY_FROM,
 )
@@ -295,8 +299,8 @@ LINKS = ("intra", "inter")
 BYTES_INTRA = "bytes_intra"
 BYTES_INTER = "bytes_inter"
 #: True where the iteration's time holds a one-off cost of its attempt (its first iteration,
-#: DDP's bucket rebuild, PowerSGD's first compressed step: Method.one_off_iterations); the
-#: summary's means leave these rows out
+#: DDP's bucket rebuild, PowerSGD's first compressed step: Method.one_off_iterations; PruneX's
+#: freeze: StepResult.one_off); the summary's means leave these rows out
 ONE_OFF = "one_off"
 #: a phase's seconds are the column ``t_<phase>`` (suite.cluster.phases names them)
 PHASE_PREFIX = "t_"

@@ -21,11 +21,30 @@ def steady(iterations: pd.DataFrame) -> pd.DataFrame:
 
 
 def phase_means(iterations: pd.DataFrame) -> dict[str, float]:
-    """Phase -> mean seconds per steady iteration, averaged over ranks (the paper's fig. 8)."""
+    """Phase -> mean seconds per steady iteration, averaged over ranks (the paper's fig. 8);
+    a phase no steady iteration ran (one paid only in one-off iterations, e.g. PruneX's
+    freeze) is left out: ``one_off_seconds`` has it."""
     iterations = steady(iterations)
-    cols = schema.phase_columns(iterations.columns)
+    cols = [c for c in schema.phase_columns(iterations.columns) if iterations[c].notna().any()]
     prefix = len(schema.PHASE_PREFIX)
     return {c[prefix:]: float(iterations[c].fillna(0.0).mean()) for c in cols}
+
+
+def one_off_seconds(iterations: pd.DataFrame) -> dict[str, float]:
+    """Phase -> seconds the one-off iterations took in it beyond a steady iteration's mean,
+    each rank's rows summed, then averaged over ranks; phases the one-offs did not exceed are
+    left out (e.g. ``{"freeze": 0.21, "local_compute": 0.05}``)."""
+    if schema.ONE_OFF not in iterations or schema.RANK not in iterations:
+        return {}
+    marked = iterations[schema.ONE_OFF].fillna(False).astype(bool)
+    if not marked.any() or marked.all():
+        return {}
+    cols = schema.phase_columns(iterations.columns)
+    means = iterations.loc[~marked, cols].fillna(0.0).mean()
+    extra = (iterations.loc[marked, cols].fillna(0.0) - means).clip(lower=0.0)
+    per_rank = extra.groupby(iterations.loc[marked, schema.RANK]).sum().mean()
+    prefix = len(schema.PHASE_PREFIX)
+    return {c[prefix:]: float(v) for c, v in per_rank.items() if v > 0}
 
 
 def final_train_loss(iterations: pd.DataFrame) -> float | None:
@@ -119,6 +138,7 @@ def summarize(
                 slowest.get(attempt_start, slowest.iloc[0]) if attempt_start is not None
                 else slowest.iloc[0]),
             schema.PHASE_SECONDS: phase_means(iterations),
+            schema.ONE_OFF_SECONDS: one_off_seconds(iterations),
             schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
         })
         if schema.WIRE_TX_BYTES in iterations.columns:  # emulated links: what crossed the wire

@@ -7,7 +7,6 @@ the runner, not method traffic."""
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import torch.distributed as dist
 
 from suite.cluster.audit import HiddenBytes
 from suite.cluster.watchdog import watched
+from suite.environment import env_float
 from suite.errors import BenchError
 from suite.results import schema
 
@@ -29,7 +29,7 @@ class NonFiniteLoss(BenchError):
 #: agreement is a synchronization point, which on a GPU costs tens of microseconds but on
 #: oversubscribed CPU ranks a scheduler time slice (6-8 ms per iteration, measured on
 #: cnn-fmnist with 4 ranks on 2 cores, when the ranks agreed every iteration)
-AGREE_SECONDS = float(os.environ.get("PRUNEX_AGREE_SECONDS", "1"))
+AGREE_SECONDS = env_float("PRUNEX_AGREE_SECONDS", 1.0, positive=True)
 #: the most iterations between two agreements; the interval at most doubles from one to the next
 MAX_AGREE_INTERVAL = 64
 

@@ -8,8 +8,14 @@ keyed ``rank3/...``; what a method files under a ``shared_node`` or ``shared_wor
 same on every rank of a node (PruneX's z_i, v_i) or of the world (z) and is keyed ``node1/...``
 or ``world/...``, so DCP writes it once (it keeps one copy of a key every rank saves): a PruneX
 checkpoint of 64 ranks on 16 nodes holds 3.6 instead of 7 copies of the model per rank. The
-skeletons hold the rest (ints, floats, flags, dict keys) as JSON, so no pickle is ever loaded:
-DCP's own planner would unpickle non-tensor values with ``weights_only=False``.
+skeletons hold the rest (ints, floats, flags, dict keys) as JSON, since DCP's own planner
+would unpickle non-tensor values with ``weights_only=False``. DCP writes its ``.metadata`` with
+pickle and reads it with ``pickle.load`` (torch 2.11 to 2.14 have no safe path for it), so the
+suite reads it itself (``read_metadata``) with an unpickler that resolves only the classes DCP
+writes there (its metadata records, torch dtypes and sizes, a path): a ``.metadata`` naming
+anything else is refused in one line before anything of it runs, by ``bench run --resume``'s
+preflight, a sweep's resume and the ranks alike (a run folder travels: it is input). The
+tensors are read by DCP with ``torch.load(weights_only=True)``.
 
 A checkpoint is written to a hidden folder that is renamed into place once every rank has
 written, and ``latest.json`` names the newest complete one, so a crash mid-save leaves the last
@@ -19,6 +25,7 @@ complete checkpoint in charge. Older checkpoints are removed after a new one is 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import time
 from pathlib import Path
@@ -88,6 +95,15 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return None
 
 
+def checked_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """``latest_checkpoint`` with its metadata read safely first (``read_metadata``): what
+    a resume checks before any rank starts. Raises BenchError on a refused metadata."""
+    found = latest_checkpoint(run_dir)
+    if found is not None:
+        read_metadata(found[1])
+    return found
+
+
 # -- save and load (collective) ------------------------------------------------------------
 SHARED = {"/shared_world/": "world", "/shared_node/": "node"}
 
@@ -135,23 +151,103 @@ def save_checkpoint(run_dir: Path, iterations_done: int, rank_state: dict, *, no
     return stats
 
 
+#: the globals a DCP ``.metadata`` names (module, name): its records, the torch types inside
+#: them (dtypes are checked apart: any ``torch.<dtype>``) and the path it may keep of itself
+METADATA_GLOBALS = {
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    # where releases before DCP kept its own copy wrote the properties of a tensor
+    ("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"),
+    ("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a layout from its name ("torch.strided")
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class ForeignGlobal(pickle.UnpicklingError):
+    """A ``.metadata`` names something outside ``METADATA_GLOBALS``."""
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """pickle's Unpickler that resolves only ``METADATA_GLOBALS`` and torch's dtypes: the
+    allow-list pattern of Python's pickle documentation ("Restricting Globals"), as torch's
+    ``weights_only`` loader does for tensors. Nothing else can be called while loading."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in METADATA_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
+            return super().find_class(module, name)
+        raise ForeignGlobal(f"{module}.{name}")
+
+
+def read_metadata(folder: Path):
+    """A checkpoint's DCP metadata, read without running anything it names.
+
+    Raises:
+        BenchError: it names a class DCP never writes there (a crafted or foreign file:
+            nothing of it ran), or it is missing, damaged or not DCP's.
+    """
+    # lazy: torch.distributed.checkpoint costs ~0.7 s to import; only this path needs it
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = Path(folder) / ".metadata"
+    try:
+        with path.open("rb") as handle:
+            metadata = MetadataUnpickler(handle).load()
+    except ForeignGlobal as exc:
+        raise BenchError(f"checkpoint {path} names {exc}, which DCP's metadata never holds: "
+                         "refused, nothing of it was run (a run folder is input; resume from "
+                         "a checkpoint you wrote)") from None
+    except (OSError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            pickle.UnpicklingError) as exc:
+        raise BenchError(f"checkpoint {path} is unreadable ({type(exc).__name__}: "
+                         f"{str(exc)[:120]})") from None
+    if not isinstance(metadata, Metadata):
+        raise BenchError(f"checkpoint {path} holds a {type(metadata).__name__}, not DCP's "
+                         "Metadata")
+    return metadata
+
+
+def safe_reader(folder: Path):
+    """DCP's FileSystemReader of ``folder`` whose metadata is read by ``read_metadata``."""
+    # lazy: torch.distributed.checkpoint costs ~0.7 s to import; only this path needs it
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_metadata(folder)
+            if getattr(metadata, "storage_meta", None) is None:  # as DCP's own reader does
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(folder)
+
+
 def load_checkpoint(folder: Path, *, node: int) -> dict:
     """This rank's state from a complete checkpoint folder (collective over the world)."""
     # lazy: torch.distributed.checkpoint costs ~0.7 s to import; only this path needs it
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
 
     rank = dist.get_rank()
     try:
         skeleton = json.loads((folder / f"skeleton-rank{rank:05d}.json").read_text())
-        metadata = FileSystemReader(folder).read_metadata()
     except (OSError, ValueError) as exc:
         raise BenchError(f"checkpoint {folder} is unreadable ({exc})") from None
+    reader = safe_reader(folder)
+    metadata = reader.read_metadata()
     prefixes = (f"rank{rank}/", f"node{node}/", "world/")
     wanted = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith(prefixes):
             wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with watched("load", "world (torch.distributed.checkpoint)"):
-        dcp.load(wanted, checkpoint_id=folder)
+        dcp.load(wanted, checkpoint_id=folder, storage_reader=reader)
     return join_state(skeleton, {k[k.index("/") :]: t for k, t in wanted.items()})

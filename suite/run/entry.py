@@ -24,6 +24,7 @@ from suite.cluster.watchdog import POSITION, Watchdog
 from suite.errors import BenchError
 from suite.plugins.registry import quiet_plugin_warnings
 from suite.results.folder import RunFolder
+from suite.results.lock import acquire, release
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.determinism import make_kernels_deterministic
 from suite.run.loop import AGREED_STOPS, AgreedInterruption, train
@@ -66,6 +67,8 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
             run_dir = str(Path(config.results_dir) / ident[0])
         folder = RunFolder(run_dir)
         if rank == 0:
+            if standalone:  # no launcher holds the folder for this job's ranks
+                acquire(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr))
             if standalone and config.overwrite and restart_count() == 0:
                 folder.empty()
             folder.create()
@@ -87,6 +90,8 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
     finally:
         if watchdog is not None:
             watchdog.stop()
+        if standalone and rank == 0 and folder is not None:
+            release(folder.path)
     dist.destroy_process_group()
 
 
@@ -136,6 +141,9 @@ def prepare_attempt(folder: RunFolder, resume: bool) -> None:
     if not (resume or restart_count()):
         return
     found = latest_checkpoint(folder.path)
+    if resume and found is None and not restart_count():
+        raise BenchError(f"--resume {folder.path}: its checkpoint vanished after the preflight "
+                         "found it (did another run finish it?); nothing was changed")
     if folder.errors.exists():
         attempts = folder.path / "attempts"
         attempts.mkdir(exist_ok=True)

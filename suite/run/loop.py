@@ -11,7 +11,6 @@ not recorded as traffic.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -24,6 +23,7 @@ from tqdm import tqdm
 
 from suite.cluster.audit import AUDIT
 from suite.cluster.watchdog import barrier, store_client, watched
+from suite.environment import env_flag, env_float, env_int
 from suite.errors import BenchError
 from suite.plugins.method import StepResult
 from suite.results import schema
@@ -71,11 +71,11 @@ HIDDEN_FLOOR_BYTES = 4096
 #: a rank writes its new rows to the run folder at the end of an iteration once this many
 #: seconds have passed since its last write (``PRUNEX_FLUSH_SECONDS`` overrides): a SIGKILL
 #: loses at most these last seconds of rows
-FLUSH_SECONDS = float(os.environ.get("PRUNEX_FLUSH_SECONDS", "5"))
+FLUSH_SECONDS = env_float("PRUNEX_FLUSH_SECONDS", 5.0, minimum=0.0)
 #: fault injection for tests of resume: every rank stops after this iteration count as if a
 #: SIGTERM had reached it (checkpointing first when checkpointing is on), at no race with
 #: how fast the run goes (``PRUNEX_STOP_AFTER_ITERATION``; unset: never)
-STOP_AFTER_ITERATION = int(os.environ.get("PRUNEX_STOP_AFTER_ITERATION", "0")) or None
+STOP_AFTER_ITERATION = env_int("PRUNEX_STOP_AFTER_ITERATION", 0, minimum=0) or None
 
 
 @dataclass
@@ -199,7 +199,7 @@ class TrainingLoop:
             schema.LOSS: loss,
             schema.SAMPLES: int(done.samples),
             schema.EPOCH: run.loader.step / run.loader.steps_per_epoch,
-            schema.ONE_OFF: iteration in self.one_offs,
+            schema.ONE_OFF: iteration in self.one_offs or bool(done.one_off),
         })
         result.train_seconds += row[schema.T_ITERATION]
         result.done = iteration + 1
@@ -363,7 +363,7 @@ def checkpoint(run: Run, result: LoopResult) -> None:
 
 
 def progress_bar(run: Run):
-    if dist.get_rank() != 0 or os.environ.get("PRUNEX_PROGRESS", "1") == "0":
+    if dist.get_rank() != 0 or not env_flag("PRUNEX_PROGRESS", default=True):
         return None
 
     return tqdm(total=run.iterations, desc=run.config.method, unit="it", dynamic_ncols=True)

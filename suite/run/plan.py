@@ -28,7 +28,14 @@ from suite.data.datasets import dataset_spec, split_sizes
 from suite.data.workload import DatasetSpec, Recipe, Workload
 from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
-from suite.plugins.options import POSITIVE, Check, check_value, resolve_settings, settings_dict
+from suite.plugins.options import (
+    AT_LEAST_1,
+    POSITIVE,
+    Check,
+    check_value,
+    resolve_settings,
+    settings_dict,
+)
 from suite.plugins.registry import METHODS, WORKLOADS, Entry
 from suite.results import schema
 from suite.results.folder import make_run_id
@@ -40,10 +47,20 @@ RECIPE_OVERRIDES = (schema.BATCH_SIZE, schema.LR, schema.MOMENTUM, schema.WEIGHT
                     schema.LR_SCHEDULE, schema.WARMUP_EPOCHS)
 #: a run id names one folder inside --results-dir: no separators, no "..", no hidden names
 SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-#: RunConfig field -> its range (run length, recipe overrides, reliability)
+#: more iterations than any run can take (a billion of the fastest CPU step is years): a typo
+MAX_ITERATIONS = 10**9
+#: the seeds torch's generators take
+MAX_SEED = 2**63 - 1
+#: RunConfig field -> its range (ranks, seed, run length, recipe overrides, reliability)
 RECIPE_CHECKS = {
-    **dict.fromkeys(("iterations", schema.EPOCHS, "eval_every", schema.BATCH_SIZE, schema.LR),
-                    POSITIVE),
+    schema.GPUS: AT_LEAST_1,
+    schema.GPUS_PER_NODE: AT_LEAST_1,
+    schema.SEED: Check(lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}] (2**63-1)"),
+    schema.ITERATIONS: Check(lambda v: 1 <= v <= MAX_ITERATIONS,
+                             f"in [1, {MAX_ITERATIONS:.0e}]"),
+    schema.TARGET_ACCURACY: Check(lambda v: 0 <= v <= 1, "a fraction in [0, 1], e.g. 0.85 (or "
+                                  "85%)"),
+    **dict.fromkeys((schema.EPOCHS, "eval_every", schema.BATCH_SIZE, schema.LR), POSITIVE),
     schema.MOMENTUM: Check(lambda v: 0 <= v < 1, "in [0, 1)"),
     schema.WEIGHT_DECAY: Check(lambda v: v >= 0, "at least 0"),
     schema.WARMUP_EPOCHS: Check(lambda v: v >= 0, "at least 0"),
@@ -256,6 +273,10 @@ def schedule_of(config: RunConfig, settings, recipe: Recipe, train_samples: int)
     shard = train_samples // config.gpus
     if shard == 0:
         raise BenchError(f"{train_samples} training samples cannot fill {config.gpus} shards")
+    if config.batch_size is not None and config.batch_size > shard:
+        raise BenchError(f"--batch-size {config.batch_size} is larger than a rank's shard "
+                         f"({train_samples} training samples over {config.gpus} ranks: {shard}); "
+                         f"give at most {shard}")
     batch = min(recipe.batch_size, shard)
     steps_per_epoch = shard // batch
     round_steps = (settings.steps_per_round(steps_per_epoch)
@@ -275,10 +296,12 @@ def check_config(config: RunConfig) -> None:
             f"--run-id {config.run_id!r} must be one folder name (letters, digits, '.', '_', "
             "'-'; no '/' or '..')"
         )
+    for name in (schema.GPUS, schema.GPUS_PER_NODE, schema.SEED):
+        value = getattr(config, name)
+        if value is not None:
+            check_value("--" + name.replace("_", "-"), value, RECIPE_CHECKS[name])
     if config.gpus_per_node is not None:
         check_layout(config.gpus, config.gpus_per_node)
-    elif config.gpus < 1:
-        raise BenchError(f"--gpus must be at least 1, got {config.gpus}")
     if config.inter_bw is not None and config.network != "emulated":
         raise BenchError("--inter-bw needs --network emulated")
     if config.network == "emulated":

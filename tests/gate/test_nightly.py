@@ -17,7 +17,7 @@ import pytest
 
 from methods.prunex.settings import PruneXSettings
 from suite.api import option
-from suite.gate.nightly import nightly_config, nightly_flags, stale_reference_lines
+from suite.commands.nightly import nightly_config, nightly_flags, stale_reference_lines
 from suite.plugins.registry import METHODS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def test_a_set_added_twice_is_one_night(tmp_path):
     assert len(lines) == 11 and len({line["night"] for line in lines}) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_every_nightly_trains_and_is_a_night_of_its_own(tmp_path):
     """`nox -s nightly` three times (DDP at a hundredth of an epoch, against a reference
     recorded so): twice at one commit, once after a new one. Each trains its cell (no

@@ -29,11 +29,12 @@ def prunex_worker(rank, options, hierarchical, rounds=ROUNDS, lr=0.05):
     history = []
     for it in range(rounds):
         ctx.recorder.begin_iteration(it)
-        method.step(it)
+        done = method.step(it)
         row = ctx.recorder.end_iteration()
         history.append(
             {
                 "row": row,
+                "one_off": done.one_off,
                 "theta": [p.detach().clone() for p in method.params],
                 "u": [t.clone() for t in method.u],
                 "masks": {i: m.to_bits().clone() for i, m in method.masks.items()},
@@ -305,7 +306,7 @@ def freeze_start_worker(rank, start, broken):
     method.freeze(rounds_done=4)
     return {
         "frozen_at": method.frozen_at,
-        "loss": method.calibration_loss(method.model, estimate_bn=True).item(),
+        "loss": method.calibration_loss(method.model).item(),
         "theta_is_z": all(torch.equal(p, z) for p, z in zip(method.params, method.z)),
     }
 
@@ -324,6 +325,39 @@ def test_the_freeze_does_not_restart_from_a_consensus_at_chance(runs):
         at = o["frozen_at"]
         assert at["start"] == "consensus" and o["theta_is_z"]
         assert at["consensus_loss"] < chance - 0.1 < at["ranks_loss"]
+
+
+def slow_freeze_worker(rank):
+    """The freeze at round 3 with a decision made slow on purpose (0.2 s per candidate): the
+    rows say where its time went."""
+    import time
+
+    class SlowDecision(PruneX):
+        def calibration_loss(self, model):
+            time.sleep(0.2)
+            return super().calibration_loss(model)
+
+    options = {**OPTIONS, "after_freeze": "sgd"}
+    ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True)
+    method = SlowDecision(ctx, hierarchical=True)
+    rows, one_offs = [], []
+    for it in range(ROUNDS):
+        ctx.recorder.begin_iteration(it)
+        one_offs.append(method.step(it).one_off)
+        rows.append(ctx.recorder.end_iteration())
+    return {"rows": rows, "one_offs": one_offs, "frozen_at": method.frozen_at}
+
+
+def test_the_freeze_is_a_phase_of_its_own_and_one_off(runs):
+    """The freeze decision (0.4 s here) is timed under `freeze`, not `projection`, in the
+    freeze's round alone, which the step marks one-off (steady means leave it out)."""
+    for o in runs["slow-freeze"]:
+        assert o["frozen_at"]["round"] == FREEZE and o["frozen_at"]["start"] in (
+            "consensus", "ranks")
+        assert o["one_offs"] == [k == FREEZE - 1 for k in range(ROUNDS)]
+        at = o["rows"][FREEZE - 1]
+        assert at["t_freeze"] >= 0.4 and at["t_projection"] < 0.2, at
+        assert all("t_freeze" not in row for k, row in enumerate(o["rows"]) if k != FREEZE - 1)
 
 
 def freeze_epoch_worker(rank):
@@ -493,5 +527,6 @@ def runs():
         "start-better-bad-z": (freeze_start_worker, ("better", "consensus")),
         "start-consensus-bad-z": (freeze_start_worker, ("consensus", "consensus")),
         "start-better-bad-ranks": (freeze_start_worker, ("better", "ranks")),
+        "slow-freeze": (slow_freeze_worker, ()),
         "residuals": (residual_worker, ()),
     })

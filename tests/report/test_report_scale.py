@@ -87,7 +87,7 @@ def test_a_report_of_200_runs_labels_each_configuration_once(tmp_path, monkeypat
     counted_calls = dict(calls)
     loaded, _ = load_runs(tmp_path / "runs")
     configurations = loaded.runs[LABEL].nunique()
-    assert len(loaded) == runs and configurations == 33  # 11 methods on 3 classes, apart
+    assert len(loaded) == runs and configurations == 22  # 11 methods on 2 classes, apart
     # each run's configuration: once for its key, once for the options it shows
     assert 0 < counted_calls["configuration"] <= 2 * runs
     # the display parts: once per configuration for the report's labels, and once per

@@ -33,7 +33,7 @@ PERTURBED = Path(__file__).resolve().parents[1] / "gate" / "data" / "kernel_pert
 def test_every_run_is_one_row_with_its_summary_and_view_columns():
     runs = read_result_set(REFERENCE, METHODS.defaults)
     frame = runs.runs
-    assert len(runs) == 33 and runs.skipped == [] and runs.tables == {}
+    assert len(runs) == 22 and runs.skipped == [] and runs.tables == {}
     assert set(VIEW_COLUMNS) <= set(frame.columns)
     for _, row in frame.iterrows():
         view: RunView = row[VIEW]

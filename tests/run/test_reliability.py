@@ -103,13 +103,17 @@ def test_interrupt_then_resume_equals_the_uninterrupted_run(
     full = pd.read_parquet(uninterrupted / reference / "iterations.parquet")
     assert rows[["iteration", "rank"]].equals(full[["iteration", "rank"]])  # no gap, no repeat
     assert rows["loss"].tolist() == full["loss"].tolist()
-    # each attempt's first iteration is a one-off, out of the means; the summary's first
-    # iteration is this attempt's, not iteration 0 of the interrupted one
+    # each attempt's first iteration is a one-off, out of the means, and so is PruneX's
+    # freeze; the summary's first iteration is this attempt's, not iteration 0 of the
+    # interrupted one
     start_at = done["resumed_at_iteration"]
-    assert set(rows.loc[rows["one_off"], "iteration"]) == {0, start_at}
+    one_offs = {0, start_at}
+    if reference == "prunex":  # the freeze's round: the first frozen row follows it
+        one_offs.add(int(rows.loc[rows["frozen"].astype(bool), "iteration"].min()) - 1)
+    assert set(rows.loc[rows["one_off"], "iteration"]) == one_offs
     slowest = rows.groupby("iteration")["t_iteration"].max()
     assert done["first_iteration_seconds"] == slowest[start_at]
-    assert done["iteration_seconds"] == pytest.approx(slowest.drop([0, start_at]).mean())
+    assert done["iteration_seconds"] == pytest.approx(slowest.drop(sorted(one_offs)).mean())
     if reference == "prunex":
         assert rows["frozen"].any() and not rows["frozen"].all()  # froze inside the run
         assert rows["density"].tolist() == full["density"].tolist()
@@ -163,7 +167,10 @@ def test_sigkill_of_the_parent_then_recover(tmp_path):
     )
     assert recovered.returncode == 0, recovered.stderr
     failed = summary(folder)
-    assert failed["status"] == "failed" and "killed" in failed["error"]
+    # the ranks outlived their launcher by a moment (the fork server's end signals them):
+    # they stopped on their own and said so, and recover keeps their words
+    assert failed["status"] == "interrupted", failed
+    assert failed["error"].startswith("interrupted") and "resume" in failed["error"]
     assert failed["method"] == "topk" and failed["gpus"] == 2  # identity from the start
     assert pd.read_parquet(folder / "iterations.parquet")["iteration"].nunique() >= before
     assert not (folder / "parts").exists()
@@ -181,7 +188,7 @@ def test_sigkill_of_the_parent_then_recover(tmp_path):
         (["--weight-decay", "-0.1"], "--weight-decay must be at least 0"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
         (["--collective-timeout", "0"], "--collective-timeout must be positive"),
-        (["--gpus", "4096", "--gpus-per-node", "4", "--synthetic-size", "8192,64"],
+        (["--gpus", "4096", "--gpus-per-node", "4", "--synthetic-size", "65536,64"],
          "local CPU ranks need about"),
         (["--gpus", "512", "--gpus-per-node", "4"], "256 training samples cannot fill 512 shards"),
     ],

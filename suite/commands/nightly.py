@@ -18,9 +18,11 @@ from pathlib import Path
 
 from suite.config import RunConfig
 from suite.errors import BenchError
+from suite.gate.reference import class_folders
 from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.view import RunView, run_folders
+from suite.run.plan import plan_run
 
 #: the nightly's ranks: 2 nodes of 2
 GPUS = 4
@@ -110,8 +112,6 @@ def stale_runs(folder: str | Path) -> list[StaleRun]:
 def plan_differences(view: RunView) -> list[str]:
     """What differs between the plan ``view`` recorded and today's nightly plan of its
     method and seed (empty: the same plan)."""
-    # lazy: the plan imports the data layer, which the gate's readers never need
-    from suite.run.plan import plan_run
 
     if METHODS.find(view.method) is None:
         return [f"method {view.method!r} is not installed here"]
@@ -154,8 +154,6 @@ def setting_differences(planned: dict | None, resolved: dict, today: dict) -> li
 def stale_reference_lines(root: str | Path, classes: list[str] | None = None) -> list[str]:
     """One line per stale run of every class folder under ``root`` (or those named), each
     naming the class, the method and what differs; empty when every reference is current."""
-    from suite.gate.reference import class_folders
-
     lines = []
     for name, folder in class_folders(Path(root)).items():
         if classes is not None and name not in classes:

@@ -1,0 +1,137 @@
+"""A run folder is input and has one owner: a checkpoint whose metadata would run code is
+refused before anything of it runs; a run that is still going is neither resumed nor
+overwritten by a second `bench run`; an owner that is gone is taken over, saying so."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from suite.errors import BenchError
+from suite.results.lock import OWNER, Owner, acquire, check_free, release
+from suite.run.checkpoint import latest_checkpoint, read_metadata, safe_reader
+from tests.support.runs import ENV, TINY, bench, finish, start, summary, wait_until
+
+TOPK = ["--method", "topk", *TINY, "--gpus", "2", "--gpus-per-node", "1",
+        "--checkpoint-every", "1"]
+
+
+class Planted:
+    """What a crafted `.metadata` unpickles to with plain pickle: a shell command run."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.target}",)
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> Path:
+    """A 2-rank run stopped after its third iteration, with a checkpoint to resume."""
+    root = tmp_path_factory.mktemp("stopped")
+    code, err = finish(start(root, "cut", *TOPK, "--iterations", "6",
+                             env={**ENV, "PRUNEX_STOP_AFTER_ITERATION": "3"}))
+    assert code == 1 and summary(root / "cut")["status"] == "interrupted", err
+    assert latest_checkpoint(root / "cut") is not None
+    return root / "cut"
+
+
+def test_a_checkpoint_whose_metadata_runs_code_is_refused(stopped, tmp_path):
+    """The repro of the issue: `.metadata` overwritten with a pickle that calls os.system.
+    `bench run --resume` exits 2 in one line before any rank, and nothing ran; the ranks'
+    reader (the same for --max-restarts and a sweep's resume) refuses it too."""
+    folder = tmp_path / "crafted"
+    subprocess.run(["cp", "-r", str(stopped), str(folder)], check=True)
+    _, checkpoint = latest_checkpoint(folder)
+    target = tmp_path / "ran"
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(Planted(target)))
+    proc = bench("run", "--resume", folder)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "names posix.system" in lines[0] and "refused" in lines[0]
+    assert not target.exists()
+    for read in (lambda: read_metadata(checkpoint), lambda: safe_reader(checkpoint)
+                 .read_metadata()):
+        with pytest.raises(BenchError, match="names posix.system"):
+            read()
+    assert not target.exists()
+    sweep = bench("sweep", "--method", "topk", *TINY, "--gpus", "2", "--gpus-per-node", "1",
+                  "--iterations", "6", "--results-dir", tmp_path / "sweep", "--dry-run")
+    assert sweep.returncode == 0  # nothing to resume there: the check costs a sweep nothing
+
+
+def test_a_damaged_metadata_is_one_line(stopped, tmp_path):
+    folder = tmp_path / "damaged"
+    subprocess.run(["cp", "-r", str(stopped), str(folder)], check=True)
+    _, checkpoint = latest_checkpoint(folder)
+    (checkpoint / ".metadata").write_bytes(os.urandom(64))
+    proc = bench("run", "--resume", folder)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "unreadable" in proc.stderr or "names" in proc.stderr
+
+
+def test_the_real_metadata_reads_as_dcp_wrote_it(stopped):
+    _, checkpoint = latest_checkpoint(stopped)
+    metadata = read_metadata(checkpoint)
+    assert any(key.startswith("rank0/") for key in metadata.state_dict_metadata)
+
+
+def test_a_live_run_is_neither_resumed_nor_overwritten(tmp_path):
+    """While a run goes, `--resume` of its folder and a second `bench run` of its id with
+    --overwrite are refused in one line naming the owner; the run ends ok, unharmed."""
+    proc = start(tmp_path, "live", *TOPK, "--iterations", "400")  # stopped long before
+    folder = tmp_path / "live"
+    wait_until(folder, 2, proc)
+    resumed = bench("run", "--resume", folder)
+    again = bench("run", "--results-dir", tmp_path, "--run-id", "live", "--overwrite", *TOPK,
+                  "--iterations", "4")
+    for refused in (resumed, again):
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert f"is in use by pid {proc.pid} on " in line, line
+    proc.send_signal(signal.SIGTERM)
+    code, _ = finish(proc)
+    assert code == 1 and summary(folder)["status"] == "interrupted"
+    assert not (folder / OWNER).exists()  # given up once the run said how it ended
+
+
+def test_a_stale_owner_is_taken_over(stopped, tmp_path):
+    """A resume after the owner died (its owner file left behind) takes the folder over with
+    a line saying so, and finishes."""
+    folder = tmp_path / "orphan"
+    subprocess.run(["cp", "-r", str(stopped), str(folder)], check=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    owner = {**Owner.me().__dict__, "pid": gone.pid, "started": 1}
+    (folder / OWNER).write_text(json.dumps(owner))
+    proc = bench("run", "--resume", folder)
+    assert proc.returncode == 0, proc.stderr
+    assert f"took over from a stale owner (pid {gone.pid} on " in proc.stderr
+    assert summary(folder)["status"] == "ok" and not (folder / OWNER).exists()
+
+
+def test_the_lock_is_one_owner_at_a_time(tmp_path):
+    """Two takers of one folder in two processes: the second is refused while the first
+    lives; a damaged owner file is stale."""
+    acquire(tmp_path)
+    code = ("import sys; from suite.results.lock import acquire; from suite.errors import "
+            "BenchError\ntry:\n    acquire(sys.argv[1])\nexcept BenchError as e:\n    "
+            "print(e); sys.exit(2)")
+    other = subprocess.run([os.sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                           text=True, env=ENV)
+    assert other.returncode == 2 and f"in use by pid {os.getpid()}" in other.stdout
+    check_free(tmp_path)  # this process's own hold is no obstacle to itself
+    release(tmp_path)
+    (tmp_path / OWNER).write_text("{")
+    said = []
+    acquire(tmp_path, say=said.append)
+    assert said and "owner file is damaged" in said[0]
+    release(tmp_path)
+    assert not (tmp_path / OWNER).exists()
