@@ -186,7 +186,7 @@ def run_agent(
         shutdown_seconds=shutdown_seconds,
     )
     # the launcher's own signal handling holds until the folder says how the run ended
-    with LauncherSignals(folder, SignalException).installed():
+    with LauncherSignals(folder, SignalException).installed(launch):
         try:
             elastic_launch(launch, rank_main)(plan.to_json(), str(folder.path))
         except ChildFailedError as exc:
@@ -221,16 +221,24 @@ class LauncherSignals:
     def __init__(self, folder: RunFolder, exception: type):
         self.folder, self.exception, self.received = folder, exception, []
 
+    #: the signals torch elastic's agent keeps handling itself
+    TORCH_HANDLES = "SIGHUP,SIGQUIT"
+
     @contextlib.contextmanager
-    def installed(self):
+    def installed(self, launch):
+        """Ours for the agent's lifetime: torch elastic installs its handlers for the signals
+        named by ``launch.signals_to_handle`` (which it copies into
+        TORCHELASTIC_SIGNALS_TO_HANDLE; the variable itself where a release has no field)."""
+        if hasattr(launch, "signals_to_handle"):
+            launch.signals_to_handle = self.TORCH_HANDLES
         own = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # these two: torch's
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = self.TORCH_HANDLES
         previous = {sig: signal.signal(sig, self.handle) for sig in self.HANDLED}
         try:
             yield self
-        finally:
+        finally:  # once stopped by a signal the process is ending: a later one is moot
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                signal.signal(sig, signal.SIG_IGN if self.received else handler)
             if own is None:
                 os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
             else:

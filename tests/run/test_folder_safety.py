@@ -135,3 +135,86 @@ def test_the_lock_is_one_owner_at_a_time(tmp_path):
     assert said and "owner file is damaged" in said[0]
     release(tmp_path)
     assert not (tmp_path / OWNER).exists()
+
+
+def fork_server_of(pid: int) -> int:
+    """The fork server below a launcher: its child whose command is the server's (the ranks
+    forked from it carry the same command line, one level further down)."""
+    from suite.processes import descendants, stat_fields
+
+    for child, _ in descendants(pid):
+        fields = stat_fields(Path(f"/proc/{child}"))
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields is not None and int(fields[1]) == pid and b"forkserver" in command:
+            return child
+    raise AssertionError(f"no fork server below {pid}")
+
+
+def assert_nothing_left(launcher: int, folder: Path) -> None:
+    """No rank of the run, nor the launcher, still runs."""
+    from suite.processes import python_alive
+
+    pids = [pid for _, pid in summary(folder).get("processes") or []]
+    assert not [pid for pid in [launcher, *pids] if python_alive(pid)]
+
+
+def test_the_fork_servers_death_records_the_ranks_reason(tmp_path):
+    """SIGKILL of the fork server the ranks came from: the launcher waits for the ranks to
+    stop on their own (they checkpoint and say so) before it merges; the run ends
+    interrupted with their words, and the rows counted are the rows on disk."""
+    proc = start(tmp_path, "server", *TOPK, "--iterations", "400")
+    folder = tmp_path / "server"
+    wait_until(folder, 3, proc)
+    os.kill(fork_server_of(proc.pid), signal.SIGKILL)
+    code, err = finish(proc)
+    assert code == 1, err
+    ended = summary(folder)
+    assert ended["status"] == "interrupted" and "--resume" in ended["error"], ended
+    import pandas as pd
+
+    rows = pd.read_parquet(folder / "iterations.parquet")
+    assert ended["iterations_recorded"] == rows["iteration"].nunique()
+    assert not (folder / "parts").exists()
+    assert_nothing_left(proc.pid, folder)
+
+
+def test_a_second_signal_still_ends_the_run_recorded(tmp_path):
+    """SIGTERM, then another half a second later, to the launcher: exit 1 (not 143), the run
+    interrupted and recorded, no rank left."""
+    import time
+
+    proc = start(tmp_path, "twice", *TOPK, "--iterations", "400")
+    folder = tmp_path / "twice"
+    wait_until(folder, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 1, err
+    assert summary(folder)["status"] == "interrupted"
+    assert_nothing_left(proc.pid, folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system needs root")
+def test_a_full_disk_ends_failed_saying_no_space(tmp_path):
+    """Results on a 600 KiB tmpfs: the ranks fill it within a few iterations; the run ends
+    failed with "no space left on device" in one line, the summary says so (rewritten in
+    place), and nothing is left running."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)], check=True)
+    try:
+        proc = start(mount, "full", *TOPK[:-2], "--iterations", "400")
+        code, err = finish(proc)
+        assert code == 1, err
+        lines = [line for line in err.strip().splitlines() if line.strip()]
+        assert len(lines) == 1 and "no space left on device" in lines[0].lower(), err
+        ended = summary(mount / "full")
+        assert ended["status"] == "failed" and "space" in ended["error"].lower()
+        assert_nothing_left(proc.pid, mount / "full")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
