@@ -192,8 +192,10 @@ def check_live_weights(out: str, folder: Path) -> None:
 
 
 def check_overhead(out: str, folder: Path) -> None:
-    assert re.search(r"\*\*ratio: [0-9.]+ \(median [0-9.]+\)\*\*", out), out
-    assert "prunex s/step (work)" in (folder / "overhead.md").read_text()
+    assert re.search(r"\*\*steady ratio: [0-9.]+ \(median [0-9.]+\); training time ratio, "
+                     r"one-offs included: [0-9.]+ \(median [0-9.]+\)\*\*", out), out
+    table = (folder / "overhead.md").read_text()
+    assert "prunex s/step (work)" in table and "freeze " in table  # the one-offs apart
 
 
 def check_recipe(out: str, folder: Path) -> None:
