@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from suite.errors import BenchError
-from suite.structured.groups import ChannelGroup, trace_channel_groups
+from suite.structured.groups import ChannelGroup, channel_count, trace_channel_groups
 from suite.structured.liveness import LiveSlices, live_slices, zero_dead
 from suite.structured.masks import StructuredMask, apply_mask
 from suite.structured.packing import packed_numel
@@ -96,8 +96,39 @@ def remove_dead_channels(
         root = group.producers[0]
         idxs = root.index[dead].tolist()
         pruning = graph.get_pruning_group(modules[root.module], tp.prune_conv_out_channels, idxs)
+        if not in_range(pruning, graph) or splits(pruning):
+            continue  # shapes Torch-Pruning cannot change consistently: its zeros stay
         pruning.prune()
     return pruned
+
+
+def splits(pruning) -> bool:
+    """Whether a pruning group passes through a split, a chunk, an unbind or a slice of a
+    feature map: the forward of the module doing it keeps its sizes as numbers of its own
+    (timm's CSP blocks split at ``expand_chs // 2``, MixNet's mixed convs at stored split
+    sizes), which no pruner updates, so removing channels there breaks the model."""
+    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
+    import torch_pruning as tp
+
+    cutting = {tp.ops.OPTYPE.SPLIT, tp.ops.OPTYPE.UNBIND, tp.ops.OPTYPE.SLICE}
+    return any(node.type in cutting for item in pruning
+               for node in (item.dep.source, item.dep.target))
+
+
+def in_range(pruning, graph) -> bool:
+    """Whether every module of a Torch-Pruning pruning group is asked to remove positions it
+    has (Torch-Pruning 1.6 maps a split followed by a concatenation, CSPNet's blocks, past
+    the splitting conv's end, and would remove other channels than the dead ones)."""
+    for item in pruning:
+        module = item.dep.target.module
+        if not isinstance(module, nn.Module):
+            continue
+        writes = graph.is_out_channel_pruning_fn(item.dep.handler)
+        count = channel_count(graph, module, writes)
+        own = [int(i) for i in item.idxs]
+        if count is not None and own and (min(own) < 0 or max(own) >= count):
+            return False
+    return True
 
 
 def count_parameters(model: nn.Module) -> int:

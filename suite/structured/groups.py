@@ -131,10 +131,34 @@ def trace_channel_groups(model: nn.Module, example_input: torch.Tensor) -> list[
     return groups
 
 
+def member_index(item, size: int, limit: int | None) -> torch.Tensor | None:
+    """A Torch-Pruning group item's own positions in the group's channel order (``index[k]``:
+    the module's position of the group's channel k), or None where the item does not map
+    the group's channels one-to-one onto its own. Its ``idxs`` are the module's own
+    positions and its ``root_idxs`` the group channels they stand for: after a split, a
+    chunk, a concatenation or a transpose the two orders differ, and a module may hold only
+    part of the group or hold a channel twice. ``limit``: the module's own channel count
+    along the pruned dim; positions beyond it (Torch-Pruning 1.6 maps a split followed by a
+    concatenation, as in CSPNet's blocks, past the end of the splitting conv) are no map."""
+    own = [int(i) for i in item.idxs]
+    roots = getattr(item, "root_idxs", None)
+    if roots is None or len(roots) != len(own) or any(r is None for r in roots):
+        return None
+    roots = [int(r) for r in roots]
+    if len(own) != size or sorted(roots) != list(range(size)) or len(set(own)) != size:
+        return None
+    if limit is not None and (min(own) < 0 or max(own) >= limit):
+        return None
+    index = torch.empty(size, dtype=torch.long)
+    index[torch.as_tensor(roots, dtype=torch.long)] = torch.as_tensor(own, dtype=torch.long)
+    return index
+
+
 def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup:
     _, root_idxs = tp_group[0]
     group = ChannelGroup(size=len(root_idxs))
-    for dep, idxs in tp_group:
+    for item in tp_group:
+        dep = item.dep
         module = dep.target.module
         if (isinstance(module, CHANNEL_MIXING_NORMS)
                 or getattr(dep.target, "grad_fn", None) in graph.channel_mixing_outputs):
@@ -143,9 +167,11 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
             if dep.target.type == _optype("OUTPUT"):
                 group.open_read = True
             continue  # element-wise ops, reshapes, adds: no parameters of their own
-        one_to_one = len(idxs) == group.size
-        member = Member(names[module], torch.as_tensor([int(i) for i in idxs], dtype=torch.long))
         writes = graph.is_out_channel_pruning_fn(dep.handler)
+        index = member_index(item, group.size, channel_count(graph, module, writes))
+        one_to_one = index is not None
+        member = Member(names[module], index if one_to_one else torch.as_tensor(
+            [int(i) for i in item.idxs], dtype=torch.long))
         if writes and not one_to_one:
             group.whole = True
         if _plain_conv(module) and one_to_one:
@@ -168,6 +194,16 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
     if not group.producers and not group.open_write:
         group.open_write = True  # written by something Torch-Pruning does not list: keep it
     return group
+
+
+def channel_count(graph, module: nn.Module, writes: bool) -> int | None:
+    """The module's channels along the dim a group item prunes (out for a writer, in for a
+    reader), as Torch-Pruning's pruner of it counts them; None where it has no pruner."""
+    pruner = graph.get_pruner_of_module(module)
+    if pruner is None:
+        return None
+    count = pruner.get_out_channels(module) if writes else pruner.get_in_channels(module)
+    return int(count) if count is not None else None
 
 
 def _owning_conv(norm: nn.Module, graph, names: dict[nn.Module, str]) -> str | None:
