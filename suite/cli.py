@@ -92,7 +92,8 @@ def list_cmd(names, show_options, markdown) -> None:
 @main.command("run")
 @config_option(list_keys=("gpus", "synthetic_size"))
 @click.option("--method", default="prunex", show_default=True, help="registered method name")
-@click.option("--workload", default="cnn-fmnist", show_default=True, help="workload name")
+@click.option("--workload", "--model", "workload", default="cnn-fmnist", show_default=True,
+              help="workload name, or a model by name: timm:NAME, torchvision:NAME")
 @click.option("--gpus", default="4", show_default=True, type=IntList(),
               help="number of ranks (--launcher sim: a list, e.g. 8,16,32,64)")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -156,7 +157,8 @@ def rerun_cmd(run_dir, results_dir, run_id, dry_run) -> None:
 @config_option(list_keys=("method", "workload", "gpus", "seed", "synthetic_size"))
 @click.option("--method", default="prunex,prunex-flat,ddp,topk", show_default=True,
               help="comma list")
-@click.option("--workload", default="cnn-fmnist", show_default=True, help="comma list")
+@click.option("--workload", "--model", "workload", default="cnn-fmnist", show_default=True,
+              help="comma list of workloads or models by name (timm:NAME, torchvision:NAME)")
 @click.option("--gpus", default="4,8", show_default=True, type=IntList())
 @click.option("--seed", default="0", show_default=True, type=IntList(0), help="seeds (repeats)")
 @click.option("--dry-run", is_flag=True, help="list the cells and exit")
@@ -309,6 +311,44 @@ def report_cmd(results_dir, output, width) -> None:
         fail(BenchError(f"bench report: could not write {exc.filename or output} "
                         f"({os_reason(exc)}); the run folders are untouched"))
     click.echo(f"report: {path}")
+
+
+@main.command("inspect")
+@click.option("--workload", "--model", "workload", default="cnn-fmnist", show_default=True,
+              help="a workload, or a model by name: timm:NAME, torchvision:NAME")
+@click.option("--dataset", default=None,
+              help="the images the model is built for (default: the workload's)")
+@click.option("--filter-keep", type=float, default=None, help="fraction of filters kept")
+@click.option("--channel-keep", type=float, default=None,
+              help="fraction of input channels kept (0.5 when no keep is given)")
+@click.option("--shape-keep", type=float, default=None, help="fraction of kernel positions kept")
+@click.option("--head-keep", type=float, default=None, help="fraction of attention heads kept")
+@click.option("--mlp-keep", type=float, default=None, help="fraction of MLP neurons kept")
+@click.option("--image-size", type=click.IntRange(8, 1024), default=None,
+              help="build and check the model for the dataset's images at this size (a model "
+              "that needs larger ones than 28x28)")
+@click.option("--time-limit", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="seconds Torch-Pruning may take to group the model")
+@click.option("--json", "as_json", is_flag=True,
+              help="one JSON object (status ok or refused, reason, counts, shares, advice)")
+def inspect_cmd(workload, dataset, filter_keep, channel_keep, shape_keep, head_keep, mlp_keep,
+                image_size, time_limit, as_json) -> None:
+    """Whether PruneX's structured path works on a model, and what its keeps reach: groups,
+    liveness, packing and the export checked in float64 on a random batch with realistic BN
+    statistics, in seconds on the CPU, without training. Exit 0: it works; 2: refused (one
+    line saying where and why)."""
+    # lazy: the structured path imports Torch-Pruning; only this command needs it here
+    from suite.commands.inspection import inspect_workload, print_inspection
+
+    keeps = {"filter_keep": filter_keep, "channel_keep": channel_keep,
+             "shape_keep": shape_keep, "head_keep": head_keep, "mlp_keep": mlp_keep}
+    try:
+        found = inspect_workload(workload, dataset, keeps, trace_seconds=time_limit,
+                                 image_size=image_size)
+        code = print_inspection(found, echo=click.echo, as_json=as_json)
+    except BenchError as exc:
+        fail(exc)
+    sys.exit(code)
 
 
 @main.command("export")

@@ -6,12 +6,13 @@ entry point, as a third-party workload package would be).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import replace
 
 from torch import nn
 
-from suite.api import WORKLOADS, DatasetSpec, Recipe, Workload
+from suite.api import WORKLOADS, BenchError, DatasetSpec, Recipe, Workload
 from workloads import models
 
 SMALL_STEM = "stem adapted for small inputs: 3x3 stride-1 conv1, no max-pool"
@@ -138,3 +139,38 @@ def _register(name: str) -> None:
 
 for _name in BUILTINS:
     _register(_name)
+
+
+BY_NAME = ("randomly initialized, on Fashion-MNIST by default (--dataset swaps it: channels, "
+           f"image size and classes follow); {CPU_DEMO}")
+
+
+@WORKLOADS.register_family("timm", f"any timm model by name, timm:NAME; {BY_NAME}")
+def timm_model(name: str) -> Workload:
+    """``timm:NAME``: timm's model NAME as a workload (a one-line error for a name timm does
+    not know, with the closest ones)."""
+    import timm  # lazy: ~1.6 s to import; only a timm: workload needs it
+
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else " (timm.list_models())"
+        raise BenchError(f"timm has no model {name!r}{hint}")
+    return Workload(f"timm:{name}", f"timm {name}; {BY_NAME}", f"timm:{name}", "fmnist",
+                    models.timm_by_name(name), replace(CPU_DEMO_RECIPE))
+
+
+@WORKLOADS.register_family("torchvision",
+                           f"any torchvision classifier by name, torchvision:NAME; {BY_NAME}")
+def torchvision_model(name: str) -> Workload:
+    """``torchvision:NAME``: torchvision's classifier NAME as a workload."""
+    import torchvision  # lazy: only a torchvision: workload needs it
+
+    known = torchvision.models.list_models(module=torchvision.models)
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise BenchError(f"torchvision has no classifier {name!r}{hint} (its detection, "
+                         "segmentation and video models are not classifiers of images)")
+    return Workload(f"torchvision:{name}", f"torchvision {name}; {BY_NAME}",
+                    f"torchvision:{name}", "fmnist", models.torchvision_by_name(name),
+                    replace(CPU_DEMO_RECIPE))

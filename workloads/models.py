@@ -145,3 +145,61 @@ def convmixer_64_4(spec: DatasetSpec) -> nn.Module:
 
     return ConvMixer(64, 4, kernel_size=5, patch_size=2, in_chans=spec.in_chans,
                      num_classes=spec.num_classes)
+
+
+def timm_by_name(name: str):
+    """A builder of any timm model ``name``, randomly initialized, for the dataset's image
+    channels, size (where the model takes one: ViTs, Swin) and classes."""
+
+    def build(spec: DatasetSpec) -> nn.Module:
+        import timm  # lazy: ~1.6 s to import; only this path needs it
+
+        kwargs = {"pretrained": False, "num_classes": spec.num_classes,
+                  "in_chans": spec.in_chans}
+        try:
+            return timm.create_model(name, img_size=spec.image_size, **kwargs)
+        except TypeError:  # a model without an image size of its own: any size goes
+            return timm.create_model(name, **kwargs)
+
+    build.__name__ = name
+    return build
+
+
+#: torchvision classifiers whose auxiliary heads return a tuple in training: left out
+AUXILIARY_HEADS = ("googlenet", "inception_v3")
+
+
+def torchvision_by_name(name: str):
+    """A builder of torchvision's classifier ``name`` with no weights, for the dataset's
+    classes (and image size, where the model takes one); for images of other than 3
+    channels the first conv reads the dataset's channels instead (newly initialized, the
+    rest of the model as it is)."""
+
+    def build(spec: DatasetSpec) -> nn.Module:
+        import torchvision  # lazy: only this path needs it
+
+        kwargs = {"weights": None, "num_classes": spec.num_classes}
+        if name in AUXILIARY_HEADS:
+            kwargs.update(aux_logits=False, init_weights=True)
+        if name.startswith("vit_"):
+            kwargs["image_size"] = spec.image_size
+        model = torchvision.models.get_model(name, **kwargs)
+        return with_input_channels(model, spec.in_chans) if spec.in_chans != 3 else model
+
+    build.__name__ = name
+    return build
+
+
+def with_input_channels(model: nn.Module, in_chans: int) -> nn.Module:
+    """``model`` whose first conv reading 3 channels reads ``in_chans`` instead (a new conv of
+    the same kind, initialized as the rest; torchvision's classifiers take RGB only)."""
+    for parent in model.modules():
+        for child_name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d) and child.in_channels == 3:
+                conv = nn.Conv2d(in_chans, child.out_channels, child.kernel_size, child.stride,
+                                 child.padding, child.dilation, groups=1,
+                                 bias=child.bias is not None, padding_mode=child.padding_mode)
+                nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+                setattr(parent, child_name, conv)
+                return model
+    return model

@@ -85,7 +85,8 @@ def read_experiment(path: str | Path) -> dict:
                                  "under options)")
             flat.update({_key(k): v for k, v in value.items()})
         else:
-            flat[_key(key)] = value
+            name = _key(key)
+            flat["workload" if name == "model" else name] = value  # --model is --workload
     return {k: v for k, v in flat.items() if v is not None}
 
 

@@ -13,7 +13,15 @@ def entries_text() -> str:
         entries = registry.entries()
         width = max((len(e.name) for e in entries), default=0)
         lines += [f"  {e.name:<{width}}  {e.description}" for e in entries]
-    lines += ["", "Options of a method: bench list METHOD (all: bench list --options)"]
+        families = registry.families()
+        if families:
+            width = max(width, *(len(f"{p}:NAME") for p in families))
+            lines += [f"  {prefix + ':NAME':<{width}}  {text}" for prefix, text in
+                      sorted(families.items())]
+    lines += ["", "Options of a method: bench list METHOD (all: bench list --options)",
+              "A model by name runs as --workload (or --model) timm:NAME / torchvision:NAME; "
+              "bench inspect --model NAME says first whether PruneX's structured path works "
+              "on it"]
     return "\n".join(lines) + "\n"
 
 

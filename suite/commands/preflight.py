@@ -25,8 +25,8 @@ from suite.plugins.registry import METHODS
 from suite.results.folder import MANIFEST, SUMMARY
 from suite.results.lock import check_free
 from suite.run.plan import RunPlan
+from suite.structured.inspection import preflight_structure
 from suite.structured.masks import StructuredKeepSettings
-from suite.structured.structures import check_structure
 
 __all__ = ["LAUNCHER_FLAGS", "describe", "refuse_foreign_flags", "split_options", "validate"]
 
@@ -127,7 +127,7 @@ def check_structure_once(plan: RunPlan) -> None:
         return
     torch.manual_seed(plan.config.seed)
     model = plan.workload.build_model(plan.spec)
-    check_structure(settings, model, example_input(plan.spec), plan.config.workload)
+    preflight_structure(settings, model, example_input(plan.spec), plan.config.workload)
     _STRUCTURES_CHECKED.add(key)
 
 

@@ -24,7 +24,7 @@ from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
 from suite.plugins.registry import METHODS
 from suite.results import schema
-from suite.results.folder import RunFolder, write_json
+from suite.results.folder import RunFolder, id_part, write_json
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.plan import RunPlan
 
@@ -62,7 +62,7 @@ def cell_id(config: RunConfig) -> str:
                      *RELIABILITY_FIELDS):
         described.pop(volatile, None)
     digest = hashlib.sha1(json.dumps(described, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{config.method}-{config.workload}-{config.gpus}g-{digest}"
+    return f"{config.method}-{id_part(config.workload)}-{config.gpus}g-{digest}"
 
 
 def expand(

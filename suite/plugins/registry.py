@@ -141,6 +141,9 @@ class Registry:
         self.kind = kind
         self.entry_point_group = entry_point_group
         self._entries: dict[str, Entry] = {}
+        #: prefix -> (description, factory of a name): ``timm:NAME`` for any NAME it knows
+        self._families: dict[str, tuple[str, Callable[[str], Any]]] = {}
+        self._made: dict[str, Entry] = {}  # the family entries asked for so far
         self._plugins_loaded = False
         self._loading: EntryPoint | None = None  # the entry point being imported
         #: the plugins (or entries whose factory failed) that were skipped, with the warning
@@ -205,6 +208,53 @@ class Registry:
             return factory
 
         return decorate
+
+    def register_family(self, prefix: str, description: str):
+        """Decorator on a factory of names: entries ``PREFIX:NAME`` for any NAME the factory
+        accepts (``factory(NAME)`` returns what a plain entry's factory returns, or raises
+        BenchError naming what it knows), made when first asked for. timm's and
+        torchvision's models by name are such families of workloads, so a model needs no
+        plugin of its own.
+
+        Args:
+            prefix: what comes before the colon (``timm``).
+            description: one line for ``bench list`` (``PREFIX:NAME`` is shown).
+
+        Returns:
+            The decorator (it returns the factory unchanged).
+
+        Examples:
+            ```python
+            @WORKLOADS.register_family("timm", "any timm model, randomly initialized")
+            def timm_model(name: str) -> Workload:
+                return Workload(f"timm:{name}", ..., dataset="fmnist", build_model=...)
+            ```
+        """
+
+        def decorate(factory):
+            if prefix in self._families or not prefix.isidentifier():
+                raise BenchError(f"{self.kind} family {prefix!r} is registered twice or is not "
+                                 "a name")
+            self._families[prefix] = (description, factory)
+            return factory
+
+        return decorate
+
+    def families(self) -> dict[str, str]:
+        """prefix -> description of every family."""
+        self._load_plugins()
+        return {prefix: description for prefix, (description, _) in self._families.items()}
+
+    def _family_entry(self, name: str) -> Entry | None:
+        """The entry ``PREFIX:NAME`` of a family, made once (None: no such family)."""
+        prefix, colon, rest = name.partition(":")
+        family = self._families.get(prefix) if colon and rest else None
+        if family is None:
+            return None
+        if name not in self._made:
+            description, factory = family
+            self._made[name] = Entry(name, f"{description} ({rest})", lambda: factory(rest))
+        return self._made[name]
 
     def _check_option(self, name: str, opt: Option) -> None:
         """An option's default has its declared type and passes its own checks; its flag is
@@ -320,9 +370,10 @@ class Registry:
             return None
 
     def find(self, name: str) -> Entry | None:
-        """The entry, or None when nothing of that name is registered."""
+        """The entry, or None when nothing of that name is registered (``PREFIX:NAME`` of a
+        registered family is)."""
         self._load_plugins()
-        return self._entries.get(name)
+        return self._entries.get(name) or self._family_entry(name)
 
     def option_catalogue(
         self, *, builtin_only: bool = False

@@ -28,6 +28,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import secrets
 import shutil
 import socket
@@ -59,7 +60,13 @@ def setting_of(summary: dict, manifest: dict) -> str:
 
 def make_run_id(method: str, workload: str, gpus: int) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{method}-{workload}-{gpus}g-{secrets.token_hex(2)}"
+    return f"{stamp}-{method}-{id_part(workload)}-{gpus}g-{secrets.token_hex(2)}"
+
+
+def id_part(name: str) -> str:
+    """``timm:cspresnet50`` as a run id shows it (``timm_cspresnet50``): a folder name of
+    letters, digits, '.', '_' and '-'."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def identity_summary(config) -> dict:

@@ -20,7 +20,6 @@ inference latency at batch 1 and 128, and test accuracy.
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,7 +28,12 @@ import torch
 from torch import nn
 
 from suite.errors import BenchError
-from suite.structured.groups import ChannelGroup, channel_count, trace_channel_groups
+from suite.structured.groups import (
+    ChannelGroup,
+    channel_count,
+    copy_model,
+    trace_channel_groups,
+)
 from suite.structured.liveness import LiveSlices, live_slices, zero_dead
 from suite.structured.masks import StructuredMask, apply_mask
 from suite.structured.packing import packed_numel
@@ -43,7 +47,7 @@ LATENCY_BATCHES = (1, 128)
 def masked_dense_model(model: nn.Module, masks: dict, live: LiveSlices) -> nn.Module:
     """A copy of ``model`` with the masks applied and every dead slice zeroed (a pruned head's
     or neuron's slices are dead in ``live``)."""
-    masked = copy.deepcopy(model)
+    masked = copy_model(model)
     params = dict(masked.named_parameters())
     with torch.no_grad():
         for name, mask in masks.items():
@@ -80,26 +84,59 @@ def remove_dead_channels(
     """A copy of ``model`` without the channels that are dead in their whole group.
 
     A group whose every channel is dead keeps one (zero) channel: a layer needs at least one.
+    A group whose removal the model's forward cannot take keeps its channels, as zeros: one
+    crossing a split or a grouped conv (``unshrinkable``), or one whose removal stops the
+    forward (a module that keeps a per-channel tensor of its own, TResNet's anti-aliasing
+    filter buffer): each group is removed in turn and the forward run on ``example``; the
+    first that fails is left out and the removal starts again without it.
     """
+    left_out: set[int] = set()
+    while True:
+        pruned, failed = _remove_groups(model, groups, live, example, left_out)
+        if failed is None:
+            return pruned
+        left_out.add(failed)
+
+
+def _remove_groups(model, groups, live, example, left_out: set[int]):
+    """(the copy with the removable groups removed, None), or (None, the index of the first
+    group whose removal stopped the forward)."""
     # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
     import torch_pruning as tp
 
-    pruned = copy.deepcopy(model).cpu().eval()
+    pruned = copy_model(model).cpu().eval()
     modules = dict(pruned.named_modules())
     graph = tp.DependencyGraph().build_dependency(pruned, example_inputs=example, verbose=False)
-    for group, alive in zip(groups, live.channels):
+    for number, (group, alive) in enumerate(zip(groups, live.channels)):
         dead = (~alive).nonzero().flatten()
-        if dead.numel() == 0 or not group.producers:
-            continue  # nothing to remove, or written by an unmasked op: zeros stay
+        if dead.numel() == 0 or not group.producers or number in left_out:
+            continue  # nothing to remove, written by an unmasked op, or left out: zeros stay
         if dead.numel() == group.size:
             dead = dead[1:]
         root = group.producers[0]
         idxs = root.index[dead].tolist()
         pruning = graph.get_pruning_group(modules[root.module], tp.prune_conv_out_channels, idxs)
-        if not in_range(pruning, graph) or splits(pruning):
+        if not in_range(pruning, graph) or unshrinkable(pruning):
             continue  # shapes Torch-Pruning cannot change consistently: its zeros stay
         pruning.prune()
-    return pruned
+        try:
+            with torch.inference_mode():
+                pruned(example)
+        except Exception:  # the forward of a module that kept its old channel count
+            return None, number
+    return pruned, None
+
+
+def unshrinkable(pruning) -> bool:
+    """Whether removing the group's channels would break a module that keeps sizes of its
+    own: a split (``splits``) or a grouped conv (its groups would no longer divide its
+    channels, or would regroup them: RegNetY's squeeze-excitation)."""
+    for item in pruning:
+        module = item.dep.target.module
+        if (isinstance(module, nn.Conv2d) and module.groups > 1
+                and not module.groups == module.in_channels == module.out_channels):
+            return True
+    return splits(pruning)
 
 
 def splits(pruning) -> bool:
@@ -220,6 +257,6 @@ def max_abs_diff(a: nn.Module, b: nn.Module, images: torch.Tensor,
     """Largest absolute difference of the two models' outputs on ``images``, computed in
     ``dtype`` (on copies of the models, when it is not theirs)."""
     if dtype != torch.float32:
-        a, b, images = copy.deepcopy(a).to(dtype), copy.deepcopy(b).to(dtype), images.to(dtype)
+        a, b, images = copy_model(a).to(dtype), copy_model(b).to(dtype), images.to(dtype)
     with torch.inference_mode():
         return (a(images) - b(images)).abs().max().item()

@@ -46,8 +46,10 @@ class ChannelGroup:
     own (its bias, like a BN shift, would otherwise send a constant onward).
     ``whole``: no channel of the group can be removed exactly, so all of them stay live: a
     norm layer that mixes channels reads them all (LayerNorm, GroupNorm: removing one changes
-    the statistics of the rest), or a member writes them not one-to-one (GhostNet's
-    concatenated features, where removing one channel removes another one with it).
+    the statistics of the rest), a member writes them not one-to-one (GhostNet's
+    concatenated features, where removing one channel removes another one with it), the
+    feature map is split (Torch-Pruning maps the parts back without their offsets), or a conv
+    reads channels whose weights are zero (weight standardization).
     """
 
     size: int
@@ -60,6 +62,7 @@ class ChannelGroup:
     open_write: bool = False
     open_read: bool = False
     whole: bool = False
+
 
 
 def _plain_conv(module: nn.Module) -> bool:
@@ -77,6 +80,30 @@ def _depthwise_conv(module: nn.Module) -> bool:
             and module.groups == module.in_channels == module.out_channels)
 
 
+def copy_model(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)``, also of a model that keeps tensors its forward computed
+    (LeViT's attention-bias cache, filled by an eval forward under autograd): deepcopy
+    refuses a tensor that is not a graph leaf, so such a tensor is copied detached."""
+    memo: dict[int, object] = {}
+
+    def detach_cached(value) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.grad_fn is not None:
+                memo[id(value)] = value.detach().clone()
+        elif isinstance(value, dict):
+            for item in value.values():
+                detach_cached(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                detach_cached(item)
+
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                detach_cached(value)
+    return copy.deepcopy(model, memo)
+
+
 def dependency_graph(model: nn.Module, example_input: torch.Tensor, roots: tuple, what: str):
     """(a CPU copy of ``model`` in eval mode, Torch-Pruning's dependency graph of it from one
     traced forward pass, its groups rooted at modules of the types ``roots``); the model
@@ -85,7 +112,7 @@ def dependency_graph(model: nn.Module, example_input: torch.Tensor, roots: tuple
     # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
     import torch_pruning as tp
 
-    traced = copy.deepcopy(model).cpu().eval()
+    traced = copy_model(model).cpu().eval()
     # a parameterless norm (LocalResponseNorm) is traced as its elementwise ops, not as
     # itself: remember the autograd node of each channel-mixing norm's output to know it again
     graph_nodes_of_norms = set()
@@ -161,7 +188,11 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
         dep = item.dep
         module = dep.target.module
         if (isinstance(module, CHANNEL_MIXING_NORMS)
-                or getattr(dep.target, "grad_fn", None) in graph.channel_mixing_outputs):
+                or getattr(dep.target, "grad_fn", None) in graph.channel_mixing_outputs
+                or {dep.source.type, dep.target.type} & _cutting_ops()):
+            # a channel-mixing norm, or a split, chunk, unbind or slice of the feature map,
+            # which Torch-Pruning 1.6 maps back without the part's offset (CSPNet's
+            # split-then-concat: its members would name the wrong channels)
             group.whole = True
         if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
             if dep.target.type == _optype("OUTPUT"):
@@ -170,6 +201,8 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
         writes = graph.is_out_channel_pruning_fn(dep.handler)
         index = member_index(item, group.size, channel_count(graph, module, writes))
         one_to_one = index is not None
+        if isinstance(module, nn.Conv2d) and not writes and not ignores_zeroed_inputs(module):
+            group.whole = True  # it reads a channel whose weights are zero: none is dead
         member = Member(names[module], index if one_to_one else torch.as_tensor(
             [int(i) for i in item.idxs], dtype=torch.long))
         if writes and not one_to_one:
@@ -196,6 +229,28 @@ def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup
     return group
 
 
+def ignores_zeroed_inputs(conv: nn.Conv2d) -> bool:
+    """Whether the conv no longer reads an input channel whose weight slice is zero, as
+    ``F.conv2d`` of its weight does; a conv that transforms its weight first does not (timm's
+    StdConv2d and ScaledStdConv2d standardize each filter over its inputs, so a zeroed slice
+    becomes ``-mean / std``): its input channels are never dead. Checked on the conv itself
+    (a copy, one small input), so any subclass is judged by what it computes."""
+    if type(conv).forward is nn.Conv2d.forward:
+        return True
+    probe = copy.deepcopy(conv).float().eval()
+    generator = torch.Generator().manual_seed(0)
+    size = max(9, *(k * 2 + 1 for k in probe.kernel_size))
+    x = torch.randn(1, probe.in_channels, size, size, generator=generator)
+    changed = x.clone()
+    changed[:, 0] = torch.randn(size, size, generator=generator)
+    with torch.no_grad():
+        probe.weight[:, 0] = 0
+        try:
+            return torch.equal(probe(x), probe(changed))
+        except Exception:  # a conv that cannot run alone: judged as not ignoring
+            return False
+
+
 def channel_count(graph, module: nn.Module, writes: bool) -> int | None:
     """The module's channels along the dim a group item prunes (out for a writer, in for a
     reader), as Torch-Pruning's pruner of it counts them; None where it has no pruner."""
@@ -212,6 +267,11 @@ def _owning_conv(norm: nn.Module, graph, names: dict[nn.Module, str]) -> str | N
     if len(inputs) == 1 and _plain_conv(inputs[0].module):
         return names[inputs[0].module]
     return None
+
+
+def _cutting_ops() -> set:
+    """Torch-Pruning's op types that cut a feature map into parts."""
+    return {_optype("SPLIT"), _optype("UNBIND"), _optype("SLICE")}
 
 
 def _optype(name: str):

@@ -111,20 +111,24 @@ def live_slices(
         cols[f"{prefix}weight"] = inputs[conv].nonzero().flatten()
         if modules[conv].bias is not None:
             rows[f"{prefix}bias"] = rows[f"{prefix}weight"]
+    covered: dict[str, torch.Tensor] = {}  # BN or depthwise module -> entries a group maps
+
+    def entries_of(member, size: int, values: torch.Tensor, tensors: tuple[str, ...]) -> None:
+        entries = torch.zeros(size, dtype=torch.bool)
+        entries[member.index] = values
+        _rows_of(rows, member.module, tensors, entries, modules)
+        seen = covered.setdefault(member.module, torch.zeros(size, dtype=torch.bool))
+        seen[member.index] = True
+
     for group, live in zip(groups, channels):
         for producer in group.producers:
             for norm in group.followers.get(producer.module, []):
-                entries = torch.zeros(modules[norm.module].num_features, dtype=torch.bool)
-                entries[norm.index] = filters[producer.module][producer.index]
-                _rows_of(rows, norm.module, NORM_TENSORS, entries, modules)
+                entries_of(norm, modules[norm.module].num_features,
+                           filters[producer.module][producer.index], NORM_TENSORS)
         for norm in group.shared_followers:
-            entries = torch.zeros(modules[norm.module].num_features, dtype=torch.bool)
-            entries[norm.index] = live
-            _rows_of(rows, norm.module, NORM_TENSORS, entries, modules)
+            entries_of(norm, modules[norm.module].num_features, live, NORM_TENSORS)
         for conv in group.depthwise:
-            entries = torch.zeros(modules[conv.module].out_channels, dtype=torch.bool)
-            entries[conv.index] = live
-            _rows_of(rows, conv.module, DEPTHWISE_TENSORS, entries, modules)
+            entries_of(conv, modules[conv.module].out_channels, live, DEPTHWISE_TENSORS)
         for linear in group.linear_readers:  # a linear after a concat reads several groups
             key = f"{linear.module}.weight"
             read = torch.ones(modules[linear.module].in_features, dtype=torch.bool)
@@ -133,6 +137,11 @@ def live_slices(
                 read[cols[key]] = True
             read[linear.index] = live
             cols[key] = read.nonzero().flatten()
+    for name, seen in covered.items():  # entries no group maps (Torch-Pruning skipped a
+        # root, or mapped a part wrongly) are live: nothing says they are not read
+        tensors = NORM_TENSORS if isinstance(modules[name], nn.modules.batchnorm._BatchNorm) \
+            else DEPTHWISE_TENSORS
+        _rows_of(rows, name, tensors, ~seen, modules)
     return LiveSlices(rows, cols, channels)
 
 
