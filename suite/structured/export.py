@@ -37,23 +37,29 @@ from suite.structured.groups import (
 from suite.structured.liveness import LiveSlices, live_slices, zero_dead
 from suite.structured.masks import StructuredMask, apply_mask
 from suite.structured.packing import packed_numel
-from suite.structured.units import UnitGroup, kept_positions
+from suite.structured.units import UnitGroup, apply_units, kept_positions
 
 TOLERANCE = 1e-5  # max |exported - masked dense| over the checked test outputs (float64)
 CHECK_SAMPLES = 256  # test images the equality is checked on
 LATENCY_BATCHES = (1, 128)
 
 
-def masked_dense_model(model: nn.Module, masks: dict, live: LiveSlices) -> nn.Module:
-    """A copy of ``model`` with the masks applied and every dead slice zeroed (a pruned head's
-    or neuron's slices are dead in ``live``)."""
+def masked_dense_model(model: nn.Module, masks: dict, live: LiveSlices | None = None,
+                       units: list[UnitGroup] = ()) -> nn.Module:
+    """A copy of ``model`` with the conv masks applied, the pruned heads and neurons of
+    ``units`` zeroed, and every slice ``live`` calls dead zeroed (a pruned head's or neuron's
+    slices are dead in ``live``; None: the masks alone, what a run trains)."""
     masked = copy_model(model)
     params = dict(masked.named_parameters())
+    tensors = {n: p.data for n, p in params.items()}
     with torch.no_grad():
         for name, mask in masks.items():
             if isinstance(mask, StructuredMask):
                 params[name].copy_(apply_mask(params[name], mask))
-        zero_dead({n: p.data for n, p in params.items()}, live)
+        for group in units:
+            apply_units(group, masks[group.key], tensors)
+        if live is not None:
+            zero_dead(tensors, live)
     return masked
 
 

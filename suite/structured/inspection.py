@@ -28,18 +28,22 @@ import torch
 from torch import nn
 
 from suite.errors import BenchError
-from suite.structured.export import TOLERANCE, count_parameters, export_model, max_abs_diff
+from suite.structured.export import (
+    TOLERANCE,
+    count_parameters,
+    export_model,
+    masked_dense_model,
+    max_abs_diff,
+)
 from suite.structured.groups import copy_model, trace_channel_groups
 from suite.structured.liveness import live_slices
 from suite.structured.masks import (
     CONV_KEEPS,
-    StructuredMask,
-    apply_mask,
     project,
     structured_weights,
 )
 from suite.structured.structures import check_structure
-from suite.structured.units import KINDS, apply_units, project_units, trace_unit_groups
+from suite.structured.units import KINDS, project_units, trace_unit_groups
 
 #: seconds Torch-Pruning may take to group a model before it is refused
 TRACE_SECONDS = 60.0
@@ -224,15 +228,7 @@ def check_liveness(model: nn.Module, masked: nn.Module, masks: dict, units: list
     round packs) leaves the masked model's outputs as they were: a dead slice that still
     moves the output would be dropped from every exchange (a conv that reads a zeroed input
     channel, a module outside Torch-Pruning's graph)."""
-    plain = copy_model(model)
-    params = dict(plain.named_parameters())
-    with torch.no_grad():
-        for name, mask in masks.items():
-            if isinstance(mask, StructuredMask):
-                params[name].copy_(apply_mask(params[name], mask))
-        for group in units:
-            if group.key in masks:
-                apply_units(group, masks[group.key], {n: p.data for n, p in params.items()})
+    plain = masked_dense_model(model, masks, units=units)
     diff = max_abs_diff(plain, masked, batch, dtype=torch.float64)
     if not diff <= TOLERANCE:
         raise BenchError(f"slices the liveness calls dead still move the output (by "

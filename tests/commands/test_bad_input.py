@@ -130,31 +130,29 @@ BAD_FILES = [
 ]
 
 
-@pytest.mark.parametrize(("args", "env", "said"), [c[1:] for c in BAD_FLAGS],
-                         ids=[c[0] for c in BAD_FLAGS])
-def test_a_bad_flag_is_one_line_before_any_rank(args, env, said):
-    result = invoke(args, env)
+def refused_in_one_line(result, said: str) -> None:
+    """Exit 2 and one line on stderr that says ``said``."""
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and said in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [c[1:] for c in BAD_FLAGS],
+                         ids=[c[0] for c in BAD_FLAGS])
+def test_a_bad_flag_is_one_line_before_any_rank(args, env, said):
+    refused_in_one_line(invoke(args, env), said)
 
 
 @pytest.mark.parametrize(("env", "said"), [c[1:] for c in BAD_ENVIRONMENT],
                          ids=[c[0] for c in BAD_ENVIRONMENT])
 def test_a_bad_environment_variable_is_one_line(env, said):
-    result = invoke(DRY, env)
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and said in lines[0], result.stderr
+    refused_in_one_line(invoke(DRY, env), said)
 
 
 @pytest.mark.parametrize(("make", "said"), [c[1:] for c in BAD_FILES],
                          ids=[c[0] for c in BAD_FILES])
 def test_a_bad_file_is_one_line(files, make, said):
-    result = invoke(make(files))
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and said in lines[0], result.stderr
+    refused_in_one_line(invoke(make(files)), said)
 
 
 def test_flags_given_with_resume_are_refused_unless_a_resume_takes_them(tmp_path):
