@@ -38,8 +38,10 @@ def benchmarks(session):
 
 @nox.session(python=False)
 def integration(session):
-    """The nox sessions themselves run end to end (the nightly three times against a
-    reference it records): minutes, so apart from the fast suite; CI runs it."""
+    """The end-to-end runs of a minute or more: the nox sessions themselves (the nightly
+    three times against a reference it records), the quickstart, the torch floor's sweep,
+    the activity check, the shaped-link fit, GPU part 0 without a GPU, every command without
+    plugins. Apart from the fast suite, which they would push past 15 minutes; CI runs it."""
     session.run("python", "-m", "pytest", "-q", "-m", "integration", "-rs", *session.posargs)
 
 

@@ -41,8 +41,8 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
         inference_mode, int8, int32, int64, is_deterministic_algorithms_warn_only_enabled,
         is_tensor, isin, linspace, load, long, manual_seed,
         maximum, no_grad, nonzero, ones, ones_like, rand, randint, randn, randperm, relu,
-        save, set_num_threads, set_rng_state, sin, sort, stack, tensor, uint8, unique,
-        use_deterministic_algorithms, where, zeros, zeros_like
+        save, set_num_threads, set_rng_state, sigmoid, sin, sort, split, stack, tensor,
+        uint8, unique, use_deterministic_algorithms, where, zeros, zeros_like
     torch._utils: _flatten_dense_tensors, _unflatten_dense_tensors
     torch.autograd: grad
     torch.backends.cpu: get_cpu_capability
@@ -81,8 +81,9 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
     torch.multiprocessing: set_forkserver_preload, spawn, start_processes
     torch.nn: AdaptiveAvgPool2d, BatchNorm2d, Conv2d, CrossEntropyLoss, CrossMapLRN2d,
         Flatten, GroupNorm, Hardswish, Identity, InstanceNorm2d, LayerNorm, Linear,
-        LocalResponseNorm, MaxPool2d, Module, Parameter, ReLU, RMSNorm, Sequential
-    torch.nn.functional: cross_entropy, interpolate, pad
+        LocalResponseNorm, MaxPool2d, Module, ModuleList, Parameter, ReLU, RMSNorm,
+        Sequential, Conv2d.forward
+    torch.nn.functional: conv2d, cross_entropy, interpolate, pad, relu
     torch.nn.init: kaiming_normal_
     torch.nn.modules.batchnorm: _BatchNorm
     torch.nn.parallel: DistributedDataParallel (forward_sync_buffers: after 2.11, fallback)
@@ -95,6 +96,7 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
     torchvision: __version__
     torchvision.datasets: CIFAR10, FashionMNIST
     torchvision.datasets.VisionDataset: __init__
+    torchvision.models: get_model, list_models (in torchvision since 0.14; 2.11's is 0.26)
 
 A name the code starts to use must be added here after it is checked under the floor's torch
 (tests/test_compat.py fails until it is); one the floor lacks gets a function here.

@@ -191,6 +191,12 @@ def check_live_weights(out: str, folder: Path) -> None:
     assert re.search(r"\| resnet18 +\| channel 0.5 +\|", (folder / "table.md").read_text())
 
 
+def check_zoo(out: str, folder: Path) -> None:
+    assert re.search(r"^torchvision:resnet18: ok ", out, re.M), out
+    assert re.search(r"^timm:mixnet_s: ok ", out, re.M), out  # split at stored sizes
+    assert "- timm: 1 models: 1 ok, 0 refused, 0 crash, 0 hang" in out, out
+
+
 def check_overhead(out: str, folder: Path) -> None:
     assert re.search(r"\*\*steady ratio: [0-9.]+ \(median [0-9.]+\); training time ratio, "
                      r"one-offs included: [0-9.]+ \(median [0-9.]+\)\*\*", out), out
@@ -264,6 +270,7 @@ SMOKES: dict[str, Smoke] = {
                           check_gpu_steps, skip=None),  # decided when asked: see smoke_skip
     "instrumentation_tax.py": Smoke(lambda d, _: ["--smoke", "-o", str(d / "tax.md")], check_tax),
     "live_weights.py": Smoke(lambda d, _: ["--smoke", "-o", str(d)], check_live_weights),
+    "model_zoo.py": Smoke(lambda d, _: ["--smoke"], check_zoo),
     "prunex_overhead.py": Smoke(lambda d, _: ["--smoke", "-o", str(d / "overhead.md")],
                                 check_overhead),
     "recipe_check.py": Smoke(lambda d, _: ["--smoke"], check_recipe),
@@ -277,7 +284,8 @@ SMOKES: dict[str, Smoke] = {
 }
 #: longest first, so the slowest chains start at once
 ORDER = ["validate_sim.py", "checkpoint_cost.py", "fair_comparison.py", "resume_equality.py",
-         "capacity_control.py", "live_weights.py", "prunex_overhead.py", "frontier.py",
+         "capacity_control.py", "live_weights.py", "model_zoo.py",
+         "prunex_overhead.py", "frontier.py",
          "families.py", "report_scale.py", "instrumentation_tax.py", "emulated_comm.py",
          "paper_scaling.sh", "runs.py", "gpu_steps.py", "recipe_check.py"]
 

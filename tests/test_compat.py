@@ -70,6 +70,7 @@ def runs(root) -> dict:
     return {json.loads(p.read_text())["method"]: p.parent for p in root.rglob("summary.json")}
 
 
+@pytest.mark.integration  # a minute of end-to-end runs: nox -s integration
 def test_runs_on_the_floor_api_end_ok_with_the_same_results(floor_and_here):
     here, floor = runs(floor_and_here["here"]), runs(floor_and_here["floor"])
     assert set(here) == set(floor) == set(METHODS)

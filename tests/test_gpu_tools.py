@@ -100,6 +100,7 @@ def test_a_pin_is_this_machines_version_where_it_fits():
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # a minute of end-to-end runs: nox -s integration
 def test_part_0_runs_without_a_gpu(tmp_path):
     """tools/gpu/run's part 0 where there is no GPU: the torch API check and 3 iterations of
     ddp, topk and prunex on CPU ranks, a table headed by the device and versions in $OUT."""

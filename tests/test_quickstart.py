@@ -47,6 +47,7 @@ def fresh_clone(target: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # a minute of end-to-end runs: nox -s integration
 def test_the_quickstart_report_holds_exactly_the_users_runs(tmp_path):
     clone = fresh_clone(tmp_path / "clone")
     assert not [p for p in (clone / "results").iterdir() if p.name != ".gitkeep"]

@@ -9,6 +9,7 @@ is suite.commands.capacity's.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -127,7 +128,11 @@ def check_structure_once(plan: RunPlan) -> None:
         return
     torch.manual_seed(plan.config.seed)
     model = plan.workload.build_model(plan.spec)
-    preflight_structure(settings, model, example_input(plan.spec), plan.config.workload)
+    _, untraced = preflight_structure(settings, model, example_input(plan.spec),
+                                      plan.config.workload)
+    if untraced:
+        print(f"warning: {untraced}: --pack live sends only the masks' blocks, and bench "
+              "export removes no channel", file=sys.stderr, flush=True)
     _STRUCTURES_CHECKED.add(key)
 
 

@@ -30,8 +30,11 @@ from torch import nn
 from suite.errors import BenchError
 from suite.structured.groups import (
     ChannelGroup,
+    RunawayMapping,
+    build_graph,
     channel_count,
     copy_model,
+    remapped,
     trace_channel_groups,
 )
 from suite.structured.liveness import LiveSlices, live_slices, zero_dead
@@ -112,7 +115,7 @@ def _remove_groups(model, groups, live, example, left_out: set[int]):
 
     pruned = copy_model(model).cpu().eval()
     modules = dict(pruned.named_modules())
-    graph = tp.DependencyGraph().build_dependency(pruned, example_inputs=example, verbose=False)
+    graph = build_graph(pruned, example)
     for number, (group, alive) in enumerate(zip(groups, live.channels)):
         dead = (~alive).nonzero().flatten()
         if dead.numel() == 0 or not group.producers or number in left_out:
@@ -121,10 +124,15 @@ def _remove_groups(model, groups, live, example, left_out: set[int]):
             dead = dead[1:]
         root = group.producers[0]
         idxs = root.index[dead].tolist()
-        pruning = graph.get_pruning_group(modules[root.module], tp.prune_conv_out_channels, idxs)
-        if not in_range(pruning, graph) or unshrinkable(pruning):
+        try:
+            pruning = graph.get_pruning_group(modules[root.module], tp.prune_conv_out_channels,
+                                              idxs)
+        except RunawayMapping:  # the graph's mapping budget is spent: the rest stay zeros
+            break
+        if not in_range(pruning, graph) or unshrinkable(pruning, graph):
             continue  # shapes Torch-Pruning cannot change consistently: its zeros stay
         pruning.prune()
+        remapped(graph)
         try:
             with torch.inference_mode():
                 pruned(example)
@@ -133,11 +141,14 @@ def _remove_groups(model, groups, live, example, left_out: set[int]):
     return pruned, None
 
 
-def unshrinkable(pruning) -> bool:
+def unshrinkable(pruning, graph) -> bool:
     """Whether removing the group's channels would break a module that keeps sizes of its
     own: a split (``splits``) or a grouped conv (its groups would no longer divide its
-    channels, or would regroup them: RegNetY's squeeze-excitation)."""
+    channels, or would regroup them: RegNetY's squeeze-excitation), or would remove other
+    channels than the dead ones: a reshape Torch-Pruning could not map (``build_graph``)."""
     for item in pruning:
+        if {item.dep.source, item.dep.target} & graph.unmapped:
+            return True
         module = item.dep.target.module
         if (isinstance(module, nn.Conv2d) and module.groups > 1
                 and not module.groups == module.in_channels == module.out_channels):

@@ -70,6 +70,8 @@ class Inspection:
         weights: where the parameters are: part (conv, grouped conv, linear, attention,
             norm, other) -> share of all parameters.
         advice: what to change when the keeps reach little.
+        untraced: why Torch-Pruning could not group the model's channels (then only the
+            masks' blocks are packed and nothing is exported smaller), else None.
         seconds: how long the inspection took.
     """
 
@@ -84,6 +86,7 @@ class Inspection:
     packed_bytes: int = 0
     weights: dict[str, float] = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
+    untraced: str | None = None
     seconds: float = 0.0
 
     @property
@@ -187,12 +190,14 @@ def advice_for(shares: dict[str, float], keeps: dict, reached: float) -> list[st
 
 
 def preflight_structure(settings, model: nn.Module, example: torch.Tensor, name: str,
-                        trace_seconds: float | None = TRACE_SECONDS) -> list:
+                        trace_seconds: float | None = TRACE_SECONDS) -> tuple[list, str | None]:
     """What a run's ranks will do with the model's structure, done once here before any
     starts (``bench run``'s preflight and ``bench inspect`` alike), within ``trace_seconds``:
     the structure check (a keep that prunes nothing, an untraceable model), the head and
     neuron groups, and with ``--pack live`` the channel groups and the live slices at the
-    keeps' first masks. Returns the head and neuron groups ([] without their keeps).
+    keeps' first masks. Returns the head and neuron groups ([] without their keeps) and why
+    the channels could not be grouped, if they could not (``ChannelGroups.untraced``: the
+    masks' blocks are then what is packed, and nothing is exported smaller).
 
     Raises:
         BenchError: one line, naming the model or its module and why.
@@ -203,10 +208,12 @@ def preflight_structure(settings, model: nn.Module, example: torch.Tensor, name:
         check_structure(SimpleNamespace(keeps=settings.keeps, pack=None), model, example, name)
         wants_units = any(k in keeps for k in KINDS.values())
         units = trace_unit_groups(model, example) if wants_units else []
+        untraced = None
         if getattr(settings, "pack", None) == "live":
             groups = trace_channel_groups(model, example)
             live_slices(model, groups, masks_at(model, keeps, units))
-    return units
+            untraced = groups.untraced
+    return units, untraced
 
 
 def runs_on(name: str, model: nn.Module, example: torch.Tensor) -> None:
@@ -269,7 +276,7 @@ def inspect_model(name: str, model: nn.Module, example: torch.Tensor, keeps: dic
         found.weights = weight_shares(model)
         runs_on(name, model, example)
         settings = SimpleNamespace(keeps=keeps, pack="live")
-        units = preflight_structure(settings, model, example, name, trace_seconds)
+        units, untraced = preflight_structure(settings, model, example, name, trace_seconds)
         masks = masks_at(model, keeps, units)
         units = [group for group in units if group.key in masks]  # those the keeps prune
         masked, exported, count = export_model(model, masks, batch, units)
@@ -280,6 +287,10 @@ def inspect_model(name: str, model: nn.Module, example: torch.Tensor, keeps: dic
         found.dense_bytes = 4 * (found.dense_parameters + sum(
             b.numel() for b in model.buffers() if b.is_floating_point()))
         found.advice = advice_for(found.weights, keeps, found.packed_share)
+        found.untraced = untraced
+        if untraced:
+            found.advice.insert(0, f"{untraced}: only the masks' blocks are packed, and no "
+                                "channel is removed by bench export")
     except BenchError as exc:
         found.status, found.reason = "refused", str(exc).splitlines()[0]
     found.seconds = time.perf_counter() - started

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from suite.errors import BenchError
-from suite.structured.groups import trace_channel_groups
+from suite.structured.groups import Ungroupable, trace_channel_groups
 from suite.structured.masks import CONV_KEEPS, conv_shapes, keep_count
 from suite.structured.units import UnitGroup, trace_unit_groups
 
@@ -50,11 +50,20 @@ def check_structure(settings, model: nn.Module, example: torch.Tensor, workload:
             if any(g.kind == kind and keep_count(g.units, value) < g.units for g in units):
                 continue
         if units is None:
-            units = trace_unit_groups(model, example)
+            units = describable_units(model, example)
         flag = "--" + keep.replace("_", "-")
         raise BenchError(
             f"{flag} {value:g} prunes nothing in {workload}: {describe(shapes, units, keep)}"
         )
+
+
+def describable_units(model: nn.Module, example: torch.Tensor) -> list[UnitGroup]:
+    """The head and neuron groups, to describe the model in a refusal; none where
+    Torch-Pruning cannot group them (Swin's windows): the refusal is about the keep."""
+    try:
+        return trace_unit_groups(model, example)
+    except Ungroupable:
+        return []
 
 
 def describe(shapes: dict[str, torch.Size], units: list[UnitGroup], keep: str) -> str:

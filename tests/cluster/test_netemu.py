@@ -67,6 +67,7 @@ def test_wire_bytes_match_recorded_inter_bytes(tmp_path):
 
 
 @needs_root
+@pytest.mark.integration  # a minute of end-to-end runs: nox -s integration
 def test_leaders_fit_predicts_the_flat_ring_on_shaped_links(tmp_path):
     """bench calibrate on 2 x 2 emulated nodes at 200 Mbit fits the leaders' 2-rank ring; that
     link (rate, alpha and the shapers' recorded burst) must then price the independently

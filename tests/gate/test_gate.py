@@ -194,6 +194,7 @@ TINY = ["--workload", "cnn-fmnist", "--dataset", "synthetic", "--synthetic-size"
         "--batch-size", "16", "--eval-every", "1000"]
 
 
+@pytest.mark.integration  # a minute of end-to-end runs: nox -s integration
 def test_a_method_that_does_not_do_its_job_fails_its_activity_check(tmp_path):
     keep_all, done = tmp_path / "keep-all", tmp_path / "done"
     runs = [

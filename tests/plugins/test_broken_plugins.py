@@ -102,6 +102,7 @@ def test_each_broken_plugin_is_one_warning_line_naming_it_and_its_cause(env):
     assert "(PRUNEX_STRICT_PLUGINS=1)" in strict.stderr and "plugin '" in strict.stderr
 
 
+@pytest.mark.integration  # a minute of end-to-end runs: nox -s integration
 def test_every_command_on_the_builtins_runs_as_if_nothing_were_installed(env, tmp_path):
     results = tmp_path / "results"
     ran = bench("run", "--method", "ddp", *TWO_NODES, "--results-dir", results, "--run-id",

@@ -166,6 +166,32 @@ class Blurred(nn.Module):
         return self.head(self.after(self.blur(self.stem(x))))
 
 
+class Shuffled(nn.Module):
+    """ShuffleNetV2's unit: half the channels through convs, the halves concatenated, then
+    shuffled (a view into five dims and a transpose) and chunked again: Torch-Pruning cannot
+    map channels through the shuffle."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = conv_bn(3, 8)
+        self.branch = nn.Sequential(conv_bn(4, 4, 1), conv_bn(4, 4, 3, groups=4), conv_bn(4, 4, 1))
+        self.branch2 = nn.Sequential(conv_bn(4, 4, 1), conv_bn(4, 4, 1))
+        self.after = conv_bn(8, 8, 1)
+        self.head = Head(8)
+
+    @staticmethod
+    def shuffle(x):
+        b, c, h, w = x.shape
+        return x.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous().view(b, c, h, w)
+
+    def forward(self, x):
+        a, b = self.stem(x).chunk(2, dim=1)
+        x = self.shuffle(torch.cat([a, self.branch(b)], dim=1))
+        a, b = x.chunk(2, dim=1)
+        x = self.shuffle(torch.cat([a, self.branch2(b)], dim=1))
+        return self.head(self.after(x))
+
+
 HAZARDS = {
     "split-at-stored-size": CrossStage,
     "chunk": Chunked,
@@ -174,6 +200,7 @@ HAZARDS = {
     "grouped-conv-in-se": GroupedSE,
     "standardized-conv": Standardized,
     "buffer-only-depthwise-filter": Blurred,
+    "channel-shuffle": Shuffled,
 }
 
 
@@ -217,3 +244,33 @@ def test_a_trace_that_never_ends_is_refused_within_its_limit(monkeypatch):
     found = inspect_model("stuck", CrossStage(), EXAMPLE, KEEP, trace_seconds=1)
     assert time.perf_counter() - started < 20
     assert found.status == "refused" and "took longer than 1 s" in found.reason
+
+
+def test_a_model_torch_pruning_cannot_group_packs_its_masks_blocks():
+    """torchvision's ShuffleNetV2 (a chunk of shuffled channels, which Torch-Pruning's split
+    rule cannot map): not refused; the masks' blocks are what is live (exact), no channel is
+    exported away, and the inspection says why."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.get_model("shufflenet_v2_x0_5", num_classes=10)
+    found = inspect_model("shufflenet_v2_x0_5", model, torch.zeros(1, 3, 32, 32), KEEP,
+                          trace_seconds=60)
+    assert found.status == "ok", found.reason
+    assert found.untraced and "Torch-Pruning" in found.untraced and "\n" not in found.untraced
+    assert found.advice[0].startswith(found.untraced)
+    assert found.packed_share < 1.0 and found.exported_parameters == found.dense_parameters
+
+
+def test_a_grouping_that_runs_away_ends_at_its_budget_the_same_every_time(monkeypatch):
+    """A grouping whose index mappings carry more than the budget (ReXNet, Swin) ends at once
+    as one Torch-Pruning cannot group: decided by the work done, not the clock, so every rank
+    decides alike."""
+    from suite.structured import groups
+
+    monkeypatch.setattr(groups, "MAX_MAPPING_WORK", 4)  # CrossStage's split maps more
+    found = [inspect_model("runaway", CrossStage(), EXAMPLE, KEEP, trace_seconds=60)
+             for _ in range(2)]
+    assert [f.status for f in found] == ["ok", "ok"], found[0].reason
+    assert found[0].untraced == found[1].untraced
+    assert "ran away (over 4 indices)" in found[0].untraced
