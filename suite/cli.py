@@ -10,6 +10,11 @@ input.
 
 from __future__ import annotations
 
+from suite import startup
+
+if __name__ == "__main__":  # python -m suite.cli; the bench script starts in suite.start
+    startup.deferring()  # before torch's imports: a Ctrl-C in them would abort the process
+
 import os
 import sys
 
@@ -61,6 +66,7 @@ def main(strict_plugins: bool) -> None:
 
     Exit codes: 0 ok, 1 a run or a regression check failed, 2 bad usage or input.
     """
+    startup.armed()  # the imports are done: a signal from here on interrupts at once
     require_supported_torch()
     try:  # a malformed variable is one line here, not a traceback inside a rank
         check_environment()
@@ -116,7 +122,8 @@ def list_cmd(names, show_options, markdown) -> None:
               help="[slurm] seconds before the time limit at which the ranks get SIGTERM to "
               "checkpoint and the job requeues (default: 180)")
 @click.option("--profile", default=None, help="[sim] hardware profile name or JSON file")
-@click.option("--replay", type=int, default=None, help="[sim] iterations replayed (10)")
+@click.option("--replay", type=int, default=None,
+              help="[sim] iterations replayed, at least (10; more until the schedule repeats)")
 @click.option("--accuracy-from", default=None, help="[sim] real run folder lending its accuracy")
 @run_flags
 def run_cmd(**kwargs) -> None:
@@ -452,7 +459,8 @@ def calibrate_cmd(**kwargs) -> None:
 @click.option("--profile", default="v100-ib100", show_default=True, help="name or JSON file")
 @click.option("--iterations", type=int, default=None, help="iterations (rounds) to simulate")
 @click.option("--epochs", type=float, default=None, help="epochs to simulate", cls=RecipeOption)
-@click.option("--replay", type=int, default=None, help="iterations replayed for real (10)")
+@click.option("--replay", type=int, default=None,
+              help="iterations replayed for real, at least (10; more until the schedule repeats)")
 @click.option("--accuracy-from", default=None, help="real run folder whose accuracy to carry")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--results-dir", default="results", show_default=True)

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("suite", "methods", "baselines", "workloads")
 #: the framework's rooms, bottom first: a module may import its own room and those below it
 LAYERS = [
+    "suite.startup",
     "suite.errors",
     "suite.environment",
     "suite.compat",
@@ -30,6 +31,7 @@ LAYERS = [
     "suite.report",
     "suite.commands",
     "suite.cli",
+    "suite.start",
 ]
 PLUGINS = ("methods", "baselines", "workloads")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -94,8 +95,19 @@ def preload_rank_modules() -> None:
     clean interpreter: it never touches CUDA, so CUDA ranks are safe, unlike plain fork),
     instead of each rank importing them in a fresh interpreter (spawn). The server starts at
     the first launch of this process and serves its later launches and restarts; it inherits
-    the environment of that moment (``OMP_NUM_THREADS`` is set before it)."""
+    the environment of that moment (``OMP_NUM_THREADS`` is set before it).
+
+    The server is started here with SIGINT ignored: a terminal's Ctrl-C reaches the whole
+    process group, and during its seconds of preloading the server would die of it with a
+    traceback (multiprocessing ignores SIGINT there only after the preload). Its ranks
+    install their own handlers first thing (``suite.run.stopping``); the launcher stops
+    them."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_MODULES)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the server's exec
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def detach_from_fork_server() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from suite.commands.experiment import read_experiment
 from suite.commands.preflight import describe, refuse_foreign_flags, split_options, validate
-from suite.commands.sweep import expand, run_cells, summary_lines
+from suite.commands.sweep import expand, run_cells, run_facts, summary_lines
 from suite.config import LAUNCHER_FLAGS, RunConfig
 from suite.errors import BenchError
 from suite.launchers.local import (
@@ -124,11 +124,21 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
         echo(describe(plan, generated_run_id=config.run_id is None))
         return
     if plan.config.network == "emulated":
-        echo(f"results: {launch_emulated(plan)}")
+        echo(ending_line(launch_emulated(plan)))
     elif plan.config.launcher == "local":
-        echo(f"results: {launch_local(plan)}")
+        echo(ending_line(launch_local(plan)))
     else:
         launch_in_job(plan)
+
+
+def ending_line(path: Path) -> str:
+    """How a finished run ended, in one line ending with its folder: ``ok: accuracy 86.23 %,
+    wall 41.2 s, training 30.5 s, inter-node 0.795 MB; results: PATH`` (a failed or stopped
+    run is one line of ``bench``'s error instead)."""
+    summary = RunFolder(path).summary() or {}
+    facts = run_facts(summary, wall=True)
+    return f"{summary.get(schema.STATUS, 'unknown')}: {facts}; results: {path}" if facts else (
+        f"results: {path}")
 
 
 def resolve_run(config: RunConfig) -> RunPlan:

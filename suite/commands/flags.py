@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from suite import startup
 from suite.commands.experiment import apply_to_command, read_experiment
 from suite.errors import BenchError, RunFailed
 from suite.plugins.registry import METHODS, WORKLOADS
@@ -72,6 +73,10 @@ class BenchGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except startup.Interrupted as exc:  # before a launcher took the signals over
+            click.echo(f"Error: interrupted by {exc.name} before any rank started: "
+                       f"{startup.kept()}", err=True)
+            sys.exit(startup.INTERRUPTED_EXIT)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "bench"
             raise OneLineUsageError(f"{exc.format_message()} (see {where} --help)") from None

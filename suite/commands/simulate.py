@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -79,6 +80,8 @@ def run_simulations(
         "checking them")
     for plan in plans:  # the model's structure traced, the options' ranges
         validate(plan, check_data=False)
+    for line in schedule_warnings(plans):
+        say(line)
     if dry_run:
         for plan in plans:
             config = plan.config
@@ -107,7 +110,7 @@ def run_simulations(
         name = f"[{number}/{len(cells)}] {config.method} {config.gpus} GPUs"
         say(f"{name}: building {config.workload} on {plan.nodes} nodes x "
             f"{config.gpus_per_node}; {cell.iterations} iteration(s), "
-            f"{cell.replayed_iterations} replayed")
+            f"at least {cell.replayed_iterations} replayed")
         path = simulate_run(plan, loaded, replay=replay, accuracy=accuracy,
                             host_memory_bandwidth=host_bandwidth,
                             progress=Throttled(lambda line, name=name: say(f"{name}: {line}")))
@@ -119,9 +122,56 @@ def run_simulations(
             f"-> {path}"
         )
         paths.append(path)
+    for line in efficiency_warnings(paths):
+        say(line)
     say(f"bench sim: {len(paths)} simulation(s) in {duration(time.perf_counter() - began)}, "
         f"checks included (estimated {duration(expected)})")
     return paths
+
+
+def schedule_warnings(plans) -> list[str]:
+    """A method whose rounds change length with the GPU count (the default H, one local
+    epoch at most 32 steps, shrinks as the shards do): its curve mixes algorithms, where the
+    paper scales at a fixed schedule. Names the H per count and the fixed form."""
+    rounds: dict[str, dict[int, int]] = defaultdict(dict)
+    for plan in plans:
+        method, gpus, h = plan.config.method, plan.config.gpus, plan.schedule.round_steps
+        if h is not None:
+            rounds[method][gpus] = h
+    lines = []
+    for method, by_gpus in rounds.items():
+        if len(set(by_gpus.values())) > 1:
+            each = ", ".join(f"H={h} at {g}" for g, h in sorted(by_gpus.items()))
+            lines.append(f"warning: {method}'s rounds change with the GPU count ({each} local "
+                         "steps: one local epoch, at most 32); for the paper's fixed schedule "
+                         f"give --local-steps {min(by_gpus.values())}")
+    return lines
+
+
+#: parallel efficiency a simulation may show above 1 (host-timed phases vary a little)
+EFFICIENCY_NOISE = 0.01
+
+
+def efficiency_warnings(paths: list[Path]) -> list[str]:
+    """The invariant of a simulated strong-scaling sweep: no method's parallel efficiency
+    (training seconds per epoch, relative to its fewest GPUs) above 1 beyond noise. The
+    simulator prices compute per sample and adds communication, so more is a pricing fault."""
+    per_method: dict[str, dict[int, float]] = defaultdict(dict)
+    for path in paths:
+        summary = RunFolder(path).summary()
+        if summary.get(schema.EPOCHS):
+            per_method[summary[schema.METHOD]][summary[schema.GPUS]] = (
+                summary[schema.TRAIN_SECONDS] / summary[schema.EPOCHS])
+    lines = []
+    for method, seconds in per_method.items():
+        base = min(seconds)
+        for gpus, epoch_seconds in sorted(seconds.items()):
+            efficiency = seconds[base] / epoch_seconds / (gpus / base)
+            if efficiency > 1 + EFFICIENCY_NOISE:
+                lines.append(f"warning: {method} at {gpus} GPUs simulates a parallel efficiency "
+                             f"of {efficiency:.3f} over {base} GPUs, above 1: a pricing fault "
+                             "of the simulator; report it with both run folders")
+    return lines
 
 
 class Throttled:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from suite import startup
 from suite.cluster.netemu import (
     check_privileges,
     emulated_cluster,
@@ -168,43 +169,46 @@ def run_agent(
     at ``rendezvous``); returns the run folder. Node 0 opens the folder before any rank starts
     and, when the ranks fail or are stopped, marks it with the first reason."""
     config = plan.config
-    if node == 0:
-        folder = open_run_folder(plan)
-    else:
-        folder = RunFolder(Path(config.results_dir) / plan.run_id)
-
     # lazy: ~0.1 s to import; only this path needs it
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    quiet_launcher_logs()
+    if node == 0:
+        folder = open_run_folder(plan)
+        startup.run_started(str(folder.path))
+    else:
+        folder = RunFolder(Path(config.results_dir) / plan.run_id)
     logs = tempfile.mkdtemp(prefix="prunex-launch-")
-    launch = elastic_launch_config(
-        config.gpus // nodes, job_id or config.run_id, log_dir=logs, nodes=nodes,
-        rendezvous=rendezvous, max_restarts=config.max_restarts,
-        shutdown_seconds=shutdown_seconds,
-    )
-    # the launcher's own signal handling holds until the folder says how the run ended
-    with LauncherSignals(folder, SignalException).installed(launch):
-        try:
+    signals = None
+    try:  # from here a signal is the run's: its folder records it
+        quiet_launcher_logs()
+        launch = elastic_launch_config(
+            config.gpus // nodes, job_id or config.run_id, log_dir=logs, nodes=nodes,
+            rendezvous=rendezvous, max_restarts=config.max_restarts,
+            shutdown_seconds=shutdown_seconds,
+        )
+        # the launcher's own signal handling holds until the folder says how the run ended
+        signals = LauncherSignals(folder, SignalException)
+        with signals.installed(launch):
             elastic_launch(launch, rank_main)(plan.to_json(), str(folder.path))
-        except ChildFailedError as exc:
-            if node:
-                raise RunFailed(f"node {node}: {dead_rank(exc) or 'a rank failed'}") from None
-            # the agent lost sight of its ranks (the fork server they were forked from died):
-            # they may still be stopping on their own, checkpointing and flushing rows
-            wait_for_ranks(folder, shutdown_seconds + 10)
-            fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
-        except (SignalException, KeyboardInterrupt) as exc:
-            name = exc.sigval.name if isinstance(exc, SignalException) else "SIGINT"
-            if node:
-                raise RunInterrupted(f"node {node}: interrupted by {name}") from None
-            fail_run(folder, config, signal_name=name)
-        finally:
-            shutil.rmtree(logs, ignore_errors=True)
-            if node == 0:
-                release(folder.path)
+    except ChildFailedError as exc:
+        if node:
+            raise RunFailed(f"node {node}: {dead_rank(exc) or 'a rank failed'}") from None
+        # the agent lost sight of its ranks (the fork server they were forked from died):
+        # they may still be stopping on their own, checkpointing and flushing rows
+        wait_for_ranks(folder, shutdown_seconds + 10)
+        fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
+    except (SignalException, KeyboardInterrupt) as exc:
+        name = (signals.first() if isinstance(exc, SignalException)
+                else getattr(exc, "name", "SIGINT"))  # startup.Interrupted: SIGTERM too
+        if node:
+            raise RunInterrupted(f"node {node}: interrupted by {name}") from None
+        fail_run(folder, config, signal_name=name)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+        if node == 0:
+            release(folder.path)
     return folder.path
 
 
@@ -223,6 +227,10 @@ class LauncherSignals:
 
     #: the signals torch elastic's agent keeps handling itself
     TORCH_HANDLES = "SIGHUP,SIGQUIT"
+
+    def first(self) -> str:
+        """The first signal's name (``SIGINT`` for a Ctrl-C; the ranks are sent SIGTERM)."""
+        return signal.Signals(self.received[0]).name if self.received else "SIGTERM"
 
     @contextlib.contextmanager
     def installed(self, launch):
@@ -246,9 +254,11 @@ class LauncherSignals:
 
     def handle(self, signum, _frame) -> None:
         self.received.append(signum)
-        if len(self.received) == 1:
-            name = signal.Signals(signum)
-            raise self.exception(f"Process {os.getpid()} got signal: {name}", sigval=name)
+        if len(self.received) == 1:  # the agent passes SIGTERM on to the ranks: a rank still
+            # starting ignores SIGINT (the fork server's, suite.cluster.ranks) but not SIGTERM
+            name = signal.Signals(signum).name
+            raise self.exception(f"Process {os.getpid()} got signal: {name}",
+                                 sigval=signal.SIGTERM)
         for pid in rank_pids(self.folder):  # the ranks decide how soon they can stop
             try:
                 os.kill(pid, signum)

@@ -189,22 +189,24 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
     name, title = "fig09_scaling", "Strong scaling: speedup and parallel efficiency"
     runs_frame = runs.runs
     rows = []
-    for line, method, workload, gpus, epochs, train, run_id in zip(
+    for line, method, workload, gpus, epochs, train, run_id, h in zip(
         line_table(runs_frame, parts_of(runs_frame)), runs_frame[schema.METHOD],
         runs_frame[schema.WORKLOAD], runs_frame[schema.GPUS], column(runs_frame, schema.EPOCHS),
         column(runs_frame, schema.TRAIN_SECONDS), runs_frame[schema.RUN_ID],
+        column(runs_frame, schema.STEPS_PER_ITERATION),
     ):
         seconds = epoch_seconds(epochs, train)
         if seconds:
             rows.append({"series": line, schema.METHOD: method, schema.WORKLOAD: workload,
-                         schema.GPUS: gpus,
-                         "epoch_seconds": seconds, schema.RUN_ID: run_id})
+                         schema.GPUS: gpus, "epoch_seconds": seconds, schema.RUN_ID: run_id,
+                         "h": float("nan") if h is None else float(h)})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return Skipped(name, title, "no run has training time and epochs")
     frame = frame.groupby([schema.WORKLOAD, "series", schema.METHOD, schema.GPUS],
                           as_index=False).agg(
-        epoch_seconds=("epoch_seconds", "median"), run_id=(schema.RUN_ID, ",".join)
+        epoch_seconds=("epoch_seconds", "median"), run_id=(schema.RUN_ID, ",".join),
+        h=("h", "max"),
     )
     lines = frame.groupby([schema.WORKLOAD, "series"]).filter(lambda g: g.gpus.nunique() >= 2)
     if lines.empty:
@@ -229,12 +231,18 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
         speed.plot(ticks, [g / min(ticks) for g in ticks], color="k", lw=0.8, ls=(0, (1, 1)),
                    label="ideal")
         efficiency.axhline(1.0, color="k", lw=0.8, ls=(0, (1, 1)))
-        drawn = []
+        drawn, changing = [], []
         for series, line in lines.groupby("series", sort=False):
             line = line.sort_values(schema.GPUS)
             drawn.append(speed.plot(line.gpus, line.speedup, label=series, ms=4,
                                     **styles[series]))
             drawn.append(efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series]))
+            if line.h.nunique() > 1:  # rounds that change with the GPU count: say so at each
+                changing.append(series)
+                for x, y, h in zip(line.gpus, line.efficiency, line.h):
+                    efficiency.annotate(f"H={h:g}", (x, y), xytext=(0, 5),
+                                        textcoords="offset points", ha="center", fontsize=5,
+                                        color=styles[series].get("color"))
         speed.set_yscale("log", base=2)
         for ax, label in ((speed, f"speedup {over} (log scale)"),
                           (efficiency, "parallel efficiency")):
@@ -249,9 +257,13 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
         files, context = finish(fig, runs, lines.run_id, out, name, on_axis=("GPUs",))
     ids = sorted({i for ids in lines.run_id for i in ids.split(",")})
     table = lines[["workload", "series", "gpus", "epoch_seconds", "speedup", "efficiency"]]
-    return Figure(name, title, files, table, ids,
-                  f"speedup {over}, from training seconds per epoch; lines that share a "
-                  "point are drawn a few points apart", context)
+    note = (f"speedup {over}, from training seconds per epoch; lines that share a point are "
+            "drawn a few points apart")
+    if changing:
+        note += (f"; {', '.join(changing)}: H (local steps per round) changes with the GPU "
+                 "count, so the curve mixes schedules (labelled at each point; --local-steps "
+                 "fixes it)")
+    return Figure(name, title, files, table, ids, note, context)
 
 
 def spread(ax, lines: list[list], spacing: float = 2.5) -> None:

@@ -37,10 +37,10 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
     """Entry point of one rank (also used by elastic_launch). ``run_dir`` is None where the
     rank is its own launcher (``--launcher torchrun``): the ranks then agree on rank 0's
     run id."""
+    stop = StopRequest().install()  # first: a rank forked by the server ignores SIGINT
     detach_from_fork_server()
     if run_dir is not None:  # its launcher said which plugins it skipped, once
         quiet_plugin_warnings()
-    stop = StopRequest().install()
     try:
         plan = RunPlan.from_json(plan_json)
         config = plan.config

@@ -154,7 +154,7 @@ class TrainingLoop:
     def __init__(self, run: Run, result: LoopResult):
         self.run, self.result = run, result
         self.agreement = Agreement(run.device)
-        self.progress = progress_bar(run)
+        self.progress = progress_bar(run, result.done)
         self.live = TensorBoardLog(run.folder.path, result.done) if live_logging(run) else None
         self.wall_start = time.perf_counter() - result.wall_seconds
         # this attempt's first iteration and the method's own one-off iterations: marked in
@@ -278,7 +278,7 @@ class TrainingLoop:
         rate = samples * dist.get_world_size() / max(row[schema.T_ITERATION], 1e-9)
         post = {"loss": f"{agreed.iterations[-1].mean_loss:.3f}", "samples/s": f"{rate:.0f}"}
         if self.accuracy is not None:
-            post["acc"] = f"{self.accuracy:.4f}"
+            post["acc"] = f"{100 * self.accuracy:.2f} %"
         self.progress.set_postfix(post, refresh=False)
         self.progress.update(len(agreed.iterations))
 
@@ -362,11 +362,12 @@ def checkpoint(run: Run, result: LoopResult) -> None:
     run.checkpoints.append(stats)
 
 
-def progress_bar(run: Run):
+def progress_bar(run: Run, done: int):
+    """Rank 0's bar of the run's iterations, from where a resumed run continues (``done``)."""
     if dist.get_rank() != 0 or not env_flag("PRUNEX_PROGRESS", default=True):
         return None
-
-    return tqdm(total=run.iterations, desc=run.config.method, unit="it", dynamic_ncols=True)
+    return tqdm(total=run.iterations, initial=done, desc=run.config.method, unit="it",
+                dynamic_ncols=True)
 
 
 def live_logging(run: Run) -> bool:

@@ -21,9 +21,12 @@ buffer has its real size), and its ``step`` runs unchanged; what differs is unde
   expected wait for the slowest rank at a synchronization after this iteration's local steps.
 
 Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
-ones, so its bytes are the leader's event log re-attributed with that rank's topology. The
-first ``replay`` iterations run for real; later ones repeat the last replayed schedule, which
-is stationary once PruneX's masks are frozen (the manifest says whether they were).
+ones, so its bytes are the leader's event log re-attributed with that rank's topology. At
+least the first ``replay`` iterations run for real, and every one after them until the
+schedule repeats (the same samples and bytes twice, the masks frozen where a method has them,
+no one-off such as PruneX's freeze); later ones are priced as the replayed iteration of median
+time with that schedule, and any of other local steps (a cut last round) is replayed. The
+samples priced equal the samples trained, or the simulation ends in one line.
 """
 
 from __future__ import annotations
@@ -127,42 +130,42 @@ def simulate_run(
     )
 
     rows: list[dict] = []
-    last: list[dict] = []
-    replayed = 0
+    replays: list[list[dict]] = []  # the replayed iterations' rows, in order
     started = time.perf_counter()
     for it in range(iterations):
-        local_steps = min((it + 1) * steps, ctx.budget_steps)
-        epoch = local_steps / loader.steps_per_epoch
-        if it < replay:
+        planned = min(steps, ctx.budget_steps - it * steps)  # a cut last round is shorter
+        epoch = min((it + 1) * steps, ctx.budget_steps) / loader.steps_per_epoch
+        if it < replay or not replays or not settled(replays, planned * loader.batch_size):
             recorder.begin_iteration(it)
             comm.events.clear()
             before = loader.step
-            method.step(it)
+            done = method.step(it)
             check_steps_taken(config.method, it, loader.step - before,
                               min(steps, ctx.budget_steps - before), steps)
             leader = recorder.end_iteration(
                 loss=math.nan,  # the stand-in batches' loss means nothing
                 samples=recorder.steps_this_iteration * loader.batch_size,
                 epoch=epoch,
+                one_off=bool(done.one_off),  # PruneX's freeze: its host-timed decision
             )
-            last = rank_rows(leader, comm.events, config.gpus, gpn)
-            replayed += 1
+            replays.append(rank_rows(leader, comm.events, config.gpus, gpn))
             taken = recorder.steps_this_iteration
-            say(f"replayed iteration {replayed}/{min(replay, iterations)} ({taken} local "
+            say(f"replayed iteration {it + 1}/{iterations} ({taken} local "
                 f"step{'s' if taken != 1 else ''}) in {time.perf_counter() - started:.1f} s")
             started = time.perf_counter()
-            if replayed == min(replay, iterations) and iterations > replayed:
-                say(f"pricing iterations {replayed + 1}-{iterations} as the last replayed one")
-        else:
-            last = [dict(row, iteration=it, epoch=epoch) for row in last]
-        rows.extend(last)
+            if it + 1 < iterations and it + 1 >= replay and settled(replays, None):
+                say(f"pricing iterations {it + 2}-{iterations} as the last replayed one "
+                    "(its schedule repeats), any of other local steps replayed")
+            rows.extend(replays[-1])
+        else:  # the same schedule as the last replayed iteration: priced as such a one
+            loader.step += planned  # where the run's loader would stand
+            rows.extend(dict(row, iteration=it, epoch=epoch) for row in typical(replays))
+    check_samples_priced(rows, ctx.budget_steps * loader.batch_size, config.method)
 
     folder = RunFolder(Path(config.results_dir) / plan.run_id)
     folder.path.mkdir(parents=True, exist_ok=True)
-    stationary = replayed == iterations or (
-        rows[-1].get(schema.FROZEN, True) is not False
-        and _same_schedule(rows, config.gpus, replayed)
-    )
+    replayed = len(replays)
+    stationary = replayed == iterations or settled(replays, None)
     manifest = make_manifest(
         plan, ctx, method, iterations=iterations, steps_per_iteration=steps,
         device="simulated", backend="simulated",
@@ -208,17 +211,44 @@ def simulate_run(
     return folder.path
 
 
-def _same_schedule(rows: list[dict], world: int, replayed: int) -> bool:
-    """Whether the last two replayed iterations moved the same bytes (a stationary schedule)."""
-    if replayed < 2:
+def settled(replays: list[list[dict]], samples: int | None) -> bool:
+    """Whether an iteration that trains ``samples`` per rank (None: any) can be priced as the
+    last replayed one: it trains as many, the method's masks are frozen (where it has
+    any) and the last two replayed iterations moved the same bytes (the schedule repeats).
+    Anything else is replayed: a cut last round, the rounds up to and after a freeze."""
+    last = replays[-1]
+    if samples is not None and last[0][schema.SAMPLES] != samples:
         return False
-    end = replayed * world
-    a, b = rows[end - 2 * world : end - world], rows[end - world : end]
+    if len(replays) < 2 or last[-1].get(schema.FROZEN, True) is False or last[0][schema.ONE_OFF]:
+        return False
     return all(
         x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
         and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA]
-        for x, y in zip(a, b)
+        and x[schema.SAMPLES] == y[schema.SAMPLES]
+        for x, y in zip(replays[-2], last)
     )
+
+
+def typical(replays: list[list[dict]]) -> list[dict]:
+    """Of the replayed iterations with the last one's schedule (its samples and bytes, no
+    one-off), the one of median time: the host-timed phases (compression, packing) vary from
+    one iteration to the next here, and one sample's noise would be priced into every
+    iteration after the replay."""
+    last = replays[-1]
+    same = [rows for rows in replays if not rows[0][schema.ONE_OFF] and all(
+        x[schema.SAMPLES] == y[schema.SAMPLES] and x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
+        and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA] for x, y in zip(rows, last))]
+    same.sort(key=lambda rows: rows[0][schema.T_ITERATION])
+    return same[(len(same) - 1) // 2] if same else last
+
+
+def check_samples_priced(rows: list[dict], trained: int, method: str) -> None:
+    """The simulation's invariant: the samples its iterations price are the samples the
+    run's budget trains, per rank (a round priced as another would break it)."""
+    priced = sum(row[schema.SAMPLES] for row in rows if row[schema.RANK] == 0)
+    if priced != trained:
+        raise BenchError(f"simulating {method}: {priced} samples per rank priced, {trained} "
+                         "trained; the simulator priced a round as another (a bug: report it)")
 
 
 def _frame(rows: list[dict]):

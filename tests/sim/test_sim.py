@@ -376,3 +376,65 @@ def test_simulator_sends_only_live_weights_of_resnet152(tmp_path):
     assert packed == layout_bytes(model_entries(model, masks, live=live))
     assert packed / dense <= 0.33
     assert 0.49 < layout_bytes(model_entries(model, masks)) / dense < 0.52
+
+
+def simulated_runs(out) -> dict:
+    runs = {}
+    for path in out.rglob("summary.json"):
+        summary = json.loads(path.read_text())
+        rows = pd.read_parquet(path.parent / "iterations.parquet")
+        manifest = json.loads((path.parent / "manifest.json").read_text())
+        runs[summary["method"]] = (summary, rows[rows["rank"] == 0], manifest)
+    return runs
+
+
+def test_a_cut_last_round_is_priced_as_its_own_replay(tmp_path):
+    """A budget that cuts PruneX's last round (39 steps in rounds of 4: the last of 3): the
+    simulation replaying one iteration prices training as the one replaying every iteration
+    (within 2 %: host-timed phases vary), and every simulation prices the samples it trains."""
+    profile = write_profile(tmp_path, 1e8)
+    found = {}
+    for replay in ("1", "1000"):
+        out = tmp_path / replay
+        proc = bench("sim", *SMALL, "--profile", profile, "--results-dir", str(out),
+                     "--method", "prunex,ddp", "--gpus", "4", "--local-steps", "4",
+                     "--epochs", "0.3", "--replay", replay)
+        assert proc.returncode == 0, proc.stderr
+        found[replay] = simulated_runs(out)
+    for method in ("prunex", "ddp"):
+        (short, rows, manifest), (full, _, full_manifest) = (found["1"][method],
+                                                             found["1000"][method])
+        assert rows.samples.sum() == short["samples_per_rank"] == full["samples_per_rank"]
+        assert short["train_seconds"] == pytest.approx(full["train_seconds"], rel=0.02)
+        replayed = manifest["simulation"]["replayed_iterations"]
+        assert 1 < replayed < full_manifest["simulation"]["replayed_iterations"], method
+    prunex_rows = found["1"]["prunex"][1]
+    assert prunex_rows.samples.iloc[-1] < prunex_rows.samples.iloc[0]  # the cut round
+
+
+def test_rounds_that_change_with_the_gpu_count_are_named_with_the_fixed_form(tmp_path):
+    proc = bench("sim", *SMALL, "--method", "prunex,ddp", "--gpus", "4,64", "--dry-run",
+                 "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("warning: prunex's rounds"))
+    assert "H=32 at 4" in line and "at 64" in line and "--local-steps " in line, line
+    assert "ddp's rounds" not in proc.stderr
+
+
+@pytest.mark.integration  # 12 simulations of ResNet-18: half a minute
+def test_the_docs_scaling_example_stays_within_efficiency_one(tmp_path):
+    """docs/commands/sim.md's first example at --replay 1: no method simulates a parallel
+    efficiency above 1 (the short last round of 8 GPUs once priced as a whole one: 1.34)."""
+    proc = bench("sim", "--method", "prunex,ddp,topk", "--gpus", "8,16,32,64", "--profile",
+                 "v100-ib100", "--workload", "resnet18-cifar10", "--replay", "1",
+                 "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "above 1" not in proc.stderr, proc.stderr
+    per_method: dict = {}
+    for summary in (json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")):
+        per_method.setdefault(summary["method"], {})[summary["gpus"]] = (
+            summary["train_seconds"] / summary["epochs"])
+    assert set(per_method) == {"prunex", "ddp", "topk"}
+    for seconds in per_method.values():
+        for gpus, epoch_seconds in seconds.items():
+            assert seconds[8] / epoch_seconds / (gpus / 8) <= 1.01
