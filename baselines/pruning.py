@@ -235,7 +235,7 @@ class StructuredLocalSGD(SGDBaseline):
     settings=GMPSettings,
     not_simulable="its masks come from the trained weights' magnitudes, which a replay on "
     "stand-in batches does not have",
-    look=Look("GMP (hier.)", "#E69F00", "h"),
+    look=Look("GMP (hier.)", "#332288", "d"),  # Tol's indigo: apart from PruneX's vermillion
     activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
 )
 def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:

@@ -38,8 +38,10 @@ from suite.report.load import FINAL_DENSITY, is_comm_column, parts_of  # noqa: E
 from suite.report.style import (  # noqa: E402
     context_title,
     dodge,
+    keep_of,
     legend_outside,
     log_scale,
+    method_style,
     paper_figure,
     save,
     series_styles,
@@ -87,18 +89,18 @@ def epoch_seconds(epochs, train_seconds) -> float | None:
     return train_seconds / epochs
 
 
-def finish(fig, runs: ResultSet, run_ids, out: Path, name: str,
+def finish(fig, runs: ResultSet, run_ids, out: Path, name: str, title: str,
            on_axis: tuple[str, ...] = (), faceted: tuple[str, ...] = (),
            lead: str = "") -> tuple[list[Path], str]:
-    """Title the figure with what the runs it drew share (``figure_context``; ``on_axis``
-    and ``faceted``: what it draws on an axis or names in its panels' titles instead;
-    ``lead``: said first, e.g. the one configuration drawn) and save it; returns its files
-    and that context."""
+    """Title the figure with what it plots (``title``: a PNG alone is no puzzle) and, below,
+    what the runs it drew share (``figure_context``; ``on_axis`` and ``faceted``: what it
+    draws on an axis or names in its panels' titles instead; ``lead``: said first, e.g. the
+    one configuration drawn) and save it; returns its files and that context."""
     ids = {i for joined in run_ids for i in str(joined).split(",")}
     frame = runs.runs
     context = figure_context(frame[frame[schema.RUN_ID].isin(ids)], on_axis, tuple(faceted))
     context = "; ".join(part for part in (lead, context) if part)
-    context_title(fig, context)
+    context_title(fig, context, title)
     return save(fig, out, name), context
 
 
@@ -254,7 +256,7 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
         for ax, artists in ((speed, drawn[0::2]), (efficiency, drawn[1::2])):
             spread(ax, artists)
         legend_outside(fig, axes, ncol=2)
-        files, context = finish(fig, runs, lines.run_id, out, name, on_axis=("GPUs",))
+        files, context = finish(fig, runs, lines.run_id, out, name, title, on_axis=("GPUs",))
     ids = sorted({i for ids in lines.run_id for i in ids.split(",")})
     table = lines[["workload", "series", "gpus", "epoch_seconds", "speedup", "efficiency"]]
     note = (f"speedup {over}, from training seconds per epoch; lines that share a point are "
@@ -315,12 +317,15 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
         "gflops": [exported_gflops(view, density, dense_gflops)
                    for view, density in zip(frame[VIEW], frame[FINAL_DENSITY])],
         schema.RUN_ID: frame[schema.RUN_ID],
+        "keep": [keep_of(options) for options in column(frame, schema.OPTIONS)],
     }).reset_index(drop=True)
     keys = ["facet", "label", "method"]
     reduced = repeats_reduced(per_run, keys, "accuracy")
     means = per_run.groupby(keys[:-1])[["inter_gb", "density", "gflops"]].mean()
     reduced = reduced.join(means, on=keys[:-1])
-    styles = series_styles(zip(reduced.label, reduced.method))
+    keeps = dict(zip(per_run.label, per_run.keep))
+    reduced = sorted_by_method_and_keep(reduced, keeps)  # the legend's and the table's order
+    styles = series_styles(zip(reduced.label, reduced.method), keeps)
     panels = [("inter_gb", "inter-node traffic to the end (GB)"),
               ("density", "density of the pruned layers")]
     if reduced.gflops.notna().any():  # `bench export` ran: the deployed model's cost too
@@ -347,13 +352,24 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
                 if not hide_if_empty(ax):
                     dodge(ax, markers)
         legend_outside(fig, axes, ncol=2)
-        files, context = finish(fig, runs, per_run.run_id, out, name,
+        files, context = finish(fig, runs, per_run.run_id, out, name, title,
                                 faceted=(*varying, "workload"))
     return Figure(name, title, files, reduced, sorted(per_run.run_id),
                   "a marker per configuration: one run, or the mean of its repeats with the "
                   "95 % interval; markers that share a point are drawn a few points apart; "
                   "frontier: no other point has less traffic (or density, or exported GFLOPs) "
                   "and more accuracy", context)
+
+
+def sorted_by_method_and_keep(frame: pd.DataFrame, keeps: dict[str, tuple]) -> pd.DataFrame:
+    """Rows by facet (as they came), method (its name), then keep, then as they were: a
+    legend and a table read in keep order within each method, whatever order the runs came
+    in."""
+    facets = list(dict.fromkeys(frame["facet"])) if "facet" in frame else []
+    order = sorted(range(len(frame)), key=lambda i: (
+        facets.index(frame["facet"].iloc[i]) if facets else 0,
+        method_style(frame[schema.METHOD].iloc[i]).name, keeps.get(frame.label.iloc[i], ()), i))
+    return frame.iloc[order].reset_index(drop=True)
 
 
 def pareto_marker(ax, point, x: str, look: dict) -> list:
@@ -449,7 +465,7 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
                 ax.set_ylabel("test accuracy (%)")
                 dodge(ax, ends[panel])  # curves that end at one point, drawn apart
         legend_outside(fig, axes, ncol=2)
-        files, context = finish(fig, runs, frame.run_id.unique(), out, name, faceted=varying)
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name, title, faceted=varying)
     table = frame[[schema.RUN_ID, "run", "iteration", "epoch", schema.TRAIN_SECONDS, "inter_gb",
                    "accuracy"]]
     note = "repeats of a configuration: mean per evaluation, band the 95 % interval"
@@ -518,7 +534,7 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
             positive = part.comm_ms[part.comm_ms > 0]
             if len(positive) and positive.max() > 100 * positive.min():
                 log_scale(ax)
-        files, context = finish(fig, runs, frame.run_id.unique(), out, name, faceted=varying)
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name, title, faceted=varying)
     table = frame.groupby(["facet", "run", schema.RUN_ID], as_index=False).comm_ms.agg(
         ["mean", "median", "std", "max"]
     )
@@ -591,7 +607,7 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
             bars_in_range(ax, [e + (0 if pd.isna(h) else h) for e, h in zip(ends, halves)]
                           + hidden)
         legend_outside(fig, axes, ncol=4)
-        files, context = finish(fig, runs, ids, out, name, faceted=varying)
+        files, context = finish(fig, runs, ids, out, name, title, faceted=varying)
     table = means.assign(run_id=ids).reset_index()
     run_ids = sorted(i for joined in ids for i in joined.split(","))
     note = (
@@ -685,7 +701,7 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
                 log_scale(steps_ax, "y")
             hide_if_empty(steps_ax)
         legend_outside(fig, axes, ncol=2)
-        files, context = finish(fig, runs, per_run.run_id, out, name, faceted=varying)
+        files, context = finish(fig, runs, per_run.run_id, out, name, title, faceted=varying)
     return Figure(name, title, files, total, sorted(per_run.run_id),
                   "bytes are the ring's algorithmic volume summed over GPUs", context)
 
@@ -746,7 +762,7 @@ def residuals(
         ax.set_title(label_table(runs.runs.iloc[[run]]).iat[0])  # the title says the rest
         legend_outside(fig, axes, ncol=2)
         run_id = runs.runs[schema.RUN_ID].iat[run]
-        files, context = finish(fig, runs, [run_id], out, name)
+        files, context = finish(fig, runs, [run_id], out, name, title)
     return Figure(name, title, files, part, [run_id], context=context)
 
 
@@ -781,7 +797,7 @@ def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | 
             round_axis(ax, part.iteration)
             ax.set_ylabel(f"{penalty} (mean over layers)")
         legend_outside(fig, axes, ncol=2)
-        files, context = finish(fig, runs, frame.run_id.unique(), out, name)
+        files, context = finish(fig, runs, frame.run_id.unique(), out, name, title)
     return Figure(name, title, files, frame, sorted(frame.run_id.unique()), context=context)
 
 
@@ -871,7 +887,7 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
             ax.set_ylabel(ylabel)
             ax.grid(False)
             rows.append({schema.LAYER: layer, "shape": tuple(keep.shape), schema.DENSITY: density})
-        files, context = finish(fig, runs, [run.run_id], out, name,
+        files, context = finish(fig, runs, [run.run_id], out, name, title,
                                 lead=label_table(runs.runs.iloc[[position]]).iat[0])
     return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept",
                   context)

@@ -26,6 +26,7 @@ from tueplots import bundles
 
 from suite.errors import BenchError
 from suite.plugins.registry import METHODS, Look
+from suite.results import schema
 
 #: print widths in inches: one column, and the two-column page
 WIDTHS = {"one": 3.25, "two": 6.75}
@@ -140,29 +141,45 @@ LINESTYLES = ("-", "--", ":", "-.")
 FILLSTYLES = ("full", "none", "left", "bottom")  # points have no line style to tell apart
 
 
-def series_styles(pairs) -> dict[str, dict]:
+def keep_of(options: dict | None) -> tuple:
+    """A run's structured keeps (``schema.ALWAYS_SHOWN_OPTIONS``) as a sortable key:
+    ``(("channel_keep", 0.5),)``, ``()`` for none."""
+    return tuple((name, float(options[name])) for name in schema.ALWAYS_SHOWN_OPTIONS
+                 if options and options.get(name) is not None)
+
+
+def series_styles(pairs, keeps: dict[str, tuple] | None = None) -> dict[str, dict]:
     """``(label, method)`` pairs -> plot keywords: the method's fixed colour and marker;
-    several configurations of one method are told apart by line style and marker fill."""
+    several configurations of one method are told apart by line style and marker fill. With
+    ``keeps`` (label -> ``keep_of``), the fill and line style follow the keep, the same keep
+    the same look across methods (sorted: the smallest keep full, the next hollow, ...)."""
     styles: dict[str, dict] = {}
     used: dict[str, int] = {}
+    order = sorted({k for k in (keeps or {}).values() if k})
     for label, method in pairs:
         if label not in styles:
             look = method_style(method)
-            n = used.get(method, 0)
+            keep = (keeps or {}).get(label)
+            if keep:
+                n = order.index(keep)
+            else:
+                n = used.get(method, 0)
+                used[method] = n + 1
             styles[label] = {"color": look.color, "marker": look.marker,
                              "ls": LINESTYLES[n % len(LINESTYLES)],
                              "fillstyle": FILLSTYLES[n % len(FILLSTYLES)]}
-            used[method] = n + 1
     return styles
 
 
-def context_title(fig, text: str) -> None:
-    """What the figure's runs share (``suite.report.labels.figure_context``) as its title, at
-    the smallest print size, wrapped to the figure's width."""
-    if not text:
+def context_title(fig, text: str, title: str = "") -> None:
+    """The figure's title (what it plots) over what its runs share
+    (``suite.report.labels.figure_context``), at the smallest print size, wrapped to the
+    figure's width."""
+    if not text and not title:
         return
     chars = max(30, int(fig.get_figwidth() * 72 / (0.52 * MIN_POINTS)))
-    fig.suptitle("\n".join(textwrap.wrap(text, chars)), fontsize=MIN_POINTS)
+    lines = textwrap.wrap(title, chars) + textwrap.wrap(text, chars)
+    fig.suptitle("\n".join(lines), fontsize=MIN_POINTS)
 
 
 def axis_fraction(ax, axis: str, value: float) -> float:
@@ -177,14 +194,15 @@ def axis_fraction(ax, axis: str, value: float) -> float:
     return 0.0 if high == low else (value - low) / (high - low)
 
 
-def dodge(ax, points: list[tuple[list, float, float]], near: float = 6.0,
+def dodge(ax, points: list[tuple[list, float, float]], near: float = 4.0,
           spacing: float = 5.0) -> list[float]:
-    """Spread sideways the markers that share a point, so none hides another: ``points``
-    are (the artists of one marker, its x, its y) in data; markers closer than ``near``
-    points on both axes (at the axes' size when called) form a cluster, and its members are
-    moved ``spacing`` points apart, symmetrically about where they are (a display offset:
-    the data and the axis limits are untouched). Call after the axes' scales and limits are
-    set. Returns each marker's offset in points."""
+    """Spread sideways the markers that would overlap on screen, so none hides another:
+    ``points`` are (the artists of one marker, its x, its y) in data; markers closer than
+    ``near`` points (a marker's size) on both axes, at the axes' size when called, form a
+    cluster, and its members are moved ``spacing`` points apart about where they are, in the
+    order of their true x (left stays left), each with a thin line to its true point (a
+    display offset: the data and the axis limits are untouched). Call after the axes' scales
+    and limits are set. Returns each marker's offset in points."""
     ax.autoscale_view()
     box = ax.get_position()  # in figure fractions
     width = box.width * ax.figure.get_figwidth() * 72
@@ -207,11 +225,15 @@ def dodge(ax, points: list[tuple[list, float, float]], near: float = 6.0,
         members.setdefault(root(i), []).append(i)
     offsets = [0.0] * len(points)
     for group in members.values():
+        group.sort(key=lambda i: (where[i][0], i))  # their true left-right order kept
         for rank, i in enumerate(group):
             offsets[i] = (rank - (len(group) - 1) / 2) * spacing
-    for (artists, _, _), offset in zip(points, offsets):
+    for (artists, x, y), offset in zip(points, offsets):
         if offset:
             shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
             for artist in artists:
                 artist.set_transform(ax.transData + shift)
+            ax.annotate("", xy=(x, y), xytext=(offset, 0), textcoords="offset points",
+                        arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.4",
+                                    "shrinkA": 0, "shrinkB": 0})
     return offsets

@@ -230,3 +230,81 @@ def test_the_summary_shows_each_methods_exchange_schedule(nightly_and_sweep, tmp
     assert (nightly.exchange_steps == "-").all()  # recorded before the key existed
     assert "exchange_steps" in (out / "report.md").read_text()
     assert "Exchange (steps)" in (out / "table.md").read_text()
+
+
+def test_the_compared_methods_colours_stay_apart_in_print_and_for_colour_blind_readers():
+    """PruneX, GMP, Top-K and DDP (the methods a Pareto figure sets side by side): their
+    colours at least 15 apart (CAM02-UCS) as seen with each full colour-vision deficiency,
+    and 10 apart in lightness alone (a greyscale print); their markers all differ."""
+    import itertools
+
+    from colorspacious import cspace_convert, deltaE
+
+    from suite.report.style import method_style
+
+    looks = {m: method_style(m) for m in ("prunex", "gmp-hier", "topk", "ddp")}
+    assert len({look.marker for look in looks.values()}) == len(looks)
+
+    def seen(look, deficiency):
+        rgb = [int(look.color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        if deficiency:
+            rgb = cspace_convert(rgb, {"name": "sRGB1+CVD", "cvd_type": deficiency,
+                                       "severity": 100}, "sRGB1")
+        return [min(1.0, max(0.0, c)) for c in rgb]
+
+    for a, b in itertools.combinations(looks, 2):
+        for deficiency in (None, "deuteranomaly", "protanomaly", "tritanomaly"):
+            distance = deltaE(seen(looks[a], deficiency), seen(looks[b], deficiency),
+                              input_space="sRGB1", uniform_space="CAM02-UCS")
+            assert distance >= 15, (a, b, deficiency, distance)
+        lightness = [cspace_convert(seen(looks[m], None), "sRGB1", "CAM02-UCS")[0]
+                     for m in (a, b)]
+        assert abs(lightness[0] - lightness[1]) >= 10, (a, b, lightness)
+
+
+def test_a_keep_has_one_fill_across_methods_and_the_legend_reads_in_keep_order():
+    """Runs that come in any order: the same keep gets the same fill and line style in
+    every method, the smallest keep full, and the rows sort by method then keep."""
+    import pandas as pd
+
+    from suite.report.figures import sorted_by_method_and_keep
+    from suite.report.style import keep_of, series_styles
+
+    runs = [("gmp 0.5", "gmp-hier", 0.5), ("prunex 0.7", "prunex", 0.7),
+            ("gmp 0.3", "gmp-hier", 0.3), ("prunex 0.5", "prunex", 0.5),
+            ("gmp 0.7", "gmp-hier", 0.7), ("prunex 0.3", "prunex", 0.3), ("ddp", "ddp", None)]
+    keeps = {label: keep_of({"channel_keep": keep} if keep else {}) for label, _, keep in runs}
+    styles = series_styles([(label, method) for label, method, _ in runs], keeps)
+    for keep in (0.3, 0.5, 0.7):
+        looks = {(styles[f"{m} {keep}"]["fillstyle"], styles[f"{m} {keep}"]["ls"])
+                 for m in ("gmp", "prunex")}
+        assert len(looks) == 1, keep
+    assert styles["prunex 0.3"]["fillstyle"] == "full"
+    assert styles["prunex 0.5"]["fillstyle"] != styles["prunex 0.7"]["fillstyle"]
+    frame = pd.DataFrame({"label": [r[0] for r in runs], "method": [r[1] for r in runs]})
+    ordered = sorted_by_method_and_keep(frame, keeps).label.tolist()
+    assert ordered == ["ddp", "gmp 0.3", "gmp 0.5", "gmp 0.7", "prunex 0.3", "prunex 0.5",
+                       "prunex 0.7"]
+
+
+def test_dodged_markers_keep_their_left_right_order_and_only_overlapping_ones_move():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from suite.report.style import dodge
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 100)
+    # drawn right one first (the order of runs in a folder): 50.4 then 50.0, one point apart
+    points = [(ax.plot([x], [y], "o", ms=4), x, y) for x, y in ((50.4, 50), (50.0, 50),
+                                                                   (90, 10))]
+    offsets = dodge(ax, points)
+    assert offsets[1] < 0 < offsets[0]  # the left one stays left
+    assert offsets[2] == 0  # far from the others: not moved
+    lines = [child for child in ax.get_children()
+             if isinstance(child, matplotlib.text.Annotation)]
+    assert len(lines) == 2  # a thin line from each moved marker to its true point
+    plt.close(fig)
