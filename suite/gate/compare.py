@@ -562,9 +562,12 @@ def shown(table: pd.DataFrame, wide: bool = True) -> pd.DataFrame:
             return ""
         return f"{c:+.2f} pts" if row.get("unit") == "points" else f"{c:+.1%}"
 
-    def value(mean, half) -> str:
+    def value(mean, half, unit) -> str:
         if not isinstance(mean, float):
             return str(mean)
+        if unit == "points":  # an accuracy: read in percent, as its change in points
+            return f"{100 * mean:.2f} %" + (
+                f" ± {100 * half:.2g}" if isinstance(half, float) and half == half else "")
         return f"{mean:.4g}" + (
             f" ± {half:.2g}" if isinstance(half, float) and half == half else ""
         )
@@ -575,7 +578,8 @@ def shown(table: pd.DataFrame, wide: bool = True) -> pd.DataFrame:
     out[schema.OPTIONS] = [options_words(o) for o in options]
     for side in ("baseline", "new"):
         halves = table[f"{side}_ci"] if f"{side}_ci" in table else [None] * len(table)
-        out[side] = [value(m, h) for m, h in zip(table[side], halves)]
+        units = table["unit"] if "unit" in table else [None] * len(table)
+        out[side] = [value(m, h, u) for m, h, u in zip(table[side], halves, units)]
     if "repeats" in out:  # activity and status rows are about runs, not repeats
         out["repeats"] = [r if isinstance(r, str) else "-" for r in out["repeats"]]
     if not wide:  # an activity row's NEW is its run folder: --wide and json name it

@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from matplotlib.transforms import ScaledTranslation  # noqa: E402
 
@@ -361,6 +362,21 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
                   "and more accuracy", context)
 
 
+def label_keeps(runs_frame: pd.DataFrame, labels, positions) -> dict[str, tuple]:
+    """label -> its runs' keeps (``keep_of``), for the runs at ``positions`` of ``runs_frame``
+    labelled ``labels[position]``: what ``series_styles`` fills markers by."""
+    options = column(runs_frame, schema.OPTIONS)
+    return {labels[i]: keep_of(options.iat[i]) for i in positions}
+
+
+def in_legend_order(pairs, keeps: dict[str, tuple]) -> list[str]:
+    """The labels of ``(label, method)`` pairs by method name, then keep, then as they came."""
+    seen = list(dict.fromkeys(pairs))
+    order = sorted(range(len(seen)), key=lambda i: (
+        method_style(seen[i][1]).name, keeps.get(seen[i][0], ()), i))
+    return [seen[i][0] for i in order]
+
+
 def sorted_by_method_and_keep(frame: pd.DataFrame, keeps: dict[str, tuple]) -> pd.DataFrame:
     """Rows by facet (as they came), method (its name), then keep, then as they were: a
     legend and a table read in keep order within each method, whatever order the runs came
@@ -435,13 +451,15 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
         method=runs.runs[schema.METHOD].to_numpy()[owner],
         run_id=runs.runs[schema.RUN_ID].to_numpy()[owner])
     frame = frame.assign(accuracy_pct=100 * frame.accuracy, inter_gb=frame.inter_node_bytes / 1e9)
-    styles = series_styles(zip(frame.run, frame.method))
+    keeps = label_keeps(runs.runs, label.to_numpy(), np.unique(owner))
+    styles = series_styles(zip(frame.run, frame.method), keeps)
     titles = [row_title for row_title, _, _ in rows]
     with paper_figure(width or "two", nrows=len(titles), ncols=2, ratio=0.75) as (fig, axes):
         for row, row_title in zip(axes, titles):
             part = frame[frame.facet == row_title]
             ends: dict[int, list] = {0: [], 1: []}  # per panel: (artists, last x, last y)
-            for label_text, curve in part.groupby("run", sort=False):
+            for label_text in in_legend_order(zip(part.run, part.method), keeps):
+                curve = part[part.run == label_text]
                 points = curve.groupby(schema.ITERATION).agg(
                     train_seconds=(schema.TRAIN_SECONDS, "mean"), inter_gb=("inter_gb", "mean"),
                     accuracy=("accuracy_pct", "mean"),
@@ -457,7 +475,7 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
                                                    color=styles[label_text]["color"]))
                     ends[panel].append((artists, points[x].iloc[-1], points.accuracy.iloc[-1]))
             row[0].set_xlabel("training time (s)")
-            row[1].set_xlabel("cumulative inter-node traffic (GB, all GPUs)")
+            row[1].set_xlabel("cumulative inter-node traffic (GB)")
             if (part.inter_gb > 0).any():
                 log_scale(row[1])
             row[0].set_title(row_title, loc="left")  # one title per row, over its panels
@@ -668,9 +686,11 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
         for i, total in inter.items()
     ])
     total = repeats_reduced(per_run, ["facet", "run", "method"], "inter_gb_per_epoch")
-    styles = series_styles(zip(total.run, total.method))
+    keeps = label_keeps(runs_frame, labels, np.unique(owner))
+    styles = series_styles(zip(total.run, total.method), keeps)
     counts = [int((total.facet == row_title).sum()) for row_title in titles]
-    heights = [max(1.6, 0.27 * n + 0.7) for n in counts]
+    # tall enough for the right panel's rotated y-label, however few bars on the left
+    heights = [max(2.2, 0.27 * n + 0.7) for n in counts]
     with paper_figure(width or "two", nrows=len(titles), ncols=2,
                       heights=heights) as (fig, axes):
         for (bars, steps_ax), row_title in zip(axes, titles):
@@ -691,7 +711,8 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
                 bars.set_xscale("log")
             bars_in_range(bars, values + half)
             curves = frame[frame.facet == row_title]
-            for curve_label, curve in curves.groupby("run", sort=False):
+            for curve_label in in_legend_order(zip(curves.run, curves.method), keeps):
+                curve = curves[curves.run == curve_label]
                 mean = curve.groupby(schema.EPOCH).mb_per_step.mean()
                 steps_ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
                               label=curve_label, **styles[curve_label])
@@ -887,6 +908,10 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
             ax.set_ylabel(ylabel)
             ax.grid(False)
             rows.append({schema.LAYER: layer, "shape": tuple(keep.shape), schema.DENSITY: density})
+        for colour, what in (("black", "kept"), ("white", "pruned")):  # the key, below
+            axes.flat[0].add_patch(Rectangle((0, 0), 0, 0, facecolor=colour, edgecolor="black",
+                                             lw=0.5, label=what))
+        legend_outside(fig, axes, ncol=2)
         files, context = finish(fig, runs, [run.run_id], out, name, title,
                                 lead=label_table(runs.runs.iloc[[position]]).iat[0])
     return Figure(name, title, files, pd.DataFrame(rows), [run.run_id], "black: kept",

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.text
 from matplotlib import ticker
 from matplotlib.transforms import ScaledTranslation
 from tueplots import axes as tue_axes
@@ -90,9 +91,48 @@ def paper_figure(
         yield fig, axes.reshape(nrows, ncols)
 
 
+#: figure name -> the pairs of its texts that overlap as saved (tests read it: none may)
+OVERLAPS: dict[str, list[tuple[str, str]]] = {}
+
+
+def overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of the figure's visible texts (titles, labels, tick labels, legend entries,
+    annotations) whose boxes overlap by more than a pixel, as drawn at 300 dpi."""
+    fig.set_dpi(300)
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)  # the layout (constrained) places every text
+    drawn, ticks = [], set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            slack = (high - low) * 1e-9
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                labels = (tick.label1, tick.label2)
+                ticks.update(map(id, labels))
+                if ax.get_visible() and low - slack <= tick.get_loc() <= high + slack:
+                    drawn += labels  # matplotlib keeps labels of ticks outside the view
+    others = [t for t in fig.findobj(lambda a: isinstance(a, matplotlib.text.Text))
+              if id(t) not in ticks and (t.axes is None or t.axes.get_visible())]
+    boxes = []
+    for text in drawn + others:
+        if text.get_visible() and text.get_text().strip() and text.figure is fig:
+            box = text.get_window_extent(renderer)
+            if box.width > 0 and box.height > 0:
+                boxes.append((text.get_text().strip(), box.expanded(1.0, 1.0).shrunk(
+                    max(0.0, 1 - 2 / box.width), max(0.0, 1 - 2 / box.height))))
+    found = []
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[:i]:
+            if box_a.overlaps(box_b):
+                found.append((b, a))
+    return found
+
+
 def save(fig, out: Path, name: str) -> list[Path]:
-    """PNG (first: what report.md and report.html show), PDF and SVG of ``fig``."""
+    """PNG (first: what report.md and report.html show), PDF and SVG of ``fig``; which of its
+    texts overlap is kept in ``OVERLAPS``."""
     files = [out / f"{name}.png", out / f"{name}.pdf", out / f"{name}.svg"]
+    OVERLAPS[name] = overlapping_texts(fig)
     fig.savefig(files[0], dpi=300)
     for file in files[1:]:
         fig.savefig(file)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from suite.report.labels import budget_words
 from suite.report.style import method_style
+from suite.results import schema
 
 PM = "±"
 TEXT = ("Method", "Workload", "Options", "Exchange (steps)", "Setting", "Machine", "Budget")
@@ -40,10 +41,22 @@ def human_options(options: str) -> str:
     return ", ".join(part.replace("_", " ").replace("=", " ") for part in options.split(","))
 
 
+def keeps_in(options: str) -> tuple:
+    """``channel_keep=0.5,local_steps=4`` -> ``(("channel_keep", 0.5),)``: a row's keeps,
+    to sort by."""
+    pairs = (part.split("=", 1) for part in str(options or "").split(",") if "=" in part)
+    return tuple((name, float(value)) for name, value in pairs
+                 if name in schema.ALWAYS_SHOWN_OPTIONS)
+
+
 def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """``summary.csv``'s rows as the paper's columns."""
+    """``summary.csv``'s rows as the paper's columns, by workload, method, keep and GPUs
+    (not in the order the runs were read)."""
+    order = sorted(range(len(summary)), key=lambda i: (
+        str(summary.workload.iat[i]), method_style(summary.method.iat[i]).name,
+        keeps_in(summary.options.iat[i]), int(summary.gpus.iat[i]), i))
     rows = []
-    for _, row in summary.iterrows():
+    for _, row in summary.iloc[order].iterrows():
         cells = {
             "Method": method_style(row.method).name,
             "Workload": row.workload,

@@ -308,3 +308,41 @@ def test_dodged_markers_keep_their_left_right_order_and_only_overlapping_ones_mo
              if isinstance(child, matplotlib.text.Annotation)]
     assert len(lines) == 2  # a thin line from each moved marker to its true point
     plt.close(fig)
+
+
+def test_the_overlap_check_finds_texts_that_overlap():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from suite.report.style import overlapping_texts
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.set_xlim(0, 10)
+    ax.text(5, 5, "one label")
+    assert overlapping_texts(fig) == []
+    ax.text(5.05, 5.05, "another label")  # on the first
+    assert ("one label", "another label") in overlapping_texts(fig)
+    plt.close(fig)
+
+
+def test_no_text_overlaps_another_in_any_figure_of_the_references_and_a_simulation(tmp_path):
+    """Every figure of a report of the committed references, and of a simulated sweep
+    (scaling, volume), drawn with no text box on another: titles, axis and tick labels,
+    legends, keys, annotations."""
+    from suite.report import style
+
+    sims = tmp_path / "sims"
+    proc = subprocess.run([sys.executable, "-m", "suite.cli", "sim", "--method", "prunex,ddp",
+                           "--gpus", "8,16", "--workload", "cnn-fmnist", "--results-dir",
+                           str(sims)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    checked = {}
+    for source in (REPO / "reference" / "cpu-gloo-amd25-avx512-t1", sims):
+        style.OVERLAPS.clear()
+        render(source, tmp_path / source.name, echo=lambda line: None)
+        checked.update({f"{source.name}/{name}": pairs
+                        for name, pairs in style.OVERLAPS.items()})
+    assert len(checked) >= 10  # the references' figures and the simulation's
+    assert {name: pairs for name, pairs in checked.items() if pairs} == {}
