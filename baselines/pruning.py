@@ -227,16 +227,26 @@ class StructuredLocalSGD(SGDBaseline):
         return self.structure.artifacts()
 
 
+#: why a magnitude-pruning baseline cannot be simulated
+MAGNITUDE_MASKS_NOT_SIMULABLE = ("its masks come from the trained weights' magnitudes, which a "
+                                 "replay on stand-in batches does not have")
+
+
+def prunes_across_nodes(run) -> list[str]:
+    """The activity check of a pruning baseline: it exchanges across nodes every round and
+    reaches its keep."""
+    return crosses_nodes_every_round(run) + reaches_keep(run)
+
+
 @METHODS.register(
     "gmp-hier",
     "Gradual magnitude pruning (Zhu & Gupta 2017, cubic schedule to the keep target by "
     "--prune-end) of PruneX's structured groups on hierarchical local SGD at PruneX's round; "
     "node masks OR-agreed and the inter-node exchange packed exactly like PruneX's",
     settings=GMPSettings,
-    not_simulable="its masks come from the trained weights' magnitudes, which a replay on "
-    "stand-in batches does not have",
+    not_simulable=MAGNITUDE_MASKS_NOT_SIMULABLE,
     look=Look("GMP (hier.)", "#332288", "d"),  # Tol's indigo: apart from PruneX's vermillion
-    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
+    activity=prunes_across_nodes,
 )
 def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     end = ctx.settings.prune_end
@@ -248,10 +258,9 @@ def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     "Dense hierarchical local SGD for --prune-at of the run, one structured magnitude prune to "
     "the keep target, then training on the fixed support, packed like PruneX's",
     settings=PruneRetrainSettings,
-    not_simulable="its masks come from the trained weights' magnitudes, which a replay on "
-    "stand-in batches does not have",
+    not_simulable=MAGNITUDE_MASKS_NOT_SIMULABLE,
     look=Look("Prune-retrain", "#882255", "p"),
-    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
+    activity=prunes_across_nodes,
 )
 def make_prune_retrain(ctx: RunContext) -> StructuredLocalSGD:
     at = ctx.settings.prune_at

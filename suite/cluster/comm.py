@@ -182,6 +182,19 @@ class Communicator:
     def all_reduce(
         self, tensor: torch.Tensor, group: CommGroup, *, phase: str, op=dist.ReduceOp.SUM
     ) -> torch.Tensor:
+        """Reduce ``tensor`` in place over ``group`` (a method's one way to sum or average
+        across ranks), its bytes counted on the links the group spans and its time under
+        ``phase``.
+
+        Args:
+            tensor: the contiguous tensor to reduce; it holds the result.
+            group: the topology's group (``world``, ``intra``, ``inter``, ``peers``).
+            phase: the declared phase its time goes to (``suite.cluster.phases``).
+            op: the reduction (SUM by default).
+
+        Returns:
+            ``tensor``.
+        """
         self.account("all_reduce", group, nbytes(tensor), phase=phase)
         if group.size > 1:
             self._timed(phase, lambda: dist.all_reduce(tensor, op=op, group=group.pg))

@@ -141,6 +141,13 @@ class Recorder:
 
     @contextmanager
     def phase(self, name: str):
+        """Time the block under the declared phase ``name`` (a context manager): the
+        iteration's row gets its seconds, overlapping spans of one phase counted once, and
+        the watchdog names it when a collective inside stalls.
+
+        Args:
+            name: a phase declared with ``suite.api.declare_phase`` (or a built-in one).
+        """
         POSITION.phase = known_phase(name)  # a collective issued before stays waited on
         begin = self.mark()
         try:
