@@ -23,10 +23,11 @@ buffer has its real size), and its ``step`` runs unchanged; what differs is unde
 Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
 ones, so its bytes are the leader's event log re-attributed with that rank's topology. At
 least the first ``replay`` iterations run for real, and every one after them until the
-schedule repeats (the same samples and bytes twice, the masks frozen where a method has them,
-no one-off such as PruneX's freeze); later ones are priced as the replayed iteration of median
-time with that schedule, and any of other local steps (a cut last round) is replayed. The
-samples priced equal the samples trained, or the simulation ends in one line.
+schedule repeats (the same samples and bytes three times, the masks frozen where a method has
+them, no one-off such as PruneX's freeze); later ones are priced as the replayed iteration of
+median time with that schedule (the first replayed one, which pays first-call costs, aside),
+and any of other local steps (a cut last round) is replayed. The samples priced equal the
+samples trained, or the simulation ends in one line.
 """
 
 from __future__ import annotations
@@ -214,19 +215,26 @@ def simulate_run(
 def settled(replays: list[list[dict]], samples: int | None) -> bool:
     """Whether an iteration that trains ``samples`` per rank (None: any) can be priced as the
     last replayed one: it trains as many, the method's masks are frozen (where it has
-    any) and the last two replayed iterations moved the same bytes (the schedule repeats).
+    any), the last paid no one-off (PruneX's freeze) and the last ``SAMPLES_OF_A_SCHEDULE``
+    replayed iterations moved the same bytes (the schedule repeats).
     Anything else is replayed: a cut last round, the rounds up to and after a freeze."""
     last = replays[-1]
     if samples is not None and last[0][schema.SAMPLES] != samples:
         return False
-    if len(replays) < 2 or last[-1].get(schema.FROZEN, True) is False or last[0][schema.ONE_OFF]:
+    if (len(replays) < SAMPLES_OF_A_SCHEDULE or last[-1].get(schema.FROZEN, True) is False
+            or last[0][schema.ONE_OFF]):
         return False
     return all(
         x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
         and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA]
         and x[schema.SAMPLES] == y[schema.SAMPLES]
-        for x, y in zip(replays[-2], last)
+        for before in replays[-SAMPLES_OF_A_SCHEDULE:-1] for x, y in zip(before, last)
     )
+
+
+#: replayed iterations of one schedule before later ones are priced as their median: the
+#: host-timed phases (compression, packing) vary by a few ms from one iteration to the next
+SAMPLES_OF_A_SCHEDULE = 3
 
 
 def typical(replays: list[list[dict]]) -> list[dict]:
@@ -235,7 +243,8 @@ def typical(replays: list[list[dict]]) -> list[dict]:
     one iteration to the next here, and one sample's noise would be priced into every
     iteration after the replay."""
     last = replays[-1]
-    same = [rows for rows in replays if not rows[0][schema.ONE_OFF] and all(
+    warm = replays[1:] or replays  # the first replayed iteration pays first-call costs
+    same = [rows for rows in warm if not rows[0][schema.ONE_OFF] and all(
         x[schema.SAMPLES] == y[schema.SAMPLES] and x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
         and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA] for x, y in zip(rows, last))]
     same.sort(key=lambda rows: rows[0][schema.T_ITERATION])
