@@ -25,8 +25,9 @@ import wheels  # noqa: E402
 RUN_THERE = ("suite", "methods", "baselines", "workloads", "benchmarks", "tests", "tools",
              "noxfile.py")
 MISTAKES = REPO / "tests" / "plugin_mistakes"
-#: what a test imports that the GPU parts never run: the dashboard's browser test
-NOT_RUN_THERE = {"playwright"}
+#: what a test imports that the GPU parts never run: the dashboard's browser test, the
+#: methods' colours under colour-vision deficiencies (tests/report)
+NOT_RUN_THERE = {"playwright", "colorspacious"}
 FIRST_PARTY = {"noxfile", "suite", "methods", "baselines", "workloads", "tests", "tools", "wheels",
                "runs", "prunex_overhead", "plugin_example_methods", "plugin_example_workloads"}
 

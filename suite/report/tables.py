@@ -105,8 +105,8 @@ def caption_of(summary: pd.DataFrame) -> str:
               for column, words in (("workload", "workload"), ("setting", "setting"),
                                     ("machine_class", "machine class"))
               if column in summary and summary[column].nunique() == 1]
-    if summary["epochs"].nunique() == 1:
-        shared.append(f"budget {budget_words(summary['epochs'].iloc[0])}")
+    if summary[schema.EPOCHS].nunique() == 1:
+        shared.append(f"budget {budget_words(summary[schema.EPOCHS].iloc[0])}")
     return "; ".join([*shared, "mean ± 95 % t interval over seeds"])
 
 
