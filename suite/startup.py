@@ -56,11 +56,6 @@ def armed() -> None:
         raise Interrupted(_received[0])
 
 
-def received() -> str | None:
-    """The first signal recorded since ``bench`` started (``SIGINT``), if any."""
-    return signal.Signals(_received[0]).name if _received else None
-
-
 def run_started(folder: str) -> None:
     """A launcher opened a run folder: an interruption from here on is the run's to record."""
     _runs_started.append(folder)

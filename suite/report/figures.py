@@ -42,7 +42,7 @@ from suite.report.style import (  # noqa: E402
     keep_of,
     legend_outside,
     log_scale,
-    method_style,
+    method_then_keep,
     paper_figure,
     save,
     series_styles,
@@ -371,20 +371,20 @@ def label_keeps(runs_frame: pd.DataFrame, labels, positions) -> dict[str, tuple]
 
 def in_legend_order(pairs, keeps: dict[str, tuple]) -> list[str]:
     """The labels of ``(label, method)`` pairs by method name, then keep, then as they came."""
-    seen = list(dict.fromkeys(pairs))
-    order = sorted(range(len(seen)), key=lambda i: (
-        method_style(seen[i][1]).name, keeps.get(seen[i][0], ()), i))
-    return [seen[i][0] for i in order]
+    seen = list(dict.fromkeys(pairs))  # sorted() is stable: ties stay as they came
+    return [label for label, method in
+            sorted(seen, key=lambda pair: method_then_keep(pair[1], keeps.get(pair[0], ())))]
 
 
 def sorted_by_method_and_keep(frame: pd.DataFrame, keeps: dict[str, tuple]) -> pd.DataFrame:
     """Rows by facet (as they came), method (its name), then keep, then as they were: a
     legend and a table read in keep order within each method, whatever order the runs came
     in."""
-    facets = list(dict.fromkeys(frame["facet"])) if "facet" in frame else []
+    facets = {f: n for n, f in enumerate(dict.fromkeys(frame["facet"]))} if "facet" in frame \
+        else {}
+    rows = list(zip(frame.get("facet", [None] * len(frame)), frame[schema.METHOD], frame.label))
     order = sorted(range(len(frame)), key=lambda i: (
-        facets.index(frame["facet"].iloc[i]) if facets else 0,
-        method_style(frame[schema.METHOD].iloc[i]).name, keeps.get(frame.label.iloc[i], ()), i))
+        facets.get(rows[i][0], 0), method_then_keep(rows[i][1], keeps.get(rows[i][2], ()))))
     return frame.iloc[order].reset_index(drop=True)
 
 

@@ -188,6 +188,12 @@ def keep_of(options: dict | None) -> tuple:
                  if options and options.get(name) is not None)
 
 
+def method_then_keep(method: str, keep: tuple) -> tuple:
+    """The order of a legend, a figure's table and the paper table: by the method's display
+    name, then by its keeps (``keep_of``)."""
+    return method_style(method).name, keep
+
+
 def series_styles(pairs, keeps: dict[str, tuple] | None = None) -> dict[str, dict]:
     """``(label, method)`` pairs -> plot keywords: the method's fixed colour and marker;
     several configurations of one method are told apart by line style and marker fill. With

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from suite.report.labels import budget_words
-from suite.report.style import method_style
+from suite.report.style import method_style, method_then_keep
 from suite.results import schema
 
 PM = "±"
@@ -53,8 +53,9 @@ def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
     """``summary.csv``'s rows as the paper's columns, by workload, method, keep and GPUs
     (not in the order the runs were read)."""
     order = sorted(range(len(summary)), key=lambda i: (
-        str(summary.workload.iat[i]), method_style(summary.method.iat[i]).name,
-        keeps_in(summary.options.iat[i]), int(summary.gpus.iat[i]), i))
+        str(summary.workload.iat[i]),
+        *method_then_keep(summary.method.iat[i], keeps_in(summary.options.iat[i])),
+        int(summary.gpus.iat[i])))
     rows = []
     for _, row in summary.iloc[order].iterrows():
         cells = {

@@ -212,6 +212,19 @@ def simulate_run(
     return folder.path
 
 
+#: replayed iterations of one schedule before later ones are priced as their median: the
+#: host-timed phases (compression, packing) vary by a few ms from one iteration to the next
+SAMPLES_OF_A_SCHEDULE = 3
+
+
+def same_schedule(a: list[dict], b: list[dict]) -> bool:
+    """Whether two iterations' rows (every rank's) trained the same samples and moved the
+    same bytes inside and across nodes."""
+    return all(x[schema.SAMPLES] == y[schema.SAMPLES]
+               and x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
+               and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA] for x, y in zip(a, b))
+
+
 def settled(replays: list[list[dict]], samples: int | None) -> bool:
     """Whether an iteration that trains ``samples`` per rank (None: any) can be priced as the
     last replayed one: it trains as many, the method's masks are frozen (where it has
@@ -224,17 +237,7 @@ def settled(replays: list[list[dict]], samples: int | None) -> bool:
     if (len(replays) < SAMPLES_OF_A_SCHEDULE or last[-1].get(schema.FROZEN, True) is False
             or last[0][schema.ONE_OFF]):
         return False
-    return all(
-        x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
-        and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA]
-        and x[schema.SAMPLES] == y[schema.SAMPLES]
-        for before in replays[-SAMPLES_OF_A_SCHEDULE:-1] for x, y in zip(before, last)
-    )
-
-
-#: replayed iterations of one schedule before later ones are priced as their median: the
-#: host-timed phases (compression, packing) vary by a few ms from one iteration to the next
-SAMPLES_OF_A_SCHEDULE = 3
+    return all(same_schedule(before, last) for before in replays[-SAMPLES_OF_A_SCHEDULE:-1])
 
 
 def typical(replays: list[list[dict]]) -> list[dict]:
@@ -244,9 +247,7 @@ def typical(replays: list[list[dict]]) -> list[dict]:
     iteration after the replay."""
     last = replays[-1]
     warm = replays[1:] or replays  # the first replayed iteration pays first-call costs
-    same = [rows for rows in warm if not rows[0][schema.ONE_OFF] and all(
-        x[schema.SAMPLES] == y[schema.SAMPLES] and x[schema.BYTES_INTER] == y[schema.BYTES_INTER]
-        and x[schema.BYTES_INTRA] == y[schema.BYTES_INTRA] for x, y in zip(rows, last))]
+    same = [rows for rows in warm if not rows[0][schema.ONE_OFF] and same_schedule(rows, last)]
     same.sort(key=lambda rows: rows[0][schema.T_ITERATION])
     return same[(len(same) - 1) // 2] if same else last
 
