@@ -18,7 +18,7 @@ from suite.cluster.ranks import (
     ranks_sharing,
 )
 from suite.errors import BenchError
-from tests.support.runs import process_environment
+from tests.support.runs import processes_with
 
 
 def test_more_ranks_than_gpus_share_them_on_gloo():
@@ -125,13 +125,6 @@ def test_torchrun_launcher_uses_the_job_as_it_is(tmp_path):
     summary = json.loads((tmp_path / "tr" / "summary.json").read_text())
     assert summary["status"] == "ok"
     assert (summary["gpus"], summary["nodes"], summary["gpus_per_node"]) == (2, 1, 2)
-
-
-def processes_with(marker: str) -> list[str]:
-    """Processes whose environment carries ``marker`` (this test's runs, no other test's)."""
-    name, value = marker.split("=", 1)
-    return [pid for pid in os.listdir("/proc")
-            if pid.isdigit() and (process_environment(pid) or {}).get(name) == value]
 
 
 def test_ranks_start_from_the_fork_server_and_nothing_outlives_the_run(tmp_path):

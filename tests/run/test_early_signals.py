@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.support.runs import ENV, TINY, bench, only_line, start
+from tests.support.runs import ENV, TINY, bench, only_line, processes_with, start
 
 RUN = ["--method", "ddp", "--workload", "cnn-fmnist", *TINY, "--gpus", "2",
        "--gpus-per-node", "1", "--epochs", "20"]
@@ -21,10 +21,15 @@ RUN = ["--method", "ddp", "--workload", "cnn-fmnist", *TINY, "--gpus", "2",
 @pytest.mark.parametrize(("after", "sig"), [(0.3, signal.SIGTERM), (1.0, signal.SIGINT),
                                              (3.0, signal.SIGINT)])
 def test_a_signal_from_the_start_on_ends_the_run_not_ok_in_one_line(tmp_path, after, sig):
-    proc = start(tmp_path, "early", *RUN)
+    marker = f"PRUNEX_TEST_MARK={os.getpid()}-{tmp_path.name}"
+    proc = start(tmp_path, "early", *RUN, env={**ENV, "PRUNEX_TEST_MARK": marker.split("=")[1]})
     time.sleep(after)
     os.killpg(proc.pid, sig)  # as a terminal's Ctrl-C: the whole foreground group
     out, err = proc.communicate(timeout=120)
+    deadline = time.monotonic() + 10  # the fork server ends with its launcher, ranks with it
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == []  # no rank, agent or fork server left behind
     line = only_line(err)  # no traceback of the imports, the fork server or a starting rank
     name = signal.Signals(sig).name
     summary = tmp_path / "early" / "summary.json"

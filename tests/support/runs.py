@@ -33,6 +33,14 @@ def process_environment(pid: int | str) -> dict[str, str] | None:
     return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
 
 
+def processes_with(marker: str) -> list[str]:
+    """Processes whose environment carries ``marker`` (``NAME=VALUE``: this test's runs, no
+    other test's)."""
+    name, value = marker.split("=", 1)
+    return [pid for pid in os.listdir("/proc")
+            if pid.isdigit() and (process_environment(pid) or {}).get(name) == value]
+
+
 def bench(*args, cwd=None, env: dict | None = None, timeout: float = 300):
     """``bench ARGS`` in a subprocess; the CompletedProcess."""
     return subprocess.run([*BENCH, *map(str, args)], capture_output=True, text=True, cwd=cwd,
