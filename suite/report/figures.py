@@ -12,6 +12,7 @@ from ``suite.report.style``.
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 from dataclasses import dataclass
@@ -47,12 +48,14 @@ from suite.report.style import (  # noqa: E402
     save,
     series_styles,
 )
+from suite.report.tables import ACCURACY_PCT  # noqa: E402
 from suite.results import schema  # noqa: E402
 from suite.results.resultset import (  # noqa: E402
     MACHINE_CLASS,
     OVERLAPPED_PHASES,
     RUN_INDEX,
     SETTING,
+    SHOWN_OPTIONS,
     VIEW,
     ResultSet,
     column,
@@ -313,15 +316,15 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
     per_run = pd.DataFrame({
         "facet": facet, "label": label, schema.METHOD: frame[schema.METHOD],
         schema.DENSITY: frame[FINAL_DENSITY].astype(float),
-        schema.ACCURACY: 100 * column(frame, schema.FINAL_ACCURACY).astype(float),
+        ACCURACY_PCT: 100 * column(frame, schema.FINAL_ACCURACY).astype(float),
         "inter_gb": [(b or 0) / 1e9 for b in column(frame, schema.INTER_NODE_BYTES_TOTAL)],
         "gflops": [exported_gflops(view, density, dense_gflops)
                    for view, density in zip(frame[VIEW], frame[FINAL_DENSITY])],
         schema.RUN_ID: frame[schema.RUN_ID],
-        "keep": [keep_of(options) for options in column(frame, schema.OPTIONS)],
+        "keep": keeps_of(frame),
     }).reset_index(drop=True)
     keys = ["facet", "label", "method"]
-    reduced = repeats_reduced(per_run, keys, "accuracy")
+    reduced = repeats_reduced(per_run, keys, ACCURACY_PCT)
     means = per_run.groupby(keys[:-1])[["inter_gb", "density", "gflops"]].mean()
     reduced = reduced.join(means, on=keys[:-1])
     keeps = dict(zip(per_run.label, per_run.keep))
@@ -339,9 +342,9 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
             for ax, (x, xlabel) in zip(row, panels):
                 shown = part[part[x].notna()].reset_index(drop=True)
                 markers = [(pareto_marker(ax, point, x, styles[point.label]), point[x],
-                            point.accuracy) for _, point in shown.iterrows()]
-                front = shown.iloc[pareto_front(shown[x], shown.accuracy)]
-                ax.step(front[x], front.accuracy, where="post", color="k", lw=0.6, alpha=0.6,
+                            point.accuracy_pct) for _, point in shown.iterrows()]
+                front = shown.iloc[pareto_front(shown[x], shown.accuracy_pct)]
+                ax.step(front[x], front.accuracy_pct, where="post", color="k", lw=0.6, alpha=0.6,
                         label="Pareto frontier")
                 ax.set_xlabel(xlabel)
                 ax.set_ylabel("test accuracy (%)")
@@ -362,11 +365,27 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
                   "and more accuracy", context)
 
 
+def box_look(look: dict) -> dict:
+    """A box's patch keywords for a ``series_styles`` look: the method's colour, filled for
+    the look's first fill, hatched for the others, so a keep reads the same as its markers'
+    fill."""
+    hatches = {"full": "", "none": "", "left": "////", "bottom": "...."}
+    filled = look["fillstyle"] == "full"
+    return {"facecolor": look["color"] if filled else "white", "edgecolor": look["color"],
+            "alpha": 0.6 if filled else 1.0, "hatch": hatches[look["fillstyle"]]}
+
+
 def label_keeps(runs_frame: pd.DataFrame, labels, positions) -> dict[str, tuple]:
     """label -> its runs' keeps (``keep_of``), for the runs at ``positions`` of ``runs_frame``
     labelled ``labels[position]``: what ``series_styles`` fills markers by."""
-    options = column(runs_frame, schema.OPTIONS)
-    return {labels[i]: keep_of(options.iat[i]) for i in positions}
+    keeps = keeps_of(runs_frame)
+    return {labels[i]: keeps[i] for i in positions}
+
+
+def keeps_of(runs_frame: pd.DataFrame) -> list[tuple]:
+    """Each run's keeps (``keep_of``) as its label names them: the default keep too (PruneX's
+    channel keep 0.5 left out of the command is 0.5, not none)."""
+    return [keep_of(json.loads(shown)) for shown in column(runs_frame, SHOWN_OPTIONS)]
 
 
 def in_legend_order(pairs, keeps: dict[str, tuple]) -> list[str]:
@@ -393,11 +412,11 @@ def pareto_marker(ax, point, x: str, look: dict) -> list:
     mean with its 95 % interval for repeats; returns its artists."""
     common = {"ms": 4, "color": look["color"], "marker": look["marker"],
               "fillstyle": look["fillstyle"], "ls": "none", "label": point.label}
-    if point.repeats > 1 and not pd.isna(point.accuracy_ci95):
-        bars = ax.errorbar(point[x], point.accuracy, yerr=accuracy_bar(point), capsize=2,
+    if point.repeats > 1 and not pd.isna(point.accuracy_pct_ci95):
+        bars = ax.errorbar(point[x], point.accuracy_pct, yerr=accuracy_bar(point), capsize=2,
                            lw=0.8, **common)
         return [bars.lines[0], *bars.lines[1], *bars.lines[2]]
-    return ax.plot([point[x]], [point.accuracy], **common)
+    return ax.plot([point[x]], [point.accuracy_pct], **common)
 
 
 def exported_gflops(run: RunView, density: float, dense_gflops: dict[str, float]) -> float:
@@ -414,8 +433,8 @@ def exported_gflops(run: RunView, density: float, dense_gflops: dict[str, float]
 def accuracy_bar(point) -> list[list[float]]:
     """The 95 % interval of a mean accuracy (%) as error-bar lengths, cut to 0-100 %: with
     two seeds t(0.975, 1) = 12.7 makes intervals wider than the scale."""
-    half = 0.0 if pd.isna(point.accuracy_ci95) else point.accuracy_ci95
-    return [[min(half, point.accuracy)], [min(half, 100 - point.accuracy)]]
+    half = 0.0 if pd.isna(point.accuracy_pct_ci95) else point.accuracy_pct_ci95
+    return [[min(half, point.accuracy_pct)], [min(half, 100 - point.accuracy_pct)]]
 
 
 def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
@@ -450,7 +469,8 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
         run=label.to_numpy()[owner], facet=facet.to_numpy()[owner],
         method=runs.runs[schema.METHOD].to_numpy()[owner],
         run_id=runs.runs[schema.RUN_ID].to_numpy()[owner])
-    frame = frame.assign(accuracy_pct=100 * frame.accuracy, inter_gb=frame.inter_node_bytes / 1e9)
+    frame = frame.assign(**{ACCURACY_PCT: 100 * frame.accuracy},
+                         inter_gb=frame.inter_node_bytes / 1e9)
     keeps = label_keeps(runs.runs, label.to_numpy(), np.unique(owner))
     styles = series_styles(zip(frame.run, frame.method), keeps)
     titles = [row_title for row_title, _, _ in rows]
@@ -485,7 +505,7 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
         legend_outside(fig, axes, ncol=2)
         files, context = finish(fig, runs, frame.run_id.unique(), out, name, title, faceted=varying)
     table = frame[[schema.RUN_ID, "run", "iteration", "epoch", schema.TRAIN_SECONDS, "inter_gb",
-                   "accuracy"]]
+                   "accuracy", ACCURACY_PCT]]
     note = "repeats of a configuration: mean per evaluation, band the 95 % interval"
     return Figure(name, title, files, table, sorted(frame.run_id.unique()), note, context)
 
@@ -533,9 +553,10 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
                           "facet": facet[owner], "run": label[owner],
                           schema.METHOD: runs.runs[schema.METHOD].to_numpy()[owner],
                           schema.RUN_ID: runs.runs[schema.RUN_ID].to_numpy()[owner]})
-    styles = series_styles(zip(frame.run, frame.method))
-    orders = {row_title: frame[frame.facet == row_title].groupby("run", sort=False).comm_ms
-              .median().sort_values().index.tolist() for row_title in titles}
+    keeps = label_keeps(runs.runs, label, np.unique(owner))
+    styles = series_styles(zip(frame.run, frame.method), keeps)
+    orders = {row_title: in_legend_order(zip(part.run, part.method), keeps)[::-1]  # top down
+              for row_title, part in ((t, frame[frame.facet == t]) for t in titles)}
     heights = [0.3 * len(orders[row_title]) + 0.6 for row_title in titles]
     with paper_figure(width or "two", nrows=len(titles), heights=heights) as (fig, axes):
         for ax, row_title in zip(axes[:, 0], titles):
@@ -545,7 +566,7 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
                                showfliers=True, flierprops={"ms": 2},
                                medianprops={"color": "k"})
             for patch, box_label in zip(boxes["boxes"], order):
-                patch.set(facecolor=styles[box_label]["color"], alpha=0.6)
+                patch.set(**box_look(styles[box_label]))
             ax.set_yticks(range(1, len(order) + 1), order)
             ax.set_xlabel("communication per local step (ms)")
             ax.set_title(row_title)
@@ -585,6 +606,11 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
     ids = per_run.groupby(level=["facet", "run"], sort=False).run_id.agg(",".join)
     means = per_run.drop(columns=schema.RUN_ID).groupby(level=["facet", "run"], sort=False).mean()
     means = means[means.sum().sort_values(ascending=False).index]
+    keeps = label_keeps(frame, label, timed)
+    methods = dict(zip(label[timed], column(frame, schema.METHOD).to_numpy()[timed]))
+    ranked = {run: n for n, run in enumerate(in_legend_order(methods.items(), keeps)[::-1])}
+    means = means.iloc[sorted(range(len(means)), key=lambda i: (
+        titles.index(means.index[i][0]), ranked[means.index[i][1]]))]  # legend order, top down
     stacked = means.copy()
     for key, phase in overlapped:
         stacked.loc[key, phase] = 0.0
@@ -627,6 +653,8 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
         legend_outside(fig, axes, ncol=4)
         files, context = finish(fig, runs, ids, out, name, title, faceted=varying)
     table = means.assign(run_id=ids).reset_index()
+    table = table.iloc[sorted(range(len(table)), key=lambda i: (  # the legend's order
+        titles.index(table.facet.iat[i]), -ranked[table.run.iat[i]]))]
     run_ids = sorted(i for joined in ids for i in joined.split(","))
     note = (
         "an iteration's steady phases over its local steps, mean over GPUs and repeats (error "

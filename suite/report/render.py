@@ -13,7 +13,7 @@ import pandas as pd
 from suite.report.figures import FIGURES, Skipped
 from suite.report.labels import several_of
 from suite.report.load import FINAL_DENSITY, load_runs
-from suite.report.tables import caption_of, paper_table, to_latex, to_markdown
+from suite.report.tables import caption_of, in_percent, paper_table, to_latex, to_markdown
 from suite.results import schema
 from suite.results.resultset import (
     BATCH_SIZE,
@@ -168,13 +168,14 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
           "## Summary", "", "One row per configuration: repeats (runs of one machine class, "
           "configuration and budget that differ in the seed) as their mean, `*_ci95` the "
           "95 % t half-width (empty for one repeat); `exchange_steps`: local steps between "
-          "exchanges inside a node / across nodes; each run in `runs.csv`.",
-          "", _markdown(summary), "",
+          "exchanges inside a node / across nodes; accuracy in percent here, a fraction in "
+          "`summary.csv` and `runs.csv`; each run in `runs.csv`.",
+          "", _markdown(in_percent(summary)), "",
           "## Paper table", "", f"{caption}. Also as LaTeX: [table.tex](table.tex).", "",
           to_markdown(paper), ""]
     page = [f"<h1>prunex-bench report: {html.escape(str(results_dir))}</h1>",
             *[f"<p>{html.escape(line)}.</p>" for line in apart],
-            "<h2>Summary</h2>", summary.to_html(index=False, float_format="%.4g")]
+            "<h2>Summary</h2>", in_percent(summary).to_html(index=False, float_format="%.4g")]
     for result in results:
         if isinstance(result, Skipped):
             line = f"Skipped: {result.title} ({result.name}): {result.reason}"
@@ -187,13 +188,13 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
         md += [f"## {result.title}", "", f"![{result.title}]({result.files[0].name})", "",
                runs_line + (f". {result.note}." if result.note else ""), "",
                f"Data: [{result.name}.csv]({result.name}.csv)", "",
-               _markdown(result.table.head(40)), ""]
+               _markdown(in_percent(result.table.head(40))), ""]
         png = base64.b64encode(result.files[0].read_bytes()).decode()
         caption = html.escape(runs_line + (f". {result.note}." if result.note else ""))
         page += [f"<h2>{html.escape(result.title)}</h2>",
                  f'<img alt="{result.name}" src="data:image/png;base64,{png}">',
                  f"<p>{caption}</p>",
-                 result.table.head(40).to_html(index=False, float_format="%.4g")]
+                 in_percent(result.table.head(40)).to_html(index=False, float_format="%.4g")]
     if skipped_runs:
         md += ["## Runs not included", "", *[f"- {line}" for line in skipped_runs], ""]
     damaged = runs.unreadable

@@ -13,6 +13,12 @@ from suite.report.style import method_style, method_then_keep
 from suite.results import schema
 
 PM = "±"
+#: files keep accuracy as a fraction under its schema name (``final_acc``, ``accuracy``);
+#: a column in percent says so by this suffix
+PCT = "_pct"
+ACCURACY_PCT = "accuracy" + PCT
+#: fraction columns of summary.csv and the figures' data, shown in percent where read
+ACCURACY_FRACTIONS = ("final_acc", "best_acc", "accuracy")
 TEXT = ("Method", "Workload", "Options", "Exchange (steps)", "Setting", "Machine", "Budget")
 #: (summary column, header, decimals, scale) of the numbers a paper reports
 NUMBERS = [
@@ -109,6 +115,26 @@ def caption_of(summary: pd.DataFrame) -> str:
     if summary[schema.EPOCHS].nunique() == 1:
         shared.append(f"budget {budget_words(summary[schema.EPOCHS].iloc[0])}")
     return "; ".join([*shared, "mean ± 95 % t interval over seeds"])
+
+
+def in_percent(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` as a reader sees it in report.md and report.html: each accuracy fraction
+    (and its ``_ci95``) in percent under ``NAME (%)``; one that already has a ``_pct`` twin
+    is left out rather than shown twice. The files keep the fractions."""
+    shown = table.copy()
+    for name in ACCURACY_FRACTIONS:
+        if name not in shown:
+            continue
+        twins = [name, f"{name}_ci95"]
+        if f"{name}{PCT}" in shown:
+            shown = shown.drop(columns=[c for c in twins if c in shown])
+            continue
+        shown = shown.rename(columns={c: f"{c} (%)" for c in twins if c in shown})
+        for c in twins:
+            if f"{c} (%)" in shown:
+                shown[f"{c} (%)"] = 100 * pd.to_numeric(shown[f"{c} (%)"], errors="coerce")
+    return shown.rename(columns={c: f"{c.replace(PCT, '', 1)} (%)" for c in shown.columns
+                                 if isinstance(c, str) and PCT in c})
 
 
 def to_markdown(table: pd.DataFrame) -> str:

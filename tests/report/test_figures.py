@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from matplotlib.container import ErrorbarContainer
 from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle
+from matplotlib.patches import PathPatch, Rectangle
 
 import suite.report.figures as figures
 from suite.report.render import render
@@ -346,3 +346,43 @@ def test_no_text_overlaps_another_in_any_figure_of_the_references_and_a_simulati
                         for name, pairs in style.OVERLAPS.items()})
     assert len(checked) >= 10  # the references' figures and the simulation's
     assert {name: pairs for name, pairs in checked.items() if pairs} == {}
+
+
+def test_a_default_keep_is_that_keep_in_every_figure_with_keeps(tmp_path, monkeypatch):
+    """PruneX left at its default keep (0.5) is keep 0.5, not "no keep": fig. 12's rows and
+    fig. 8's bars read PruneX 0.25 before 0.5, and fig. 7's boxes of one keep look alike
+    across methods (GMP and PruneX at 0.5)."""
+    from tests.report.varied_runs import varied_runs
+
+    figs, _ = rendered(varied_runs(tmp_path / "runs"), tmp_path / "report", monkeypatch)
+    pareto = pd.read_csv(tmp_path / "report" / "fig12_pareto.csv")
+    prunex = pareto[pareto.method == "prunex"].label.tolist()
+    assert [("0.25" in label, "0.5" in label) for label in prunex] == [(True, False),
+                                                                      (False, True)]
+    bars = [t.get_text() for ax in figs["fig08_phase_breakdown"].axes
+            for t in ax.get_yticklabels()]
+    bars = [label for label in bars if label.startswith("PruneX, channel keep")]
+    assert len(bars) == 2
+    assert bars == sorted(bars, key=lambda label: "0.25" not in label, reverse=True)  # top down
+    boxes = next(ax for ax in figs["fig07_comm_latency"].axes
+                 if any(t.get_text().startswith("GMP") for t in ax.get_yticklabels()))
+    labels = [t.get_text() for t in boxes.get_yticklabels()]
+    look = {label: (patch.get_hatch(), patch.get_facecolor()[:3] == (1.0, 1.0, 1.0))
+            for label, patch in zip(labels, [p for p in boxes.patches
+                                             if isinstance(p, PathPatch)])}
+    gmp = next(label for label in labels if label.startswith("GMP"))
+    prunex_half = next(label for label in labels if label.startswith("PruneX, channel keep 0.5"))
+    prunex_quarter = next(label for label in labels if "keep 0.25" in label)
+    assert look[gmp] == look[prunex_half] != look[prunex_quarter]
+
+
+def test_a_reader_sees_accuracy_in_percent_and_the_files_keep_the_fraction():
+    from suite.report.tables import in_percent
+
+    table = pd.DataFrame({"final_acc": [0.6753], "final_acc_ci95": [0.01],
+                          "accuracy": [0.5], "accuracy_pct": [50.0], "accuracy_pct_ci95": [1.0]})
+    shown = in_percent(table)
+    assert list(shown.columns) == ["final_acc (%)", "final_acc_ci95 (%)", "accuracy (%)",
+                                   "accuracy_ci95 (%)"]
+    assert shown.iloc[0].tolist() == pytest.approx([67.53, 1.0, 50.0, 1.0])
+    assert table.final_acc.iat[0] == 0.6753  # the table itself is left as it was
