@@ -46,6 +46,16 @@ def integration(session):
 
 
 @nox.session(python=False)
+def cluster(session):
+    """Runs across several hosts on the SLURM of tools/cluster-up (three hosts in namespaces
+    on this machine, brought up and down by the tests; root only): both launch paths, the
+    topology from hostnames, recorded bytes against the links' counters, a lost host. The
+    one-node SLURM of the other sessions is stopped first and left stopped."""
+    session.run("python", "-m", "pytest", "-q", "-m", "cluster", "-rs",
+                "tests/launchers/test_multihost.py", *session.posargs)
+
+
+@nox.session(python=False)
 def gpu(session):
     """Everything that needs a GPU, in parts that each fit one 10-minute job on one H100
     (``nox -s gpu -- --part 1``; ``nox -s gpu`` runs 1-4): part 0 a smoke that also runs

@@ -22,12 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+    PowerSGDState,
+    _should_compress,
+    powerSGD_hook,
+)
 
 from baselines.ddp import CommHook, DDPMethod, DDPSettings, timed_hook
 from suite.api import (
     AT_LEAST_1,
     METHODS,
+    BenchError,
     CommGroup,
     Communicator,
     Look,
@@ -52,11 +58,131 @@ class PowerSGDSettings(DDPSettings):
     )
 
 
-def recorded_powersgd_hook(comm: Communicator, group: CommGroup) -> CommHook:
-    """Torch's ``powerSGD_hook``, with each of its all-reduces accounted on ``group``."""
+@dataclass(frozen=True)
+class Slot:
+    """One parameter's place in a bucket: its gradient's offset and size in the bucket's
+    flat buffer, its shape, and where its Q lies in the bucket's Q memory (None: torch does
+    not compress it)."""
+
+    name: str
+    offset: int
+    numel: int
+    q: tuple[int, int] | None  # (start, length)
+    p_length: int = 0  # n x r where torch compresses it
+
+
+def bucket_slots(state: PowerSGDState, bucket, names: list[str]) -> list[Slot]:
+    """Where each of ``bucket``'s parameters lies in its buffer and in its Q memory, as
+    torch's ``powerSGD_hook`` lays them out: the tensors it compresses (``_should_compress``
+    of each gradient as an n x m matrix), grouped by shape in the order shapes first occur,
+    each group in bucket order, one m x r block each (``batch_tensors_with_same_shape`` off,
+    torch's default)."""
+    buffer = bucket.buffer()
+    grads = bucket.gradients()
+    shapes: dict[tuple, list[int]] = {}
+    for i, grad in enumerate(grads):
+        n = grad.shape[0] if grad.dim() else 1
+        m = grad.numel() // max(n, 1)
+        rank = min(n, m, state.matrix_approximation_rank)
+        if _should_compress(n, m, rank, state.min_compression_rate)[0]:
+            shapes.setdefault((n, m), []).append(i)
+    q_at, p_length, start = {}, {}, 0
+    for (n, m), members in shapes.items():
+        for i in members:
+            rank = min(n, m, state.matrix_approximation_rank)
+            q_at[i], p_length[i] = (start, m * rank), n * rank
+            start += m * rank
+    base = buffer.data_ptr()
+    return [Slot(name, (grad.data_ptr() - base) // grad.element_size(), grad.numel(),
+                 q_at.get(i), p_length.get(i, 0))
+            for i, (name, grad) in enumerate(zip(names, grads))]
+
+
+class BucketMemory:
+    """PowerSGD's memory (error feedback, warm-start Q) kept per parameter across a resume.
+    Torch keys it by ``bucket.index()``, and DDP's layout is not the same after a resume: its
+    first iteration runs on DDP's initial buckets, the rebuilt ones (those before the cut)
+    come after it. So the hook notes where each parameter lies in each bucket
+    (``bucket_slots``); a checkpoint saves every parameter's error and Q slices, and a
+    resumed run assembles each bucket's memory from its parameters' slices when it first sees
+    it, whatever the layout; P is recomputed from Q at every step and starts at zero. When
+    DDP lays its buckets out again (after a resumed run's first iteration), the memory goes
+    back to per-parameter slices and is assembled for the new buckets the same way (torch
+    alone would add one bucket's error to another's gradients)."""
+
+    def __init__(self, names: dict[int, str]):
+        self.names = names  # id(parameter) -> its name
+        self.layout: dict[int, list[Slot]] = {}  # bucket index -> its parameters' places
+        self.pending: dict[str, dict] = {}  # restored per parameter, not yet handed out
+
+    def note(self, state: PowerSGDState, bucket) -> None:
+        index = bucket.index()
+        names = [self.names.get(id(p), "?") for p in bucket.parameters()]
+        slots = bucket_slots(state, bucket, names)
+        if index in self.layout and [s.name for s in self.layout[index]] != names:
+            # DDP laid its buckets out again: every bucket's memory back to its parameters'
+            # slices, to be assembled anew for the buckets as they now are
+            self.pending.update(self.saved(state))
+            for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
+                memory.clear()
+            self.layout = {}
+        self.layout[index] = slots
+        if self.pending and all(s.name in self.pending for s in slots):
+            self.hand_in(state, index, slots, bucket.buffer())
+
+    def hand_in(self, state: PowerSGDState, index: int, slots: list[Slot], buffer) -> None:
+        error = torch.zeros_like(buffer)
+        q = torch.zeros(sum(s.q[1] for s in slots if s.q), dtype=buffer.dtype,
+                        device=buffer.device)
+        for slot in slots:
+            saved = self.pending.pop(slot.name)
+            error[slot.offset:slot.offset + slot.numel] = saved["error"].to(buffer.device)
+            if slot.q:
+                q[slot.q[0]:slot.q[0] + slot.q[1]] = saved["q"].to(buffer.device)
+        state.error_dict[index] = error
+        state.q_memory_dict[index] = q
+        state.p_memory_dict[index] = torch.zeros(sum(s.p_length for s in slots),
+                                                 dtype=buffer.dtype, device=buffer.device)
+
+    def saved(self, state: PowerSGDState) -> dict[str, dict]:
+        """Every parameter's error and Q slices (of the buckets that have memory), and those
+        still waiting from the checkpoint this run resumed."""
+        found = dict(self.pending)
+        for index, slots in self.layout.items():
+            if index not in state.error_dict:
+                continue
+            for slot in slots:
+                part = {"error": state.error_dict[index][slot.offset:slot.offset + slot.numel]
+                        .clone()}
+                if slot.q and index in state.q_memory_dict:
+                    at, length = slot.q
+                    part["q"] = state.q_memory_dict[index][at:at + length].clone()
+                found[slot.name] = part
+        return found
+
+
+def recorded_powersgd_hook(comm: Communicator, group: CommGroup,
+                           memory: BucketMemory) -> CommHook:
+    """Torch's ``powerSGD_hook``, with each of its all-reduces accounted on ``group`` and
+    each bucket's memory kept by what it holds (``memory``).
+
+    A compressed bucket issues three all-reduces, the last two from its futures' callbacks,
+    which run when the previous one completes: with several buckets, one rank could issue
+    bucket 1's first all-reduce before bucket 0's last and another after it, and the
+    collectives would pair across ranks out of order (gloo aborts: "Received data size
+    doesn't match expected size"; a model of two buckets, resnet18 at the default 25 MB, did).
+    So each bucket's hook starts once the previous bucket's chain has completed."""
     timed = timed_hook(powerSGD_hook, comm.recorder)
+    previous: list = [None]  # the last bucket's future
 
     def hook(state: PowerSGDState, bucket):
+        if previous[0] is not None and state.iter >= state.start_powerSGD_iter:
+            previous[0].wait()
+        previous[0] = ordered(state, bucket)
+        return previous[0]
+
+    def ordered(state: PowerSGDState, bucket):
+        memory.note(state, bucket)
         if state.iter < state.start_powerSGD_iter:  # torch's own test for a vanilla all-reduce
             comm.account("all_reduce", group, nbytes(bucket.buffer()))
             return timed(state, bucket)
@@ -84,7 +210,9 @@ class PowerSGD(DDPMethod):
             warm_start=True,
             random_seed=ctx.config.seed,  # the same on every rank: Q starts identical
         )
-        super().__init__(ctx, recorded_powersgd_hook(ctx.comm, world), self.powersgd)
+        self.memory = BucketMemory({id(p): n for n, p in ctx.model.named_parameters()})
+        super().__init__(ctx, recorded_powersgd_hook(ctx.comm, world, self.memory),
+                         self.powersgd)
 
     def one_off_iterations(self, first: int) -> set[int]:
         """DDP's, and the first compressed step: it classifies the buckets' tensors and
@@ -93,26 +221,36 @@ class PowerSGD(DDPMethod):
                 max(first, self.powersgd.start_powerSGD_iter)}
 
     def state_dict(self) -> dict:
+        """The step count, the generator Q's first values come from, and each parameter's
+        error feedback and Q (``BucketMemory``), by its name."""
         state = self.powersgd
+        rng = state.rng.get_state()
         return {
             **super().state_dict(),
             "powersgd": {
                 "iter": state.iter,
-                "error": state.error_dict,
-                "p": state.p_memory_dict,
-                "q": state.q_memory_dict,
+                "rng": {"keys": torch.from_numpy(rng[1].astype("int64")), "pos": int(rng[2]),
+                        "has_gauss": int(rng[3]), "gauss": float(rng[4])},
+                "parameters": self.memory.saved(state),
             },
         }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        saved, device = state["powersgd"], self.ctx.device
+        saved = state["powersgd"]
+        if "parameters" not in saved:
+            raise BenchError("this checkpoint keeps PowerSGD's memory by bucket index (before "
+                             "it was kept per parameter), which a resumed DDP lays out anew; "
+                             "start the run again")
         self.powersgd.iter = int(saved["iter"])
-        for target, key in ((self.powersgd.error_dict, "error"),
-                            (self.powersgd.p_memory_dict, "p"),
-                            (self.powersgd.q_memory_dict, "q")):
-            target.clear()
-            target.update({k: v.to(device) for k, v in saved[key].items()})
+        rng = saved["rng"]
+        self.powersgd.rng.set_state(("MT19937", rng["keys"].numpy().astype("uint32"),
+                                     int(rng["pos"]),
+                                     int(rng["has_gauss"]), float(rng["gauss"])))
+        for memory in (self.powersgd.error_dict, self.powersgd.p_memory_dict,
+                       self.powersgd.q_memory_dict):
+            memory.clear()  # each bucket takes its own when the hook first sees it
+        self.memory.pending = dict(saved["parameters"])
 
 
 @METHODS.register(

@@ -34,21 +34,38 @@ SMOKE = {"methods": "prunex,localsgd-hier", "iterations": "2", "layout": "nccl"}
 SMOKE_DATA = ["--synthetic-size", "256,64", "--batch-size", "16"]
 
 
+#: seconds one layout's sweep may take before it is stopped (its rows kept, the part failed)
+SWEEP_TIMEOUT = 420
+
+
 def describe(root: Path) -> pd.DataFrame:
+    """One row per run: status, backend, times; ``later`` means leave out the one-off
+    iterations (each attempt's first, DDP's bucket rebuild, PowerSGD's first compressed step),
+    as the summary's means do; what ``problems`` judges (bytes per iteration, the longest
+    phase against its iteration)."""
     rows = []
     for path in sorted(root.rglob("summary.json")):
         run = path.parent
         summary = json.loads(path.read_text())
         manifest = json.loads((run / "manifest.json").read_text())
         if summary.get("status") != "ok":
-            rows.append({"method": summary["method"], "status": summary.get("error", "failed")})
+            rows.append({"method": summary["method"], "status": summary.get("status"),
+                         "error": summary.get("error", "failed")})
             continue
         table = pd.read_parquet(run / "iterations.parquet")
         steps = manifest["steps_per_iteration"]
-        later = table[table["iteration"] > 0]
+        later = table[~table["one_off"].astype(bool)] if "one_off" in table else \
+            table[table["iteration"] > 0]
+        moved = (table.get("bytes_intra", 0) + table.get("bytes_inter", 0)).groupby(
+            table["iteration"]).sum()
+        phases = [c for c in table if c.startswith("t_") and c != "t_iteration"]
+        longest = (table[phases].max(axis=1) / table["t_iteration"]).max() if phases else 0.0
         row = {
             "method": summary["method"],
+            "status": summary["status"],
             "backend": manifest["backend"],
+            "bytes min / max": moved.min() / moved.max() if moved.max() else 1.0,
+            "longest phase / iteration": longest,
             "warm-up s": summary.get("warmup_seconds"),
             "iteration 0 s": table[table["iteration"] == 0]["t_iteration"].mean(),
             "later iterations s": later["t_iteration"].mean(),
@@ -63,6 +80,28 @@ def describe(root: Path) -> pd.DataFrame:
             row[f"{column[2:]} s/step"] = later[column].mean() / steps
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def problems(table: pd.DataFrame, methods: list[str], layout: str) -> list[str]:
+    """What makes a layout's measurement wrong rather than slow: a method missing or failed,
+    the NCCL layout on another backend, PowerSGD never compressing (every iteration moved as
+    many bytes), a phase longer than its iteration (a span that did not end)."""
+    found = []
+    seen = set(table["method"]) if "method" in table else set()
+    found += [f"{m}: no run" for m in methods if m not in seen]
+    for row in table.to_dict("records"):
+        method = row["method"]
+        if row.get("status") != "ok":
+            found.append(f"{method}: {row.get('status')}: {row.get('error')}")
+            continue
+        if layout == "nccl" and row["backend"] != "nccl":
+            found.append(f"{method}: ran on {row['backend']}, not NCCL")
+        if method == "powersgd" and row["bytes min / max"] > 0.9:
+            found.append("powersgd: never compressed (every iteration moved the dense bytes)")
+        if row["longest phase / iteration"] > 1.01:
+            found.append(f"{method}: a phase lasted {row['longest phase / iteration']:.2f}x its "
+                         "iteration")
+    return found
 
 
 def main() -> None:
@@ -110,12 +149,22 @@ def main() -> None:
                 f"`{' '.join(common)}`; seconds are means over ranks and iterations "
                 "after the first; phases overlap where the method overlaps them (DDP).",
                 f"PruneX's work phases: {', '.join(PRUNEX_WORK)}.", ""]
+    failed = []
     with tempfile.TemporaryDirectory() as tmp:
-        for title, layout in layouts.items():
+        for (title, layout), kind in zip(layouts.items(), [k for k in ("nccl", "shared")
+                                                          if args.layout in (k, "both")]):
             root = Path(tmp) / str(len(sections))
-            sweep("--method", args.methods, *common, *layout, "--results-dir", str(root))
+            code = sweep("--method", args.methods, *common, *layout, "--results-dir",
+                         str(root), timeout=SWEEP_TIMEOUT)
             table = describe(root)
-            sections += [f"## {title}", "", table.to_markdown(index=False, floatfmt=".4g"), ""]
+            found = problems(table, args.methods.split(","), kind)
+            if code == 124:
+                found.insert(0, f"the sweep ran past {SWEEP_TIMEOUT} s and was stopped")
+            failed += found
+            sections += [f"## {title}", "", table.to_markdown(index=False, floatfmt=".4g")
+                         if len(table) else "no run", ""]
+            sections += ["Checks: " + ("; ".join(found) if found else "every method ran and "
+                                       "ended ok, as the layout says"), ""]
             runs = {summary["method"]: run for run, summary, _ in finished_runs(root)}
             if {"prunex", "localsgd-hier"} <= set(runs):
                 ratio = overhead_ratio(runs["prunex"], runs["localsgd-hier"])
@@ -125,6 +174,8 @@ def main() -> None:
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text + "\n")
+    if failed:
+        raise SystemExit(f"{len(failed)} check(s) failed: {'; '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -45,12 +45,19 @@ def bench(*args: str, ok: tuple[int, ...] = (0,), env: dict | None = None) -> in
     return proc.returncode
 
 
-def sweep(*args: str) -> None:
-    """``bench sweep ARGS`` with its progress shown; a failed cell (exit 1) is listed by the
-    sweep and the measurement goes on, anything else stops it."""
-    proc = subprocess.run([sys.executable, "-m", "suite.cli", "sweep", *args], text=True)
+def sweep(*args: str, timeout: float | None = None) -> int:
+    """``bench sweep ARGS`` with its progress shown; returns its exit code: a failed cell
+    (1) is listed by the sweep and the measurement goes on (its caller judges it), anything
+    else stops it. Past ``timeout`` seconds the sweep is stopped (its cells' folders keep
+    what they recorded) and 124 returned."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "suite.cli", "sweep", *args], text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124
     if proc.returncode not in (0, 1):
         sys.exit(proc.returncode)
+    return proc.returncode
 
 
 def only_run(directory: Path) -> Path:

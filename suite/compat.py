@@ -37,7 +37,7 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
         _foreach_sub_, allclose,
         arange, are_deterministic_algorithms_enabled, as_tensor, bfloat16, bincount, bool,
         cat, channels_last, device, div, dtype, empty, empty_like, equal, float16, float32,
-        float64, full, get_float32_matmul_precision, get_num_threads, get_rng_state,
+        float64, from_numpy, full, get_float32_matmul_precision, get_num_threads, get_rng_state,
         inference_mode, int8, int32, int64, is_deterministic_algorithms_warn_only_enabled,
         is_tensor, isin, linspace, load, long, manual_seed,
         maximum, no_grad, nonzero, ones, ones_like, rand, randint, randn, randperm, relu,
@@ -60,7 +60,8 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
     torch.distributed.ReduceOp: MAX, SUM
     torch.distributed.algorithms.ddp_comm_hooks.default_hooks: bf16_compress_hook,
         fp16_compress_hook
-    torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook: PowerSGDState, powerSGD_hook
+    torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook: PowerSGDState, _should_compress,
+        powerSGD_hook
     torch.distributed.algorithms.model_averaging.hierarchical_model_averager:
         HierarchicalModelAverager
     torch.distributed.algorithms.model_averaging.utils: get_params_to_average

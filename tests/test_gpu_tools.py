@@ -117,3 +117,35 @@ def test_part_0_runs_without_a_gpu(tmp_path):
     assert facts["python"] == platform.python_version() and facts["torch_fallbacks"] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["environment.json", "part0.log",
                                                           "part0.md"]
+
+
+def planted_table(**changes):
+    """gpu_steps.describe's rows of a layout where every check passes, with ``changes``
+    (method -> {column: value}) planted."""
+    import pandas as pd
+
+    rows = {m: {"method": m, "status": "ok", "backend": "nccl", "bytes min / max": 1.0,
+                "longest phase / iteration": 0.9} for m in ("ddp", "powersgd", "prunex")}
+    rows["powersgd"]["bytes min / max"] = 0.1
+    for method, planted in changes.items():
+        rows[method] = {**rows[method], **planted}
+    return pd.DataFrame(list(rows.values()))
+
+
+@pytest.mark.parametrize("changes, found", [
+    ({}, []),
+    ({"prunex": {"status": "failed", "error": "rank 0: boom"}}, ["prunex: failed: rank 0: boom"]),
+    ({"ddp": {"backend": "gloo"}}, ["ddp: ran on gloo, not NCCL"]),
+    ({"powersgd": {"bytes min / max": 1.0}},
+     ["powersgd: never compressed (every iteration moved the dense bytes)"]),
+    ({"ddp": {"longest phase / iteration": 1.5}}, ["ddp: a phase lasted 1.50x its iteration"]),
+])
+def test_a_gpu_measurement_fails_on_a_planted_fault(changes, found):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_steps
+
+    methods = ["ddp", "powersgd", "prunex"]
+    assert gpu_steps.problems(planted_table(**changes), methods, "nccl") == found
+    assert gpu_steps.problems(planted_table(), [*methods, "topk"], "nccl") == ["topk: no run"]
+    shared = planted_table(ddp={"backend": "gloo"})
+    assert gpu_steps.problems(shared, methods, "shared") == []  # gloo is that layout's

@@ -142,8 +142,12 @@ class Watchdog:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, failed: bool = False) -> None:
+        """End the heartbeats; ``failed``: with a last one saying this rank ended on an error
+        (its peers count it as failed, not silent: it is not the host that was lost)."""
         self._stop.set()
+        if failed:
+            self._beat(fired=True)
 
     def _watch(self) -> None:
         self._beat()  # heard from at once: a rank stopped before its first interval is not
@@ -257,6 +261,39 @@ class Watchdog:
                 return f"rank {current} (busy outside any collective at {where})", path
             path.append(current)
             seen.add(current)
+
+
+    def lost_hosts(self) -> str | None:
+        """After a collective failed at once (a peer's connection closed): the other hosts
+        whose every rank went silent, as ``lost host pxh2 (ranks 2, 3; last heard at
+        iteration 19)``, waiting until a silence that long means lost. None on a one-host run
+        (nothing to wait for) or when every host still beats. Without the store, its host
+        (MASTER_ADDR, rank 0's) is the one lost."""
+        if self._store is None:
+            return f"lost host {os.environ.get('MASTER_ADDR', '?')} (the job's store)"
+        records = self.records()
+        hosts = {r["host"] for r in records.values() if r}
+        if hosts <= {HOST}:
+            return None
+        newest = max(r["heard"] for r in records.values() if r and r["host"] != HOST)
+        time.sleep(max(0.0, newest + (STALE_BEATS + 1) * BEAT_SECONDS - time.time()))
+        try:
+            records, now = self.records(), time.time()
+        except Exception:
+            return f"lost host {os.environ.get('MASTER_ADDR', '?')} (the job's store)"
+        by_host: dict[str, list[int]] = {}
+        for rank, record in records.items():
+            if record:
+                by_host.setdefault(record["host"], []).append(rank)
+        lost = []
+        for host, ranks in by_host.items():
+            quiet = [now - records[r]["heard"] > STALE_BEATS * BEAT_SECONDS
+                     and not records[r].get("fired") for r in ranks]
+            if host != HOST and all(quiet):
+                last = max(records[r]["iteration"] or 0 for r in ranks)
+                lost.append(f"lost host {host} (ranks {', '.join(map(str, ranks))}; last "
+                            f"heard at iteration {last})")
+        return "; ".join(lost) or None
 
 
 def describe_silent(rank: int, quiet: float, record: dict | None) -> str:

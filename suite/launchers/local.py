@@ -67,6 +67,7 @@ def adopt_slurm_environment() -> bool:
         return False
     if env_int("SLURM_NTASKS", 1, minimum=1) < 2:
         return False
+    check_even_step()
     os.environ["RANK"] = os.environ["SLURM_PROCID"]
     os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
@@ -80,23 +81,41 @@ def adopt_slurm_environment() -> bool:
     return True
 
 
-def slurm_tasks_on_this_node() -> int:
-    """srun's tasks on this node: ``SLURM_NTASKS_PER_NODE``, else this node's entry of
-    ``SLURM_STEP_TASKS_PER_NODE``/``SLURM_TASKS_PER_NODE`` (``"4(x2),3"``: 4 on each of the
-    first two nodes, 3 on the third), else 1."""
-    if os.environ.get("SLURM_NTASKS_PER_NODE"):
-        return env_int("SLURM_NTASKS_PER_NODE", 1, minimum=1)
+def slurm_tasks_per_node() -> list[int]:
+    """srun's tasks on each node of the step, from ``SLURM_STEP_TASKS_PER_NODE`` (else
+    ``SLURM_TASKS_PER_NODE``): ``"4(x2),3"`` is 4 on each of the first two nodes, 3 on the
+    third; [] when neither says (or in a form not known)."""
     spec = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
-    if not spec:
-        return 1
-    counts = []
-    for part in spec.split(","):
+    counts: list[int] = []
+    for part in (spec or "").split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if match is None:
-            return 1
+            return []
         counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def slurm_tasks_on_this_node() -> int:
+    """srun's tasks on this node: ``SLURM_NTASKS_PER_NODE``, else this node's entry of
+    ``slurm_tasks_per_node``, else 1."""
+    if os.environ.get("SLURM_NTASKS_PER_NODE"):
+        return env_int("SLURM_NTASKS_PER_NODE", 1, minimum=1)
+    counts = slurm_tasks_per_node()
+    if not counts:
+        return 1
     node = env_int("SLURM_NODEID", 0, minimum=0)
     return counts[node] if node < len(counts) else counts[-1]
+
+
+def check_even_step() -> None:
+    """An srun step with unequal tasks per node (``2,1``) is refused before any rank starts:
+    a node is a block of equal size, the topology and every hierarchical method need it."""
+    counts = slurm_tasks_per_node()
+    if len(set(counts)) > 1:
+        raise BenchError(
+            f"srun placed {'+'.join(map(str, counts))} tasks on its {len(counts)} nodes; every "
+            "node needs the same number of ranks (srun --ntasks-per-node=N, or -n a multiple "
+            "of -N)")
 
 
 def default_local_gpus_per_node(gpus: int) -> int:

@@ -31,6 +31,8 @@ from pathlib import Path
 from suite.config import RunConfig
 from suite.errors import BenchError, RunInterrupted
 from suite.launchers.local import run_agent
+from suite.results import schema
+from suite.results.folder import RunFolder
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.plan import RunPlan
 
@@ -124,7 +126,10 @@ class NodeAgent:
         except BenchError as exc:
             raise SystemExit(f"Error: {exc}") from None
         run_dir = Path(plan.config.results_dir) / plan.run_id
-        resume, overwrite = start_mode(run_dir, plan.config.overwrite, self.resume)
+        try:
+            resume, overwrite = start_mode(run_dir, plan.config.overwrite, self.resume)
+        except BenchError as exc:
+            raise SystemExit(f"Error: {exc}") from None
         plan = plan.restarted(resume=resume, overwrite=overwrite)
         os.environ["OMP_NUM_THREADS"] = str(self.threads_per_rank)
         head = job.hostnames[0]
@@ -143,17 +148,32 @@ class NodeAgent:
                 return
             raise SystemExit(f"Error: {exc}") from None
         except BenchError as exc:
-            raise SystemExit(f"Error: {exc}") from None
+            print(f"Error: {exc}", flush=True)
+            if job.node == 0:  # the run is over: no task waits on a lost host, no requeue
+                cancel(str(job.job_id))
+            raise SystemExit(1) from None
+
+
+def cancel(job_id: str) -> None:
+    """End the job of a failed run: its other tasks (on a host that was lost, srun waits for
+    them until SLURM notices) and SLURM's requeue of a job whose node failed."""
+    subprocess.run(["scancel", job_id], capture_output=True)
 
 
 def start_mode(run_dir: Path, overwrite: bool, resume: bool) -> tuple[bool, bool]:
     """(resume, overwrite) for this start of the job: the first start as asked (--resume,
     --overwrite); a requeued start resumes the checkpoint an earlier start left, or starts
-    over without one."""
+    over without one, unless that start failed (SLURM requeues a job whose host was lost):
+    a failed run's rows and errors are kept, never started over."""
     if int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0:
         return resume, overwrite
     if has_checkpoint(run_dir):
         return True, False
+    status = (RunFolder(run_dir).summary() or {}).get(schema.STATUS)
+    if status == schema.Status.FAILED:
+        raise BenchError(f"run {run_dir.name} failed at the job's previous start and has no "
+                         "checkpoint to resume; its folder is kept as it ended (requeued job "
+                         "not started)")
     return False, True
 
 

@@ -106,6 +106,9 @@ FIRST_ITERATION_SECONDS = "first_iteration_seconds"
 EVALUATION_SECONDS = "evaluation_seconds"
 SAMPLES_PER_SECOND_PER_RANK = "samples_per_second_per_rank"
 WARNINGS = "warnings"
+#: ``--deterministic`` runs: the ops (rank 0's) that have no deterministic kernel and warned,
+#: [] where none did: the run's bits can repeat only where this is empty
+NONDETERMINISTIC_OPS = "nondeterministic_ops"
 RESTARTS = "restarts"
 RESUMED_AT_ITERATION = "resumed_at_iteration"
 CHECKPOINTS_WRITTEN = "checkpoints_written"
@@ -135,7 +138,8 @@ SUMMARY_FILE_KEYS = (
     INTER_NODE_BYTES_PER_ITERATION, WIRE_INTER_BYTES_TOTAL, WIRE_TO_ALGORITHMIC_RATIO,
     WALL_SECONDS, TRAIN_SECONDS, ITERATION_SECONDS, PHASE_SECONDS, ONE_OFF_SECONDS,
     SETUP_SECONDS, CONNECT_SECONDS, WARMUP_SECONDS, FIRST_ITERATION_SECONDS, EVALUATION_SECONDS,
-    SAMPLES_PER_SECOND_PER_RANK, WARNINGS, RESTARTS, RESUMED_AT_ITERATION, CHECKPOINTS_WRITTEN,
+    SAMPLES_PER_SECOND_PER_RANK, WARNINGS, NONDETERMINISTIC_OPS, RESTARTS, RESUMED_AT_ITERATION,
+    CHECKPOINTS_WRITTEN,
     CHECKPOINT_SECONDS_MEAN, CHECKPOINT_BYTES, MASKS_FROZEN_AT, ACCURACY_FROM,
 )
 #: the launcher's entry of the summary (``bench recover`` checks its process)
@@ -184,12 +188,14 @@ SIMULATION = "simulation"
 RUNNER_LOAD = "runner_load"
 #: every key manifest.json may hold (and RUN_ID, STEPS_PER_ITERATION, EXCHANGE_EVERY,
 #: SIMULATED, STARTED of the summary's names)
+#: manifest.json: the hosts of each start of the run (a resumed or requeued run adds one)
+HOSTS_PER_ATTEMPT = "hosts_per_attempt"
 MANIFEST_FILE_KEYS = (
     FORMAT_VERSION_KEY, RUN_ID, CONFIG, PLAN, METHOD_SETTINGS, RECIPE, PLANNED_ITERATIONS, BUDGET,
     STEPS_PER_ITERATION, EXCHANGE_EVERY, OVERLAPPED_PHASES, STEPS_PER_EPOCH, TRAIN_SAMPLES,
     TEST_SAMPLES, PARAMETERS, MODEL, VERSIONS, GIT_REVISION, DEVICE, BACKEND, TOPOLOGY,
     NUMERICS, GROUP_BACKENDS, GPU_SHARING, LIVE_LOGS, HARDWARE, SIMULATED, NETWORK, SIMULATION,
-    RUNNER_LOAD, STARTED,
+    RUNNER_LOAD, STARTED, HOSTS_PER_ATTEMPT,
 )
 
 # manifest.json's ``recipe`` (suite.data.workload.Recipe's fields) and ``budget``
@@ -215,7 +221,9 @@ CUDA_DEVICES = "cuda_devices"
 
 # manifest.json's ``numerics`` (suite.results.folder.numerics; and DEVICE)
 DETERMINISTIC_ALGORITHMS = "deterministic_algorithms"
-#: True: an op without a deterministic kernel warned and ran anyway (``--deterministic``)
+#: the mode, not an event: True where an op without a deterministic kernel would warn and
+#: run anyway (``--deterministic``), False where it would end the run (strict, or off); the
+#: ops that did warn are the summary's NONDETERMINISTIC_OPS
 DETERMINISTIC_WARN_ONLY = "deterministic_warn_only"
 FLOAT32_MATMUL_PRECISION = "float32_matmul_precision"
 TF32_MATMUL = "tf32_matmul"
@@ -237,9 +245,13 @@ HOSTNAMES = "hostnames"
 RANKS_PER_HOST = "ranks_per_host"
 GPUS_PER_NODE_MATCHES_HOSTS = "gpus_per_node_matches_hosts"
 
-# manifest.json's ``network`` (``mode``: loopback or emulated; an emulated link's rate) and
-# ``simulation`` (the profile a simulated run was priced on, by its ``name``)
+# manifest.json's ``network`` (``mode``: loopback, emulated, or hosts: a job over several real
+# hosts, with the ``interface`` rank 0's host reached the others on and the number of
+# ``hosts``; an emulated link's rate) and ``simulation`` (the profile a simulated run was
+# priced on, by its ``name``)
 NETWORK_MODE = "mode"
+NETWORK_HOSTS = "hosts"
+NETWORK_INTERFACE = "interface"
 INTER_BW = "inter_bw"
 PROFILE = "profile"
 PROFILE_NAME = "name"

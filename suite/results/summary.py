@@ -141,7 +141,7 @@ def summarize(
             schema.ONE_OFF_SECONDS: one_off_seconds(iterations),
             schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
         })
-        if schema.WIRE_TX_BYTES in iterations.columns:  # emulated links: what crossed the wire
+        if schema.WIRE_TX_BYTES in iterations.columns:  # emulated links, hosts: what crossed
             wire = float(iterations[schema.WIRE_TX_BYTES].sum())
             summary.update({
                 schema.WIRE_INTER_BYTES_TOTAL: wire,

@@ -80,10 +80,13 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
                             on_stall=report).start()
         train(plan, device, folder, recorder, stop)
     except BaseException as exc:
+        lost = None
         if watchdog is not None:
-            watchdog.stop()  # one writer of this rank's rows and errors file
+            watchdog.stop(failed=True)  # one writer of this rank's rows and errors file
+            if may_be_knock_on(exc):
+                lost = lost_hosts_of(watchdog)
         if folder is not None:
-            record_failure(folder, recorder, rank, exc, stop, standalone=standalone)
+            record_failure(folder, recorder, rank, exc, stop, standalone=standalone, lost=lost)
         if may_be_knock_on(exc):
             let_a_dead_peer_be_reported_first()
         raise  # without destroying the process group: that waits on peers that may be gone
@@ -103,6 +106,14 @@ def may_be_knock_on(exc: BaseException) -> bool:
     """An error that is not ours (a BenchError) nor a stop: typically a collective whose
     peer vanished, i.e. the knock-on effect of another rank's death."""
     return isinstance(exc, Exception) and not isinstance(exc, (BenchError, *AGREED_STOPS))
+
+
+def lost_hosts_of(watchdog: Watchdog) -> str | None:
+    """The hosts lost with every rank on them (``Watchdog.lost_hosts``); never raises."""
+    try:
+        return watchdog.lost_hosts()
+    except BaseException:  # a second signal, or the store in a state of its own: no name
+        return None
 
 
 def let_a_dead_peer_be_reported_first() -> None:
@@ -152,7 +163,8 @@ def prepare_attempt(folder: RunFolder, resume: bool) -> None:
 
 
 def record_failure(
-    folder, recorder, rank: int, exc: BaseException, stop: StopRequest, *, standalone: bool
+    folder, recorder, rank: int, exc: BaseException, stop: StopRequest, *, standalone: bool,
+    lost: str | None = None,
 ) -> None:
     """Keep what this rank recorded and say why it stopped; never raise from here.
 
@@ -163,6 +175,8 @@ def record_failure(
     may take the launcher another 30 s to kill."""
     message = failure_message(exc, rank, stop)
     timed_out = message.startswith("a collective timed out")
+    if lost:  # what an operator must look at first: the host, not this rank's closed socket
+        message = f"{lost}: {message}"
     try:
         with stop.held():
             folder.errors.mkdir(parents=True, exist_ok=True)

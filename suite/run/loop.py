@@ -38,6 +38,7 @@ from suite.run.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from suite.run.determinism import NONDETERMINISTIC
 from suite.run.livelog import TensorBoardLog
 from suite.run.plan import RunPlan
 from suite.run.setup import Run, restart_count, setup
@@ -432,6 +433,8 @@ def summary_extra(run: Run, result: LoopResult) -> dict:
     audited = AUDIT.supported  # None: this torch cannot say what went past ctx.comm
     extra[schema.HIDDEN_INTER_NODE_BYTES] = result.hidden_inter_bytes if audited else None
     extra[schema.HIDDEN_INTRA_NODE_BYTES] = result.hidden_intra_bytes if audited else None
+    if run.config.deterministic:
+        extra[schema.NONDETERMINISTIC_OPS] = list(NONDETERMINISTIC.seen)
     warnings = [*run.method.warnings, *traffic_warnings(run, result)]
     if warnings:
         extra[schema.WARNINGS] = warnings

@@ -22,7 +22,7 @@ from suite.cluster.ranks import connect_groups, gpu_sharing
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import Topology, build_topology
 from suite.cluster.watchdog import store_client, watched
-from suite.cluster.wire import WireCounters
+from suite.cluster.wire import WireCounters, host_interface
 from suite.config import RunConfig
 from suite.data.datasets import load_data
 from suite.data.sharding import ShardedLoader
@@ -156,6 +156,7 @@ def setup(
         plan, topology=topology, comm=comm, recorder=recorder, loader=loader, device=device,
     )
     groups = run_groups(topology, method)
+    fabric = host_interface() if spans_hosts(topology) else None
     AUDIT.reset(topology.node_of)
     for name, pg in groups.items():
         AUDIT.watch(pg, name)
@@ -168,13 +169,15 @@ def setup(
         group_backends={name: dist.get_backend(pg) for name, pg in groups.items()},
         gpu_sharing=gpu_sharing(device, dist.get_backend()),
         live_logs=live_logs_of(config, folder),
-        hardware=hardware(), simulated=False, network=network_description(folder, config),
+        hardware=hardware(), simulated=False,
+        network=network_description(folder, config, topology, fabric),
     )
     processes: list = [None] * world_size
     with watched("all_gather_object", "world (the ranks' processes)"):
         dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
     runner_start = sample(own_pids(processes)) if rank == 0 else None
     if rank == 0:
+        manifest[schema.HOSTS_PER_ATTEMPT] = hosts_per_attempt(folder, topology)
         folder.write_manifest(manifest)
         folder.write_summary(
             {
@@ -188,8 +191,8 @@ def setup(
             }
         )
     wire = None
-    if config.network == "emulated" and topology.local_rank == 0:
-        wire = WireCounters(INTERFACE)
+    if topology.local_rank == 0 and (config.network == "emulated" or fabric):
+        wire = WireCounters(INTERFACE if config.network == "emulated" else fabric)
     return Run(
         plan,
         device,
@@ -241,10 +244,30 @@ def live_logs_of(config: RunConfig, folder: RunFolder) -> dict:
     return {"tensorboard": str(folder.path / TENSORBOARD_FOLDER)} if config.tensorboard else {}
 
 
-def network_description(folder: RunFolder, config: RunConfig) -> dict:
-    """What the links were: loopback, or the emulated cluster's rates (written by the
-    launcher beside the run)."""
+def hosts_per_attempt(folder: RunFolder, topology: Topology) -> list[list[str]]:
+    """The hosts of every start of the run, this one last: a resumed or requeued run keeps
+    the earlier starts' (read from the manifest they wrote), so a job that moved is seen."""
+    try:
+        earlier = (folder.manifest() or {}).get(schema.HOSTS_PER_ATTEMPT) or []
+    except (OSError, ValueError):  # a damaged manifest: this start is the one known
+        earlier = []
+    return [*earlier, topology.describe()[schema.HOSTS]]
+
+
+def spans_hosts(topology: Topology) -> bool:
+    """The run's nodes are real hosts, more than one: inter-node bytes cross a real link."""
+    return not topology.emulated and len(set(topology.hostnames)) > 1
+
+
+def network_description(folder: RunFolder, config: RunConfig, topology: Topology,
+                        fabric: str | None) -> dict:
+    """What the links were: loopback (one host), the hosts' fabric (the interface rank 0's
+    host reaches the others on), or the emulated cluster's rates (written by the launcher
+    beside the run)."""
     described = folder.path / "network.json"
     if config.network == "emulated" and described.exists():
         return {**json.loads(described.read_text()), schema.INTER_BW: config.inter_bw}
+    if spans_hosts(topology):
+        return {schema.NETWORK_MODE: schema.NETWORK_HOSTS, schema.NETWORK_INTERFACE: fabric,
+                schema.NETWORK_HOSTS: len(set(topology.hostnames))}
     return {schema.NETWORK_MODE: config.network}

@@ -36,6 +36,7 @@ from torch import nn
 
 from suite.cluster.recorder import synchronize
 from suite.cluster.watchdog import watched
+from suite.compat import all_gather_single
 from suite.data.sharding import ShardedLoader
 from suite.data.workload import Recipe, TensorData
 
@@ -110,5 +111,6 @@ def collectives_warm_up(groups: dict[str, object], device: torch.device, size: i
                 dist.all_reduce(buffer, group=pg)
                 dist.broadcast(buffer, src=ranks[0], group=pg)
                 gathered = torch.empty(n * min(numel, max(1, size // 4 // n)), device=device)
-                dist.all_gather_into_tensor(gathered, buffer[: gathered.numel() // n], group=pg)
+                # the all-gather the methods issue (Communicator), through its compat path
+                all_gather_single(gathered, buffer[: gathered.numel() // n], group=pg)
             synchronize(device)

@@ -22,7 +22,7 @@ from suite.config import RunConfig
 from suite.launchers.slurm import SlurmRequest, submission
 from suite.plugins.registry import METHODS
 from suite.run.plan import plan_run
-from tests.support.runs import process_environment
+from tests.support.runs import process_environment, wait_for_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "suite.cli"]
@@ -253,11 +253,7 @@ def job_of(pid: str) -> str | None:
 def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(slurm, tmp_path):
     plain = submit(tmp_path, "plain")
     signalled = submit(tmp_path, "signalled", "--checkpoint-every", "10")
-    latest = tmp_path / "signalled" / "checkpoints" / "latest.json"
-    end = time.monotonic() + 180
-    while not latest.exists():
-        assert time.monotonic() < end, "no checkpoint within 180 s"
-        time.sleep(0.5)
+    wait_for_checkpoint(tmp_path / "signalled")
     subprocess.run(["scancel", "--signal=TERM", signalled], check=True)
     wait_until_gone(plain, 300)
     wait_until_gone(signalled, 400)

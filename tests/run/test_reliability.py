@@ -32,7 +32,13 @@ from tests.support.runs import (
 PRUNEX = [
     "--method", "prunex", "--dataset", "synthetic", "--synthetic-size", "1024,256",
     "--gpus", "4", "--gpus-per-node", "2", "--batch-size", "16", "--local-steps", "2",
-    "--freeze-round", "6", "--checkpoint-every", "3",
+    # the masks freeze after round 12 (not at a share of the run, nor when they stop moving):
+    # the cut, from round 4 on, falls before it, so the duals, rho and the masks' agreement
+    # cross the checkpoint
+    "--freeze-round", "12", "--freeze-share", "1", "--freeze-patience", "100",
+    "--checkpoint-every", "3",
+    # strict (STRICT below): an op without a deterministic kernel would end the run
+    "--deterministic",
     # random labels give the masks nothing to settle on; a fixed round pull keeps them still
     # (adaptive penalties halve it, the masks swap, and the oscillation warning is a 2nd line)
     "--fixed-rho",
@@ -41,6 +47,8 @@ TOPK = [
     "--method", "topk", "--dataset", "synthetic", "--synthetic-size", "1024,256",
     "--gpus", "2", "--gpus-per-node", "1", "--batch-size", "16", "--checkpoint-every", "4",
 ]
+#: the runs' environment: --deterministic in its strict mode (suite.run.determinism)
+STRICT = {**ENV, "PRUNEX_STRICT_DETERMINISM": "1"}
 #: long enough that a signal sent once 4-6 iterations are on disk lands well before the last
 #: one (a stop asked for at the last iteration is moot: the run ends ok) on a loaded machine
 PRUNEX_ITERATIONS, TOPK_ITERATIONS = 16, 24
@@ -61,7 +69,7 @@ def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference")
     for run_id, args in (("prunex", [*PRUNEX, "--iterations", str(PRUNEX_ITERATIONS)]),
                          ("topk", [*TOPK, "--iterations", str(TOPK_ITERATIONS)])):
-        code, err = finish(start(root, run_id, *args))
+        code, err = finish(start(root, run_id, *args, env=STRICT))
         assert code == 0, err
     return root
 
@@ -75,7 +83,7 @@ def uninterrupted(tmp_path_factory):
 def test_interrupt_then_resume_equals_the_uninterrupted_run(
     tmp_path, uninterrupted, args, iterations, reference, sig
 ):
-    proc = start(tmp_path, "cut", *args, "--iterations", str(iterations))
+    proc = start(tmp_path, "cut", *args, "--iterations", str(iterations), env=STRICT)
     folder = tmp_path / "cut"
     wait_until(folder, 4, proc)
     if sig == signal.SIGTERM:
@@ -91,11 +99,13 @@ def test_interrupt_then_resume_equals_the_uninterrupted_run(
     assert kept["iteration"].nunique() >= 4  # every row written before the signal
 
     resumed = subprocess.run(
-        [*BENCH, "run", "--resume", str(folder)], capture_output=True, text=True, env=ENV,
+        [*BENCH, "run", "--resume", str(folder)], capture_output=True, text=True, env=STRICT,
         timeout=180,
     )
     assert resumed.returncode == 0, resumed.stderr
     done = summary(folder)
+    if "--deterministic" in args:
+        assert done["nondeterministic_ops"] == []
     assert done["status"] == "ok" and done["resumed_at_iteration"] >= 4
     assert done["iterations"] == iterations
     assert_same_model(folder, uninterrupted / reference)
@@ -116,6 +126,7 @@ def test_interrupt_then_resume_equals_the_uninterrupted_run(
     assert done["iteration_seconds"] == pytest.approx(slowest.drop(sorted(one_offs)).mean())
     if reference == "prunex":
         assert rows["frozen"].any() and not rows["frozen"].all()  # froze inside the run
+        assert done["masks_frozen_at"]["round"] > start_at  # after the cut: ADMM crossed it
         assert rows["density"].tolist() == full["density"].tolist()
     assert not (folder / "checkpoints").exists()  # a finished run has nothing to continue
 

@@ -124,6 +124,15 @@ def wait_until(folder: Path, iterations: int, proc: subprocess.Popen, timeout=18
     raise AssertionError(f"{folder} did not reach {iterations} iterations")
 
 
+def wait_for_checkpoint(folder: Path, timeout: float = 180) -> None:
+    """Until the run in ``folder`` (a SLURM job's: no process to watch) wrote a checkpoint."""
+    latest = folder / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + timeout
+    while not latest.exists():
+        assert time.monotonic() < deadline, f"no checkpoint in {folder} within {timeout:g} s"
+        time.sleep(0.5)
+
+
 def summary(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 

@@ -41,14 +41,22 @@ PARTS = {
     "0": Part("smoke: ddp, topk and prunex for 3 iterations on 4 ranks as 2 nodes x 2 (sharing "
               "the GPU, or CPU ranks without one), and every torch API the code names checked "
               "against this torch (tools/torch_apis.py)", 2, needs_gpu=False),
+    # minutes: parts 1 and 2 as measured on an H200 (benchmarks/measured/gpu_h200_torch2.11:
+    # their tests took 104 s and 166 s, plus start-up); 3 and 4 from its sweep cells (8-9 s
+    # each, 11 methods), not yet run whole
     "1": Part("tests: every method on CUDA (2 x 2 sharing the GPUs), a hook span that ends at "
-              "its collective's completion, Top-K replicas, a GPU folder read without CUDA", 6),
-    "2": Part("tests: every method on one NCCL rank, checkpoint and resume on CUDA, DDP's "
-              "all-reduce time against calibrated bandwidth (4 GPUs)", 7),
-    "3": Part("measure: every method, one rank per GPU on NCCL -> gpu_steps_<device>_nccl.md", 6),
+              "its collective's completion, Top-K replicas, a GPU folder read without CUDA", 3),
+    "2": Part("tests: every method on one NCCL rank, checkpoint and resume on CUDA (twins "
+              "first, strict determinism), DDP's all-reduce time against calibrated bandwidth "
+              "(4 GPUs)", 5),
+    "3": Part("measure: every method, one rank per GPU on NCCL -> gpu_steps_<device>_nccl.md; "
+              "exit 1 on a failed or missing method, a backend not NCCL, PowerSGD never "
+              "compressing, a phase longer than its iteration", 3),
     "4": Part("measure: every method, 2 x 2 ranks sharing the GPUs -> "
-              "gpu_steps_<device>_shared.md", 6),
+              "gpu_steps_<device>_shared.md, checked as part 3", 3),
 }
+#: the measuring call of parts 3 and 4 (gpu_steps.py stops its sweep itself before this)
+MEASURE_TIMEOUT = 540
 #: a test (or a smoke sweep) running longer than this has hung: it fails, the part goes on
 TEST_TIMEOUT = 300
 
@@ -179,7 +187,7 @@ def measure(part: str, out: Path, facts: dict) -> int:
     table = out / f"gpu_steps_{device_slug(facts)}_{layout}.md"
     code = run_logged([sys.executable, "benchmarks/gpu_steps.py", "--layout", layout, "-o",
                        str(table)], out / f"part{part}.log",
-                      env={**os.environ, "PRUNEX_GPU_TESTS": "1"})
+                      env={**os.environ, "PRUNEX_GPU_TESTS": "1"}, timeout=MEASURE_TIMEOUT)
     if table.exists():  # its own title names the card; the versions go under it
         lines = table.read_text().splitlines()
         table.write_text("\n".join([lines[0], "", header(facts), *lines[1:]]) + "\n")
