@@ -106,10 +106,47 @@ class DDPMethod(SGDBaseline):
                 **ddp_local_buffers(),  # BN statistics stay local; averaged only to evaluate
                 **kwargs,
             )
-        model.register_comm_hook(
-            state, hook or instrumented_allreduce_hook(ctx.comm, ctx.topology.world)
-        )
+        self.priming = False
+        model.register_comm_hook(state, self.primable(
+            hook or instrumented_allreduce_hook(ctx.comm, ctx.topology.world),
+            ctx.topology.world.pg))
         super().__init__(ctx, model)
+
+    def primable(self, hook: CommHook, pg) -> CommHook:
+        """``hook``, except while ``prime_buckets`` runs: then a plain all-reduce, neither
+        recorded nor seen by the method's own hook state (PowerSGD's memory)."""
+
+        def run(state, bucket):
+            if self.priming:
+                return default_hooks.allreduce_hook(pg, bucket)
+            return hook(state, bucket)
+
+        return run
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.prime_buckets()
+
+    def prime_buckets(self) -> None:
+        """Give a resumed run the buckets the run had before the cut. DDP starts on one bucket
+        of every parameter and lays its buckets out after its first backward, in the order
+        the gradients were ready: an uninterrupted run does that at iteration 1, a resumed one
+        would run its first iteration on the single bucket, whose all-reduce sums each element
+        in another order over 3 or more ranks (the resumed model then differs in its last
+        bits). So one backward of a zero loss, in eval mode (no BN statistics move), through a
+        plain all-reduce (collective on every rank, as the resume is), records that order; the
+        first real iteration's forward lays the buckets out as the uninterrupted run's."""
+        batch = self.ctx.loader.calibration_batches(1)[0].to(self.ctx.device)
+        training = self.model.training
+        self.priming = True
+        try:
+            self.model.eval()
+            with self.ctx.comm.watching("all_reduce", "DDP's bucket layout after a resume"):
+                (self.model(batch).float().sum() * 0).backward()
+        finally:
+            self.priming = False
+            self.model.train(training)
+        self.optimizer.zero_grad(set_to_none=True)
 
     def one_off_iterations(self, first: int) -> set[int]:
         """DDP rebuilds its buckets in the order the first backward produced gradients, once,

@@ -72,7 +72,7 @@ def host_processes(host: str) -> list[str]:
 
 def test_the_cluster_is_three_idle_hosts_with_their_own_names(cluster):
     assert "3 hosts idle" in cluster
-    nodes = sh("sinfo", "-h", "-N", "-o", "%N %T").stdout.split("\n")
+    nodes = sh("sinfo", "-h", "-N", "-o", "%N %T").stdout.strip().splitlines()
     assert sorted(nodes) == ["pxh1 idle", "pxh2 idle", "pxh3 idle"]
     names = sh("srun", "-N3", "-n3", "hostname", timeout=60).stdout.split()
     assert sorted(names) == ["pxh1", "pxh2", "pxh3"]
