@@ -58,7 +58,7 @@ returns were read by hand: ``init_process_group(device_id=, store=, rank=, world
         get_process_group_ranks, get_rank, get_world_size, init_process_group,
         is_initialized, new_group, set_timeout (2.14: fallback)
     torch.distributed.ReduceOp: MAX, SUM
-    torch.distributed.algorithms.ddp_comm_hooks.default_hooks: bf16_compress_hook,
+    torch.distributed.algorithms.ddp_comm_hooks.default_hooks: allreduce_hook, bf16_compress_hook,
         fp16_compress_hook
     torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook: PowerSGDState, _should_compress,
         powerSGD_hook

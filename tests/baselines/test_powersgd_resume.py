@@ -5,6 +5,7 @@ generator too, and the run ends with the model and losses of the run never stopp
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 import torch
 
 from tests.support.runs import BENCH, ENV, finish, start, summary
@@ -15,6 +16,7 @@ RUN = ["--method", "powersgd", "--dataset", "synthetic", "--synthetic-size", "51
        "--eval-every", "1000"]
 
 
+@pytest.mark.integration  # three runs, ~25 s: beside the fast suite's 15 minutes
 def test_a_resumed_powersgd_run_equals_the_uninterrupted_one(tmp_path):
     import subprocess
 
