@@ -182,10 +182,10 @@ def recorded_powersgd_hook(comm: Communicator, group: CommGroup,
         return previous[0]
 
     def ordered(state: PowerSGDState, bucket):
-        memory.note(state, bucket)
         if state.iter < state.start_powerSGD_iter:  # torch's own test for a vanilla all-reduce
             comm.account("all_reduce", group, nbytes(bucket.buffer()))
             return timed(state, bucket)
+        memory.note(state, bucket)  # only compressed steps have memory to keep
         counted = state.total_numel_after_compression
         future = timed(state, bucket)  # classifies, allocates P and Q, launches; returns early
         p = state.p_memory_dict[bucket.index()]
