@@ -93,6 +93,17 @@ class Recorder:
         self._origin = self.mark()
 
     def end_iteration(self, **values) -> dict:
+        """Close the iteration ``begin_iteration`` opened: the device is synchronized once
+        (every event and collective of it complete), then its row (wall seconds, each phase's
+        seconds, bytes per link, the ``set`` scalars and ``values``) is appended to
+        ``iterations``.
+
+        Args:
+            **values: further columns of the row (the loop's loss, samples, epoch).
+
+        Returns:
+            The row.
+        """
         synchronize(self.device)  # the iteration's one synchronize: every event is complete
         POSITION.at()  # and so is every collective it issued
         row = self._row
@@ -131,6 +142,9 @@ class Recorder:
             self._spans.append((known_phase(phase), begin, end))
 
     def add_bytes(self, link: str, nbytes: float) -> None:
+        """Count ``nbytes`` sent on ``link`` (``intra`` or ``inter``) in this iteration's row,
+        as the communicator's ring model attributes them; outside an iteration (evaluation,
+        setup) nothing is counted."""
         if self._row is not None:
             self._bytes[link] += nbytes
 
@@ -157,13 +171,19 @@ class Recorder:
 
     # -- other tables -----------------------------------------------------------------
     def add_eval(self, **values) -> None:
+        """A row of the ``evals`` table (the loop adds one per evaluation, on rank 0)."""
         self.evals.append(dict(values))
 
     def add_layer_rows(self, rows: list[dict]) -> None:
+        """Rows of the ``layers`` table: per-layer values of a method (PruneX: each layer's
+        residuals and penalties per round), written with the next flush."""
         self.layers.extend(rows)
 
     # -- streaming to disk --------------------------------------------------------------
     def flush_due(self, every_seconds: float) -> bool:
+        """Whether ``every_seconds`` have passed since rows were last taken for disk
+        (``take_unflushed``, or since the recorder was made): the loop streams rows at that
+        pace, not every iteration."""
         return time.monotonic() - self._last_flush >= every_seconds
 
     def take_unflushed(self) -> tuple[int, dict[str, list[dict]]]:

@@ -37,9 +37,14 @@ class CommGroup:
 
     @property
     def size(self) -> int:
+        """How many ranks the group holds (the communicator counts no bytes on a group of
+        one)."""
         return len(self.ranks)
 
     def position(self, rank: int) -> int:
+        """Global ``rank``'s place in the ring order (its group rank): where its ring
+        successor and a broadcast's chain start are read from. Raises ValueError when
+        ``rank`` is not in the group."""
         return self.ranks.index(rank)
 
 
@@ -101,21 +106,29 @@ class Topology:
 
     @property
     def node(self) -> int:
+        """This rank's node, counted from 0."""
         return self.node_of(self.rank)
 
     @property
     def local_rank(self) -> int:
+        """This rank's place within its node (0: the leader); it picks the ``peers`` group
+        the rank is in."""
         return self.rank % self.gpus_per_node
 
     @property
     def leaders(self) -> list[int]:
+        """Each node's first global rank, in node order: the ranks of ``inter``."""
         return [ranks[0] for ranks in self.node_ranks]
 
     @property
     def is_leader(self) -> bool:
+        """Whether this rank is its node's leader, the one that exchanges between nodes
+        (``inter`` is None on every other rank)."""
         return self.local_rank == 0
 
     def node_of(self, rank: int) -> int:
+        """The node of global ``rank`` (a node's ranks are contiguous): how the communicator
+        tells whether a ring edge crosses nodes."""
         return rank // self.gpus_per_node
 
     def describe(self) -> dict:

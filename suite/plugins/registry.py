@@ -90,6 +90,12 @@ class Look:
     marker: str
 
     def check(self, method: str) -> None:
+        """Refuse a colour or marker matplotlib cannot draw when ``method`` registers, so the
+        mistake is one line at import, not a failed figure in a later report.
+
+        Raises:
+            BenchError: naming ``method`` and the colour or marker.
+        """
         # lazy: ~0.2 s to import; only this path needs it
         from matplotlib.colors import is_color_like
         from matplotlib.markers import MarkerStyle
@@ -312,13 +318,21 @@ class Registry:
             print(f"warning: {line}; skipped ({STRICT_HINT})", file=sys.stderr, flush=True)
 
     def names(self) -> list[str]:
+        """Every registered name, sorted, the installed plugins' included (loaded first)."""
         self._load_plugins()
         return sorted(self._entries)
 
     def entries(self) -> list[Entry]:
+        """Every registered entry, in ``names()`` order."""
         return [self._entries[n] for n in self.names()]
 
     def get(self, name: str) -> Entry:
+        """The entry registered as ``name``.
+
+        Raises:
+            BenchError: no such name; the line lists the registered ones (or says how to
+                install a plugin when there are none).
+        """
         entry = self.find(name)
         if entry is None:
             known = ", ".join(self.names())

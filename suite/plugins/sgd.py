@@ -90,11 +90,18 @@ class SGDBaseline(Method):
         baselines: on their support); nothing by default."""
 
     def eval_model(self) -> nn.Module:
+        """The unwrapped module, its float buffers (BN statistics) averaged over the world
+        first: gradient averaging keeps the parameters equal but each rank's statistics its
+        own. Collective, as ``Method.eval_model``."""
         return average_buffers_for_eval(self.module)
 
     def state_dict(self) -> dict:
+        """The unwrapped module's and the optimizer's state (its momentum buffers): a
+        subclass adds its own under further keys (``{**super().state_dict(), ...}``)."""
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` saved into the module and the optimizer in place (a
+        subclass calls it, then restores its own keys)."""
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

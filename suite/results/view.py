@@ -76,18 +76,27 @@ class RunView:
     # -- identity ---------------------------------------------------------------------------
     @property
     def run_id(self) -> str:
+        """The run's id, as reports and ``bench compare`` name it: the summary's, else the
+        folder's name."""
         return self.summary.get(schema.RUN_ID) or self.folder.name
 
     @property
     def method(self) -> str:
+        """The name the method is registered under (``METHODS``): what picks its activity
+        check and its declared defaults. Raises KeyError for a summary without one."""
         return self.summary[schema.METHOD]
 
     @property
     def status(self) -> str | None:
+        """How the run ended (``suite.results.schema.Status``: ``ok``, ``failed``,
+        ``interrupted``; ``running`` from before its ranks start until it ends), None when the
+        summary has none. A result set of finished runs keeps only ``ok``."""
         return self.summary.get(schema.STATUS)
 
     @property
     def simulated(self) -> bool:
+        """Whether ``bench sim`` wrote the run (its times priced, not measured): its
+        ``setting`` differs from a measured run's, so the two are never compared."""
         return bool(self.summary.get(schema.SIMULATED))
 
     @property
@@ -136,10 +145,15 @@ class RunView:
 
     @property
     def recipe(self) -> dict:
+        """The workload recipe the run trained with (the manifest's: batch size, lr, its
+        schedule, ...; {} without one): what runs are matched and labelled by beside the
+        method's options."""
         return self.manifest.get(schema.RECIPE) or {}
 
     @property
     def epochs(self) -> float | None:
+        """Epochs each rank trained (its local steps over the steps per epoch; None when the
+        summary has none): the budget reports show and ``bench compare`` matches runs on."""
         return self.summary.get(schema.EPOCHS)
 
     # -- numbers ----------------------------------------------------------------------------
@@ -154,6 +168,8 @@ class RunView:
 
     @property
     def bytes_per_iteration(self) -> float:
+        """Inter-node bytes per iteration, summed over ranks (0.0 when the summary has
+        none): what an activity check weighs against ``dense_bytes``."""
         return float(self.summary.get(schema.INTER_NODE_BYTES_PER_ITERATION) or 0.0)
 
     def table(self, name: str) -> pd.DataFrame | None:

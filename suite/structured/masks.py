@@ -111,6 +111,8 @@ class StructuredMask:
 
     @property
     def weight_shape(self) -> tuple[int, int, int, int]:
+        """The conv weight's (C_out, C_in, KH, KW), read from the bitmaps' sizes: what bits
+        received for this weight are decoded against (``like_bits``)."""
         return (self.filters.numel(), *self.shape.shape)
 
     def like_bits(self, bits: torch.Tensor) -> StructuredMask:
@@ -422,6 +424,8 @@ class StructuredKeepSettings:
 
     @property
     def keeps(self) -> dict[str, float | None]:
+        """Keep option -> fraction (None: that set is not pruned), as ``StructuredRound``
+        takes them (``keeps=``); with no keep given, ``channel_keep`` holds the default."""
         return {
             "filter_keep": self.filter_keep,
             "channel_keep": self.channel_keep,

@@ -194,6 +194,8 @@ class StructuredRound:
         return kept / total if total else 1.0
 
     def group(self, key: str) -> UnitGroup:
+        """The head or neuron group whose mask is under ``key`` (``blocks.0.attn#heads``);
+        raises StopIteration for a key of none (a conv weight's name)."""
         return next(g for g in self.unit_groups if g.key == key)
 
     def structured_bits(self) -> int:
@@ -258,9 +260,14 @@ class StructuredRound:
                 **load_unit_masks(path, self.unit_groups, self.ctx.device)}
 
     def density(self) -> float:
+        """Fraction of the pruned tensors' elements the agreed masks keep (1.0 without
+        masks), as read at the last mask change: a method records it every round at no host
+        sync."""
         return self.overall_density
 
     def mask_state(self) -> dict:
+        """The agreed masks' group bitmaps (name -> tensors), for a method's checkpoint;
+        ``load_mask_state`` takes it back."""
         return {n: m.state() for n, m in self.masks.items()}
 
     def load_mask_state(self, state: dict) -> None:
@@ -272,6 +279,8 @@ class StructuredRound:
         self.support = {}
 
     def artifacts(self) -> dict:
+        """``masks.pt`` for the run folder (a method's ``artifacts`` returns it): the agreed
+        masks, which ``bench export``, the mask figures and ``--masks-from`` read."""
         return {"masks.pt": mask_artifact(self.masks)}
 
     # ------------------------------------------------------------------ support
