@@ -98,19 +98,12 @@ OVERRIDES = {"NIGHTLY_TIME_THRESHOLD": "--max-time-regression",
              "NIGHTLY_LOSS_THRESHOLD": "--max-loss-regression"}
 
 
-def nightly_seeds() -> str:
-    """Repeats: one seed where runs are deterministic (CPU ranks on gloo: the same seed gives
-    the same bits on the same class, so the gate is exact); three on CUDA, where cuDNN and
-    TF32 are not, so the gate compares distributions. NIGHTLY_SEEDS overrides."""
-    import torch
-
-    from suite.commands.nightly import GPUS
-
-    default = "0,1,2" if torch.cuda.device_count() >= GPUS else "0"
-    return os.environ.get("NIGHTLY_SEEDS", default)
+#: the seeds of a reference whose kernels do not repeat themselves (an op without a
+#: deterministic CUDA kernel ran): the gate then compares three seeds' distributions
+NONDETERMINISTIC_SEEDS = "0,1,2"
 
 
-def sweep_nightly(session, results: str, methods, env: dict) -> None:
+def sweep_nightly(session, results: str, methods, env: dict, seeds: str = "0") -> None:
     """The nightly's ``methods`` (suite.commands.nightly: a tenth of an epoch of Fashion-MNIST on
     2 nodes of 2, evaluated once at the end; NIGHTLY_EPOCHS changes the budget) into
     ``results`` (a failed cell is counted by the gate); re-run on the same folder, it resumes:
@@ -122,8 +115,9 @@ def sweep_nightly(session, results: str, methods, env: dict) -> None:
         flags = nightly_flags()
     except BenchError as exc:
         session.error(str(exc))
-    session.run("bench", "sweep", "--method", ",".join(methods), *flags, "--seed",
-                nightly_seeds(), "--results-dir", results, env=env, success_codes=[0, 1])
+    seeds = os.environ.get("NIGHTLY_SEEDS", seeds)
+    session.run("bench", "sweep", "--method", ",".join(methods), *flags, "--seed", seeds,
+                "--results-dir", results, env=env, success_codes=[0, 1])
 
 
 def given_flags(*allowed: str) -> list[str]:
@@ -148,12 +142,13 @@ def compare_command(reference: str, results: str) -> list[str]:
 
 def plan_or_error(session):
     """This runner's nightly plan (suite.gate.plan_nightly), or the session's one-line end."""
-    from suite.commands.nightly import GPUS
+    from suite.commands.nightly import GPUS, nightly_device
     from suite.errors import BenchError
     from suite.gate import plan_nightly, reference_root
 
     try:
-        plan = plan_nightly(reference_root(), GPUS, os.environ.get("NIGHTLY_METHODS"))
+        plan = plan_nightly(reference_root(), GPUS, os.environ.get("NIGHTLY_METHODS"),
+                            nightly_device())
     except BenchError as exc:  # before minutes of runs that could be compared with nothing
         session.error(str(exc))
     if plan.note:
@@ -162,7 +157,8 @@ def plan_or_error(session):
 
     for line in stale_reference_lines(plan.reference.parent, [plan.machine_class]):
         if line.split(": ", 1)[1].split(" ", 1)[0] in plan.methods:
-            session.warn(f"stale reference (re-record it with `nox -s reference`): {line}")
+            session.warn("stale reference (re-record it with `nox -s reference -- --replace`): "
+                         f"{line}")
     return plan
 
 
@@ -191,7 +187,7 @@ def nightly(session):
     if os.path.exists(results):
         session.log(f"{results}: the last night's runs are removed; every nightly trains")
         shutil.rmtree(results)
-    sweep_nightly(session, results, plan.methods, plan.env)
+    sweep_nightly(session, results, plan.methods, plan.env, seeds_text(plan.seeds))
     session.run("bench", "report", results, "-o", report)
     root = str(reference_root())
     compare = compare_command(root, results)
@@ -208,31 +204,59 @@ def nightly(session):
         session.error(f"the nightly gate failed: {', '.join(failed)}")
 
 
+def seeds_text(seeds) -> str:
+    return ",".join(str(seed) for seed in seeds)
+
+
 @nox.session(python=False)
 def reference(session):
-    """Record the nightly's reference for this machine's class into
-    reference/<class>/ (after an intended change of numbers; commit the diff): the
-    methods of NIGHTLY_METHODS (a comma list; DDP is always among them; default all eleven) run
-    into a fixed staging folder (.nox/reference-staging/<class>/, NIGHTLY_STAGING), so an
-    interrupted recording resumes where it stopped, then replace the class's reference (its
-    gate.json stays). Other classes' references are left as they are. Under
-    ATEN_CPU_CAPABILITY=default it records the portable class, cpu-gloo-portable-t1."""
-    from suite.commands.nightly import GPUS
+    """Record the nightly's reference for this machine's class into reference/<class>/ (after
+    an intended change of numbers; commit the diff): the methods of NIGHTLY_METHODS (a comma
+    list; DDP is always among them; default all eleven) run into a fixed staging folder
+    (.nox/reference-staging/<class>/, NIGHTLY_STAGING), so an interrupted recording resumes
+    where it stopped, then become the class's reference with the software they ran under
+    (class.json). A class that has a reference keeps it unless ``-- --replace`` is given (its
+    gate.json stays then). NIGHTLY_DEVICE=cuda records the class of this machine's GPUs
+    shared by the 4 ranks (``cuda-gloo-<model>-sm<cc>-x4`` on one GPU), on deterministic
+    kernels: one seed where they repeat, three where an op without a deterministic kernel ran.
+    Under ATEN_CPU_CAPABILITY=default it records the portable class, cpu-gloo-portable-t1."""
+    from suite.commands.nightly import GPUS, nightly_device
+    from suite.errors import BenchError
     from suite.gate import (
         NIGHTLY_METHODS,
         chosen_methods,
+        kernels_repeat,
         record_reference,
         reference_root,
         staging_root,
         this_machine_class,
     )
 
-    machine = this_machine_class(GPUS)
+    unknown = [arg for arg in session.posargs if arg != "--replace"]
+    if unknown:
+        session.error(f"nox -s reference takes only --replace, not {' '.join(unknown)}")
+    try:
+        machine = this_machine_class(GPUS, nightly_device())
+    except BenchError as exc:
+        session.error(str(exc))
+    target = reference_root() / machine
+    replace = "--replace" in session.posargs
+    if target.exists() and not replace:  # before minutes of runs that could not land
+        session.error(f"{target} exists: `nox -s reference -- --replace` replaces it")
     methods = chosen_methods(os.environ.get("NIGHTLY_METHODS"), NIGHTLY_METHODS)
     staging = staging_root() / machine
     session.log(f"{machine}: {', '.join(methods)} into {staging} (finished cells are kept)")
     sweep_nightly(session, str(staging), methods, {})
-    session.log(f"recorded {record_reference(staging, reference_root(), methods)}")
+    if machine.startswith("cuda-") and not kernels_repeat(staging):
+        session.log("an op without a deterministic kernel ran: three seeds, compared as "
+                    "distributions")
+        sweep_nightly(session, str(staging), methods, {}, NONDETERMINISTIC_SEEDS)
+    try:
+        recorded = record_reference(staging, reference_root(), methods, expected=machine,
+                                    replace=replace)
+    except BenchError as exc:
+        session.error(str(exc))
+    session.log(f"recorded {recorded}")
 
 
 @nox.session(python=False, name="gate-thresholds")
@@ -252,6 +276,6 @@ def gate_thresholds(session):
     folders = [str(staging_root() / f"gate-{plan.machine_class}" / f"night{k}")
                for k in range(repeats)]
     for folder in folders:
-        sweep_nightly(session, folder, plan.methods, plan.env)
+        sweep_nightly(session, folder, plan.methods, plan.env, seeds_text(plan.seeds))
     session.log(f"wrote {calibrate_gate(plan.reference, folders)}")
     shutil.rmtree(staging_root() / f"gate-{plan.machine_class}")  # measured: the next starts afresh

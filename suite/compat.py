@@ -27,10 +27,11 @@ signatures): every torch and torchvision name below, which is every one the code
 methods/, baselines/, workloads/, benchmarks/, tests/, tools/ and noxfile.py names (found by
 ``python tools/torch_apis.py --list``; ``python tools/torch_apis.py`` under a torch checks
 each name's presence and the keywords passed to it). Result: all present, with every keyword
-passed, except the four above. Keywords passed through ``**`` and methods of objects torch
-returns were read by hand: ``init_process_group(device_id=, store=, rank=, world_size=)``,
-``TCPStore(use_libuv=)``, ``get_device_properties().uuid``, ``Work.get_future()``,
-``Future.then`` are in 2.11.
+passed, except the four above. The check follows keywords passed through ``**`` (a dict
+literal, a local dict, a project function's returned dict, a function's ``**kwargs`` from its
+callers) and the methods called on what a torch call returned, where torch declares its
+type (``torch.cuda.Event().record``, ``all_reduce().get_future().then``); under the floor's
+look-alike (tests/support/torch_floor) it lists exactly the four above.
 
     torch: Generator, Size, Tensor, __version__, _foreach_add, _foreach_add_, _foreach_copy_,
         _foreach_div, _foreach_lerp_, _foreach_mul_, _foreach_norm, _foreach_sub,

@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -149,3 +150,65 @@ def test_a_gpu_measurement_fails_on_a_planted_fault(changes, found):
     assert gpu_steps.problems(planted_table(), [*methods, "topk"], "nccl") == ["topk: no run"]
     shared = planted_table(ddp={"backend": "gloo"})
     assert gpu_steps.problems(shared, methods, "shared") == []  # gloo is that layout's
+
+
+def load_plan():
+    """tools/gpu/plan as a module (a script without .py)."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("gpu_plan", str(REPO / "tools/gpu/plan"))
+    spec = importlib.util.spec_from_loader("gpu_plan", loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_plan"] = module  # its dataclasses look their module up
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the plan without CUDA")
+def test_the_plan_without_cuda_prints_itself_and_exits_2_in_one_line():
+    proc = subprocess.run([sys.executable, "tools/gpu/plan", "--time-left", "300"], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "needs a CUDA device" in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "plan for 300 s of device time:"
+    assert [line.split()[0] for line in lines[1:]] == ["resume", "part3", "part4", "reference"]
+    assert "next call" in lines[3] and "next call" not in lines[2]  # 120 + 150 s fit in 300
+
+
+def test_what_a_plan_leaves_is_packed_into_the_8_files_a_call_returns(tmp_path):
+    plan = load_plan()
+    for name in ("plan.md", "plan.log", "environment.json", "a.md", "b.md", "c.md", "d.md",
+                 "e.log", "f.log", "g.json"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "staging" / "run").mkdir(parents=True)
+    (tmp_path / "staging" / "run" / "summary.json").write_text("{}")
+    kept = plan.pack(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in kept)
+    assert len(kept) == 8 and "plan.md" in {p.name for p in kept}
+    assert {"a.md", "b.md", "c.md", "d.md"} <= {p.name for p in kept}  # the tables stay
+    import tarfile
+
+    with tarfile.open(tmp_path / "rest.tar.gz") as tar:
+        packed = set(tar.getnames())
+    assert "staging/run/summary.json" in packed and len(packed & {"e.log", "f.log", "g.json",
+                                                                  "plan.log"}) == 3
+    few = tmp_path / "few"
+    few.mkdir()
+    (few / "plan.md").write_text("x")
+    assert [p.name for p in plan.pack(few)] == ["plan.md"]  # nothing to pack
+    steps, left = plan.chosen(["reference", "resume"], 1000)
+    assert [s.name for s in steps] == ["resume", "reference"] and not left
+
+
+def test_prepare_reports_a_carry_with_fashion_mnist_under_the_limit(tmp_path):
+    if not (Path("/usr/share/datasets/fashion-mnist")).is_dir():
+        pytest.skip("needs Debian's dataset-fashion-mnist")
+    proc = subprocess.run([sys.executable, "tools/gpu/prepare", "--data-only", "-o",
+                           str(tmp_path / "wheels")], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("the carry:"))
+    assert "Fashion-MNIST 29.4 MiB" in line and line.endswith("(limit 64 MiB)")
+    assert len(list((tmp_path / "data" / "fashion-mnist").glob("*.gz"))) == 4

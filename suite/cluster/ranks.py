@@ -20,6 +20,8 @@ from suite import compat
 from suite.cluster.recorder import synchronize
 from suite.cluster.watchdog import backend_timeout, watched
 from suite.errors import BenchError
+from suite.results import schema
+from suite.results.machine import backend_for, ranks_per_gpu
 
 #: how long a collective waits for a stalled or dead peer before it fails (``--collective-
 #: timeout``); every group the suite creates gets it, not only the default group
@@ -134,30 +136,8 @@ def pick_device(preference: str) -> torch.device:
     return torch.device("cpu")
 
 
-def ranks_on_cuda(device: str, gpus: int) -> bool:
-    """Whether the local launcher places ``gpus`` ranks asking for ``device`` (auto, cpu,
-    cuda) on CUDA devices: ``auto`` does when there is a GPU per rank."""
-    if device != "auto":
-        return device == "cuda"
-    return torch.cuda.device_count() >= gpus
-
-
-def ranks_per_gpu(local_ranks: int, gpus: int) -> int:
-    """How many of a machine's ranks share one GPU when they are placed round-robin (rank
-    ``r`` on GPU ``r % gpus``): 1 means every rank has its own."""
-    return -(-local_ranks // max(gpus, 1))
-
-
 #: how many ranks of this host use this rank's GPU (1: its own), decided when the rank joins
 _sharing = 1
-
-
-def backend_for(device: torch.device, sharing: int) -> str:
-    """NCCL when the rank's GPU is its own (``sharing`` 1); gloo on CPU ranks and on shared
-    GPUs (NCCL refuses two ranks on one device; gloo moves CUDA tensors through the host)."""
-    if device.type == "cuda" and sharing == 1:
-        return "nccl"
-    return "gloo"
 
 
 def gpu_sharing(device: torch.device, backend: str) -> dict | None:
@@ -165,9 +145,9 @@ def gpu_sharing(device: torch.device, backend: str) -> dict | None:
     gloo make timings unrepresentative of a real cluster; the record says so."""
     if device.type != "cuda":
         return None
-    return {"local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            "gpus": torch.cuda.device_count(), "ranks_per_gpu": _sharing, "backend": backend,
-            "timings_representative": _sharing == 1}
+    return {schema.LOCAL_RANKS: int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            schema.GPUS: torch.cuda.device_count(), schema.RANKS_PER_GPU: _sharing,
+            schema.BACKEND: backend, schema.TIMINGS_REPRESENTATIVE: _sharing == 1}
 
 
 def join_process_group(
@@ -281,5 +261,5 @@ def group_store(store=None) -> dict:
     store = store if store is not None else job_store()
     if restart:
         store = dist.PrefixStore(f"prunex-attempt-{restart}", store)
-    return {"store": store, "rank": int(os.environ["RANK"]),
-            "world_size": int(os.environ["WORLD_SIZE"])}
+    return dict(store=store, rank=int(os.environ["RANK"]),  # init_process_group's keywords
+                world_size=int(os.environ["WORLD_SIZE"]))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from suite.cluster.ranks import ranks_per_gpu
 from suite.errors import BenchError
+from suite.results.machine import ranks_per_gpu
 from suite.run.plan import RunPlan
 
 #: what one CPU rank holds besides its data and model: the interpreter with torch, timm and

@@ -21,6 +21,7 @@ from suite.errors import BenchError
 from suite.gate.reference import class_folders
 from suite.plugins.registry import METHODS
 from suite.results import schema
+from suite.results.machine import ranks_on_cuda
 from suite.results.view import RunView, run_folders
 from suite.run.plan import plan_run
 
@@ -29,8 +30,13 @@ GPUS = 4
 #: the nightly's budget: a tenth of an epoch (NIGHTLY_EPOCHS changes it, e.g. to try the
 #: nightly's machinery in seconds; a reference recorded at another budget matches no run)
 EPOCHS = 0.1
-#: RunConfig fields of every nightly run (the budget comes from ``nightly_epochs``): evaluated
-#: once at the end; CUDA when there are 4 GPUs, else CPU ranks (the local launcher's rule)
+#: where the nightly's ranks run (NIGHTLY_DEVICE): ``auto`` on CUDA when there is a GPU per
+#: rank (the local launcher's rule), else CPU ranks; ``cuda`` on this machine's GPUs, shared
+#: round-robin when there are fewer than 4 (a class of its own: ``cuda-gloo-h200-sm90-x4``);
+#: ``cpu``. Runs on CUDA use deterministic kernels (``--deterministic``).
+DEVICES = ("auto", "cpu", "cuda")
+#: RunConfig fields of every nightly run (the budget comes from ``nightly_epochs``, the device
+#: from ``nightly_device``): evaluated once at the end
 RUN_FIELDS = {schema.WORKLOAD: "cnn-fmnist", schema.GPUS: GPUS, schema.GPUS_PER_NODE: 2,
               "eval_every": 100000}
 #: method options of every nightly run, given to the methods that declare them: rounds of 4
@@ -59,22 +65,45 @@ def nightly_epochs() -> float:
     return value
 
 
+def nightly_device() -> str:
+    """NIGHTLY_DEVICE (``auto`` where unset): where the nightly's ranks run.
+
+    Raises:
+        BenchError: it is none of ``DEVICES``.
+    """
+    device = (os.environ.get("NIGHTLY_DEVICE") or "auto").strip().lower()
+    if device not in DEVICES:
+        raise BenchError(f"NIGHTLY_DEVICE={device!r} must be one of {', '.join(DEVICES)}")
+    return device
+
+
+def nightly_on_cuda() -> bool:
+    """Whether tonight's ranks run on CUDA (NIGHTLY_DEVICE, the launcher's placement rule)."""
+    return ranks_on_cuda(nightly_device(), GPUS)
+
+
 def nightly_flags() -> list[str]:
-    """The ``bench sweep`` flags of the nightly's runs (``--method`` and ``--seed`` aside)."""
+    """The ``bench sweep`` flags of the nightly's runs (``--method`` and ``--seed`` aside):
+    ``--device`` where NIGHTLY_DEVICE names one, ``--deterministic`` on CUDA (where kernels
+    may not repeat themselves otherwise; on CPU ranks they do, so the CPU references' runs,
+    recorded without it, stay today's plan)."""
     flags = []
     fields = {**RUN_FIELDS, schema.EPOCHS: nightly_epochs()}
     for name, value in {**fields, **OPTIONS}.items():
         flags += ["--" + name.replace("_", "-"), f"{value:g}" if isinstance(value, float)
                   else str(value)]
-    return flags
+    if nightly_device() != "auto":
+        flags += ["--device", nightly_device()]
+    return flags + (["--deterministic"] if nightly_on_cuda() else [])
 
 
 def nightly_config(method: str, seed: int = 0, **fields) -> RunConfig:
     """The configuration ``bench sweep`` makes of the nightly's flags for ``method``: the
     options go to the methods that declare them, as a sweep gives them."""
     options = {k: v for k, v in OPTIONS.items() if method in METHODS.readers(k)}
+    tonight = {schema.DEVICE: nightly_device(), "deterministic": nightly_on_cuda()}
     return RunConfig(method=method, seed=seed, options=options, epochs=nightly_epochs(),
-                     **{**RUN_FIELDS, **fields})
+                     **{**RUN_FIELDS, **tonight, **fields})
 
 
 @dataclass(frozen=True)

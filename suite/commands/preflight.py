@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from suite.cluster.netemu import check_privileges
-from suite.cluster.ranks import ranks_on_cuda
 from suite.commands.capacity import check_gpu_memory, check_memory, model_on_meta_device
 from suite.config import LAUNCHER_FLAGS
 from suite.data.datasets import load_data
@@ -25,6 +24,7 @@ from suite.plugins.options import settings_dict
 from suite.plugins.registry import METHODS
 from suite.results.folder import MANIFEST, SUMMARY
 from suite.results.lock import check_free
+from suite.results.machine import ranks_on_cuda
 from suite.run.plan import RunPlan
 from suite.structured.inspection import preflight_structure
 from suite.structured.masks import StructuredKeepSettings

@@ -109,8 +109,8 @@ def nothing_compared(new_classes: set[str], held: set[str]) -> str:
 def unmatched_hint(baseline: Path, machine: str) -> str:
     """What the line of a method run under other settings than its baseline says to do."""
     if is_reference(baseline) and not machine.startswith("sim-"):
-        return (f"; re-record the reference of {machine} with `nox -s reference` on such a "
-                "runner (after an intended change of a default), or --allow-unmatched")
+        return (f"; re-record the reference of {machine} with `nox -s reference -- --replace` "
+                "on such a runner (after an intended change of a default), or --allow-unmatched")
     return "; compare runs of the same settings, or --allow-unmatched to judge only those"
 
 

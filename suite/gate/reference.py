@@ -25,8 +25,9 @@ import torch
 from suite.errors import BenchError
 from suite.gate.compare import TIME_RATIO, load_summaries, parse_metrics, parse_threshold
 from suite.results import schema
-from suite.results.folder import hardware, numerics
-from suite.results.machine import CLASS_PATTERN, machine_class
+from suite.results.folder import hardware, numerics, versions
+from suite.results.machine import CLASS_PATTERN, gpu_class, machine_class, ranks_on_cuda
+from suite.results.resultset import VIEW
 from suite.results.runner import busy
 from suite.results.schema import Status
 
@@ -65,6 +66,13 @@ def moved_reference(path: str | Path) -> Path | None:
 STAGING_ROOT = Path(".nox/reference-staging")
 #: a class's gate thresholds, in its reference folder
 GATE_FILE = "gate.json"
+#: the software a class's reference was recorded under, in its folder: a runner of the class
+#: under other versions (a re-imaged GPU machine's new driver or torch) is not judged
+#: against numbers it would not reproduce
+CLASS_FILE = "class.json"
+#: the versions ``CLASS_FILE`` records (suite.results.folder.versions' names)
+CLASS_VERSIONS = (schema.TORCH_VERSION, schema.CUDA_VERSION, schema.CUDA_DRIVER_VERSION,
+                  schema.CUDNN_VERSION, schema.NCCL_VERSION)
 #: every method of the full nightly (NIGHTLY_METHODS chooses fewer; DDP is always among them:
 #: the time ratios and activity checks divide by it)
 NIGHTLY_METHODS = ("prunex", "prunex-flat", "ddp", "ddp-bf16", "ddp-fp16", "powersgd", "topk",
@@ -190,14 +198,21 @@ def staging_root() -> Path:
 
 
 # -- which class, which reference, which methods -------------------------------------------------
-def this_machine_class(gpus: int) -> str:
-    """The class a run of ``gpus`` local ranks gets here: CUDA ranks when there is a GPU per
-    rank (the local launcher's rule, suite.cluster.ranks.ranks_on_cuda), else CPU ranks of one
-    thread each (under ATEN_CPU_CAPABILITY=default: the portable class)."""
-    if torch.cuda.device_count() >= gpus:
+def this_machine_class(gpus: int, device: str = "auto") -> str:
+    """The class a run of ``gpus`` local ranks asking for ``device`` gets here: CUDA ranks
+    where the launcher's placement rule puts them there (suite.results.machine.ranks_on_cuda:
+    ``auto`` with a GPU per rank, ``cuda`` on however many there are, shared round-robin),
+    else CPU ranks of one thread each (under ATEN_CPU_CAPABILITY=default: the portable class).
+
+    Raises:
+        BenchError: ``device`` is ``cuda`` and no CUDA device is visible.
+    """
+    if ranks_on_cuda(device, gpus):
+        if not torch.cuda.is_available():
+            raise BenchError("NIGHTLY_DEVICE=cuda (or --device cuda) was asked for but no CUDA "
+                             "device is visible")
         facts = numerics(torch.device("cuda", 0))
-        return machine_class({schema.DEVICE: "cuda", schema.BACKEND: "nccl",
-                              schema.NUMERICS: facts})
+        return gpu_class(facts, gpus, torch.cuda.device_count())
     machine = {**hardware(), schema.THREADS_PER_RANK: 1}
     return machine_class({schema.DEVICE: "cpu", schema.BACKEND: "gloo", schema.HARDWARE: machine})
 
@@ -243,6 +258,7 @@ class NightlyPlan:
         methods: the methods it runs (the reference's, or NIGHTLY_METHODS among them).
         env: environment for its ranks (the portable kernels' where it falls back to them).
         note: the one line that says it fell back to the portable kernels (None: native).
+        seeds: the seeds it runs, those the reference holds (one where kernels repeat).
     """
 
     machine_class: str
@@ -250,19 +266,22 @@ class NightlyPlan:
     methods: tuple[str, ...]
     env: dict
     note: str | None = None
+    seeds: tuple[int, ...] = (0,)
 
 
-def plan_nightly(root: Path, gpus: int, requested: str | None = None) -> NightlyPlan:
+def plan_nightly(root: Path, gpus: int, requested: str | None = None,
+                 device: str = "auto") -> NightlyPlan:
     """The nightly of this runner: its native class's reference, else (CPU ranks) the portable
     class's under the portable kernels, else a one-line refusal naming ``nox -s reference``;
     the reference's methods, or those NIGHTLY_METHODS asks for if it holds them all.
 
     Raises:
-        BenchError: no reference to judge this runner against, or methods the reference
-            lacks (the gate would compare them with nothing).
+        BenchError: no reference to judge this runner against, one recorded under other
+            software (``CLASS_FILE``), or methods the reference lacks (the gate would compare
+            them with nothing).
     """
     folders = class_folders(Path(root))
-    native = this_machine_class(gpus)
+    native = this_machine_class(gpus, device)
     env, note = {}, None
     if native in folders:
         machine = native
@@ -272,6 +291,11 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None) -> Nightly
                 f"kernels (ATEN_CPU_CAPABILITY=default) against {machine}")
     else:
         raise BenchError(no_reference({native}, str(root), set(folders)))
+    moved = version_differences(folders[machine], versions())
+    if moved:
+        raise BenchError(f"{folders[machine]} was recorded under other software than this "
+                         f"runner's ({'; '.join(moved)}): its numbers would not repeat here; "
+                         "re-record it with `nox -s reference -- --replace`")
     held = reference_methods(folders[machine])
     methods = chosen_methods(requested, held)
     lacking = [m for m in methods if m not in held]
@@ -279,19 +303,66 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None) -> Nightly
         raise BenchError(f"the reference {folders[machine]} holds {', '.join(held)}, not "
                          f"{', '.join(lacking)} (NIGHTLY_METHODS); record them with "
                          f"NIGHTLY_METHODS={','.join(methods)} nox -s reference")
-    return NightlyPlan(machine, folders[machine], methods, env, note)
+    return NightlyPlan(machine, folders[machine], methods, env, note,
+                       reference_seeds(folders[machine]))
+
+
+def version_differences(folder: Path, here: dict) -> list[str]:
+    """``torch: recorded 2.11.0, here 2.12.0``: each version a class's reference recorded
+    (its ``CLASS_FILE``) that this runner's ``here`` (suite.results.folder.versions) does
+    not share; empty for a reference recorded before classes kept their versions."""
+    path = Path(folder) / CLASS_FILE
+    if not path.is_file():
+        return []
+    recorded = json.loads(path.read_text()).get(schema.VERSIONS) or {}
+    return [f"{name}: recorded {recorded[name]}, here {here.get(name)}"
+            for name in CLASS_VERSIONS if name in recorded and recorded[name] != here.get(name)]
+
+
+def kernels_repeat(results: str | Path) -> bool:
+    """Whether every run under ``results`` repeats itself bit for bit under the same seed:
+    none recorded an op without a deterministic kernel (``nondeterministic_ops``, listed by
+    ``--deterministic`` runs on CUDA). One seed then judges a method exactly; otherwise
+    the gate compares three seeds' distributions."""
+    frame, _ = load_summaries(results)
+    return not any(view.summary.get(schema.NONDETERMINISTIC_OPS) for view in frame[VIEW])
+
+
+def reference_seeds(folder: str | Path) -> tuple[int, ...]:
+    """The seeds a reference's finished runs used: the nightly runs the same."""
+    frame, _ = load_summaries(folder)
+    finished = frame.loc[frame[schema.STATUS] == Status.OK, schema.SEED]
+    return tuple(sorted({int(seed) for seed in finished})) or (0,)
+
+
+def recorded_versions(frame) -> dict:
+    """The ``CLASS_VERSIONS`` the runs of ``frame`` were recorded under.
+
+    Raises:
+        BenchError: its runs disagree (a reference is one software's numbers).
+    """
+    seen = {json.dumps({name: (view.manifest.get(schema.VERSIONS) or {}).get(name)
+                        for name in CLASS_VERSIONS}, sort_keys=True) for view in frame[VIEW]}
+    if len(seen) != 1:
+        raise BenchError(f"the runs were recorded under different software "
+                         f"({' vs '.join(sorted(seen))}); record the reference in one environment")
+    return json.loads(seen.pop())
 
 
 # -- recording a reference and measuring its thresholds ------------------------------------------
-def record_reference(staging: Path, root: Path, methods: tuple[str, ...] | None = None) -> Path:
+def record_reference(staging: Path, root: Path, methods: tuple[str, ...] | None = None, *,
+                     expected: str | None = None, replace: bool = False) -> Path:
     """Copy the finished runs of ``methods`` (default: all) of a recorded set into
-    ``root/<its class>/``, replacing that class's previous reference but keeping its
-    ``gate.json``, then remove the staging folder (``nox -s reference``); returns the new
-    folder.
+    ``root/<its class>/`` with the software they ran under (``CLASS_FILE``), keeping a
+    previous reference's ``gate.json``, then remove the staging folder (``nox -s
+    reference``); returns the new folder. An existing reference is replaced only when
+    ``replace`` says so: a recording never overwrites a committed reference by accident.
 
     Raises:
-        BenchError: the set holds runs of several classes, or a chosen method has no finished
-            run in it (nothing is replaced then).
+        BenchError: the set holds runs of several classes, or of another class than the
+            ``expected`` one the recording was started for, or a chosen method has no
+            finished run in it, or the class's folder exists and ``replace`` is False
+            (nothing is replaced then).
     """
     staging, root = Path(staging), Path(root)
     frame, _ = load_summaries(staging)
@@ -299,18 +370,28 @@ def record_reference(staging: Path, root: Path, methods: tuple[str, ...] | None 
     if len(classes) != 1:
         raise BenchError(f"{staging}: a reference holds runs of one machine class, found "
                          f"{sorted(classes) or 'none'}")
+    machine = classes.pop()
+    if expected is not None and machine != expected:
+        raise BenchError(f"{staging}: its runs recorded class {machine}, not the {expected} "
+                         "this recording was started for; nothing was replaced")
     wanted = frame if methods is None else frame[frame[schema.METHOD].isin(methods)]
     finished = set(wanted.loc[wanted[schema.STATUS] == Status.OK, schema.METHOD])
     missing = sorted(set(methods or finished) - finished)
     if missing:
         raise BenchError(f"{staging}: no finished run of {', '.join(missing)}; run `nox -s "
                          "reference` again (it resumes) or remove the folder to start over")
-    target = root / classes.pop()
+    target = root / machine
+    if target.exists() and not replace:
+        raise BenchError(f"{target} exists: `nox -s reference -- --replace` replaces it (the "
+                         f"recorded runs stay in {staging})")
+    record = {"class": machine, schema.VERSIONS: recorded_versions(
+        wanted[wanted[schema.STATUS] == Status.OK])}
     new = root / f".{target.name}.new"
     shutil.rmtree(new, ignore_errors=True)
     for folder in wanted["folder"]:
         shutil.copytree(folder, new / Path(folder).name,
                         ignore=shutil.ignore_patterns("model.pt", "checkpoints", "parts"))
+    (new / CLASS_FILE).write_text(json.dumps(record, indent=2) + "\n")
     if (target / GATE_FILE).is_file():  # measured thresholds outlive a re-recorded reference
         shutil.copy(target / GATE_FILE, new / GATE_FILE)
     if target.exists():

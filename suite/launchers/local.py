@@ -32,7 +32,7 @@ from suite.cluster.netemu import (
     parse_rate,
     run_module_in_cluster,
 )
-from suite.cluster.ranks import elastic_launch_config, ranks_on_cuda
+from suite.cluster.ranks import elastic_launch_config
 from suite.config import RunConfig
 from suite.environment import env_int
 from suite.errors import BenchError, RunFailed, RunInterrupted
@@ -40,6 +40,7 @@ from suite.processes import alive, kill_all, start_time
 from suite.results import schema
 from suite.results.folder import RunFolder, identity_summary, os_reason
 from suite.results.lock import acquire, release
+from suite.results.machine import ranks_on_cuda
 from suite.run.entry import rank_main
 from suite.run.plan import RunPlan
 

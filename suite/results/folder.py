@@ -221,6 +221,7 @@ def versions() -> dict:
         schema.TIMM_VERSION: installed_version("timm"),
         schema.PANDAS_VERSION: pd.__version__,
         schema.CUDA_VERSION: torch.version.cuda,
+        schema.CUDA_DRIVER_VERSION: driver_version(),
         schema.CUDNN_VERSION: (torch.backends.cudnn.version()
                                if torch.backends.cudnn.is_available() else None),
         schema.NCCL_VERSION: nccl_version(),
@@ -235,6 +236,21 @@ def installed_version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (``570.124.06``), or None without a GPU: a re-imaged
+    machine's new driver can move a GPU class's numbers as a new torch does. Read from
+    ``nvidia-smi``, which every driver installs (torch exposes only the CUDA API level)."""
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        found = subprocess.run(query, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = found.stdout.split()
+    return lines[0] if found.returncode == 0 and lines else None
 
 
 def nccl_version() -> str | None:

@@ -7,7 +7,10 @@ CPU vendor and family, the kernels torch dispatches to (its CPU capability: ``av
 the collective backend. Under torch's portable kernels (``ATEN_CPU_CAPABILITY=default``) the
 vendor stops mattering at the gate's thresholds (an Intel Xeon's nightly against an AMD
 EPYC's: 0 regressions over eleven methods), so that class names no vendor:
-``cpu-gloo-portable-t1``, a class any CPU runner can join. A nightly compares
+``cpu-gloo-portable-t1``, a class any CPU runner can join. Ranks sharing one GPU (a lent
+machine of one GPU running the nightly's 4 ranks) are a class of their own, ``-x<ranks per
+GPU>`` after the compute capability: their collectives run on gloo through the host and their
+kernels contend for one device. A nightly compares
 against the reference recorded on its own class (``reference/<class>/``), never a
 run against a reference of other kernels: on another CPU generation a tenth of an epoch moves
 a method's accuracy by as much as a change of seed. Runs recorded before the class named
@@ -17,6 +20,8 @@ these (``cpu-gloo``, ``cuda-nccl-h100``) keep the short name they had.
 from __future__ import annotations
 
 import re
+
+import torch
 
 from suite.results import schema
 
@@ -32,7 +37,8 @@ VENDORS = {"authenticamd": "amd", "genuineintel": "intel", "hygongenuine": "hygo
 def machine_class(manifest: dict) -> str:
     """``cpu-gloo-amd25-avx512-t1`` (device kind, backend, CPU vendor and family, torch's CPU
     capability, threads per rank); ``cuda-nccl-h100-sm90`` (device kind, backend, device
-    model, compute capability); ``sim-<profile>`` for simulated runs, whose numbers come from
+    model, compute capability); ``cuda-gloo-h200-sm90-x4`` for 4 ranks sharing each GPU;
+    ``sim-<profile>`` for simulated runs, whose numbers come from
     a profile, not a machine; ``cpu-gloo-portable-t1`` for CPU ranks on the portable kernels,
     whatever the vendor. A manifest recorded before these were (no CPU capability, no compute
     capability) gets the short class it had then."""
@@ -54,7 +60,42 @@ def machine_class(manifest: dict) -> str:
     numerics = manifest.get(schema.NUMERICS) or {}
     base = f"cuda-{backend}-{device_model(numerics.get(schema.DEVICE_NAME) or '')}"
     capability = numerics.get(schema.COMPUTE_CAPABILITY)
-    return f"{base}-sm{capability.replace('.', '')}" if capability else base
+    if capability:
+        base = f"{base}-sm{capability.replace('.', '')}"
+    sharing = int((manifest.get(schema.GPU_SHARING) or {}).get(schema.RANKS_PER_GPU) or 1)
+    return f"{base}-x{sharing}" if sharing > 1 else base
+
+
+def ranks_on_cuda(device: str, gpus: int, visible: int | None = None) -> bool:
+    """Where ``gpus`` local ranks asking for ``device`` (auto, cpu, cuda) run, the one rule
+    the launcher, the preflight, the simulator's calibration and the nightly's class share:
+    ``cuda`` on the GPUs (shared round-robin when fewer), ``auto`` on CUDA only when there
+    is a GPU per rank. ``visible``: the GPUs to count (default: this machine's)."""
+    if device != "auto":
+        return device == "cuda"
+    return (torch.cuda.device_count() if visible is None else visible) >= gpus
+
+
+def ranks_per_gpu(local_ranks: int, gpus: int) -> int:
+    """How many of a machine's ranks share one GPU when they are placed round-robin (rank
+    ``r`` on GPU ``r % gpus``): 1 means every rank has its own."""
+    return -(-local_ranks // max(gpus, 1))
+
+
+def backend_for(device: torch.device, sharing: int) -> str:
+    """NCCL when the rank's GPU is its own (``sharing`` 1); gloo on CPU ranks and on shared
+    GPUs (NCCL refuses two ranks on one device; gloo moves CUDA tensors through the host)."""
+    return "nccl" if device.type == "cuda" and sharing == 1 else "gloo"
+
+
+def gpu_class(facts: dict, local_ranks: int, gpus: int) -> str:
+    """The class of ``local_ranks`` CUDA ranks placed round-robin on ``gpus`` GPUs described
+    by ``facts`` (``suite.results.folder.numerics`` of one of them): NCCL when each rank has
+    its own GPU, gloo (and ``-x<ranks per GPU>``) when they share."""
+    sharing = ranks_per_gpu(local_ranks, gpus)
+    backend = backend_for(torch.device("cuda"), sharing)
+    return machine_class({schema.DEVICE: "cuda", schema.BACKEND: backend, schema.NUMERICS: facts,
+                          schema.GPU_SHARING: {schema.RANKS_PER_GPU: sharing}})
 
 
 def cpu_kind(hardware: dict) -> str:

@@ -12,14 +12,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from suite.cluster.netemu import emulated_cluster, parse_rate, run_module_in_cluster
 from suite.cluster.ranks import elastic_launch_config
 from suite.cluster.topology import check_layout
 from suite.errors import BenchError
 from suite.launchers.local import quiet_launcher_logs
 from suite.plugins.registry import WORKLOADS
+from suite.results.machine import ranks_on_cuda
 from suite.sim.fit import build_profile, world_check
 from suite.sim.measure import DEFAULT_BLOCK_STEPS, DEFAULT_SIZES, calibration_rank
 from suite.sim.profile import load_profile
@@ -107,7 +106,7 @@ def calibrate_to_file(flags: dict, *, echo) -> Path:
     check_layout(gpus, gpus_per_node)
     device = flags["device"]
     if device == "auto":
-        device = "cuda" if torch.cuda.device_count() >= gpus else "cpu"
+        device = "cuda" if ranks_on_cuda(device, gpus) else "cpu"
     name = (
         flags["name"] or f"{socket.gethostname()}-{device}-{gpus // gpus_per_node}x{gpus_per_node}"
     )

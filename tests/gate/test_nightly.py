@@ -108,7 +108,7 @@ def test_a_method_under_other_settings_fails_in_one_line_naming_it(tmp_path):
     assert len(named) == 1, proc.stdout
     assert "prunex ran under other settings than its baseline: freeze_share 0.5 in the " \
         "baseline, its default in NEW" in named[0]
-    assert "`nox -s reference`" in named[0] and STALE.name in named[0]
+    assert "`nox -s reference -- --replace`" in named[0] and STALE.name in named[0]
     assert "ddp " in proc.stdout and "train-loss" in proc.stdout  # ddp is still judged
     allowed = bench("compare", tree, new, "--allow-unmatched", "--metric", "bytes")
     assert "other settings" not in allowed.stdout

@@ -32,15 +32,23 @@ def test_an_interrupted_reference_resumes_without_rerunning_finished_cells(tmp_p
     env = {**os.environ, "PRUNEX_PROGRESS": "0", "NIGHTLY_METHODS": "ddp",
            "NIGHTLY_REFERENCE": str(root), "NIGHTLY_STAGING": str(tmp_path / "staging"),
            "ATEN_CPU_CAPABILITY": "default"}  # the portable class, whatever this CPU
+    nox = [sys.executable, "-m", "nox", "-s", "reference"]
+    refused = subprocess.run(nox, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "-- --replace` replaces it" in refused.stderr
+    assert (staging / finished.name / "summary.json").read_text() == recorded  # nothing ran
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "nox", "-s", "reference"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*nox, "--", "--replace"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     assert "1 skipped" in out and "0 done" in out, out  # the finished cell was not run again
     assert time.monotonic() - started < 120  # no training happened
     target = root / "cpu-gloo-portable-t1"
-    assert sorted(p.name for p in target.iterdir()) == sorted(["gate.json", finished.name])
+    assert sorted(p.name for p in target.iterdir()) == sorted(["class.json", "gate.json",
+                                                                finished.name])
+    software = json.loads((target / "class.json").read_text())["versions"]
+    assert software["torch"] == json.loads((target / finished.name / "manifest.json").read_text(
+    ))["versions"]["torch"]
     assert (target / finished.name / "summary.json").read_text() == recorded
     assert json.loads((target / "gate.json").read_text()) == {"max_accuracy_drop": 4.0}
     assert not staging.exists()  # recorded: the next recording starts afresh

@@ -10,14 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from suite.cluster.ranks import (
-    backend_for,
-    gpu_sharing,
-    own_device_or_refuse,
-    ranks_per_gpu,
-    ranks_sharing,
-)
+from suite.cluster.ranks import gpu_sharing, own_device_or_refuse, ranks_sharing
 from suite.errors import BenchError
+from suite.results.machine import backend_for, ranks_per_gpu
 from tests.support.runs import processes_with
 
 

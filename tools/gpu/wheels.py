@@ -114,6 +114,19 @@ def pip_download(spec: str, dest: Path, python_version: str) -> Path:
     return new[0]
 
 
+def tree_bytes(repo: Path = REPO) -> int:
+    """What of the repository travels to the device machine: tracked files and untracked ones
+    git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=repo, capture_output=True, check=True)
+    paths = {repo / name for name in listed.stdout.decode().split("\0") if name}
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
 def prepare(dest: Path, python_version: str, image: set[str] | None = None,
             log=print) -> list[Path]:
     """The wheels of every dependency the image lacks, and of theirs, into ``dest`` (one
