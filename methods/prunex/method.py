@@ -37,19 +37,23 @@ Choices where the paper is silent (see methods/prunex/hsadmm.py for the equation
     broadcast z, so z_i and v_i stay replicated without extra traffic;
   * the inter-node dual residual is Boyd's rho2 (z^{k+1} - z^k), not the printed
     rho2 (z_i^{k+1} - z^k).
+
+This module holds the round; when the masks freeze and from where the ranks go on is
+``FreezePolicy``'s (methods/prunex/freeze.py), the residual math (duals, norms, stopping test,
+rho balancing) hsadmm's pure functions.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import sys
 
 import torch
 from torch import nn
 
 from methods.prunex import hsadmm
 from methods.prunex.blocks import admm_blocks, averaged_buffers
+from methods.prunex.freeze import FREEZE, FreezePolicy
 from methods.prunex.penalties import initial_penalties
 from suite.api import (
     WIRE_DTYPES,
@@ -59,7 +63,6 @@ from suite.api import (
     StepResult,
     StructuredMask,
     StructuredRound,
-    declare_phase,
     phases,
     recalibrate_batchnorm,
     unflatten,
@@ -67,17 +70,6 @@ from suite.api import (
 
 #: batches of each rank's shard on which the consensus's BatchNorm statistics are estimated
 CONSENSUS_BN_BATCHES = 8
-#: samples of each rank's shard on which the freeze decision compares its two candidates
-#: (whole batches, at least one): a fixed count, so the decision costs the same few forward
-#: passes whatever the run's length (two per sample: one per candidate)
-FREEZE_CALIBRATION_SAMPLES = 64
-#: the freeze, timed apart from every round's phases: the masks fixed, theta, u and momentum
-#: onto the support, and the choice of where the sgd rounds start; once per run, so its
-#: iteration is one-off (StepResult.one_off) and steady means leave it out
-FREEZE = declare_phase("freeze", "#EE7733", communication=False)
-#: drift (fraction of the structured bits) and rounds in a row that count as oscillation
-OSCILLATION_DRIFT = 0.5
-OSCILLATION_ROUNDS = 3
 
 
 def proximal_weight(lr: float, rho: float) -> float:
@@ -86,26 +78,20 @@ def proximal_weight(lr: float, rho: float) -> float:
 
 
 class PruneX(Method):
+    """Algorithm 1 on the suite's communicator; ``hierarchical=False`` is the flat ablation.
+
+    Args:
+        ctx: the run's context; ``ctx.settings`` (PruneXSettings or PruneXFlatSettings) is
+            read where it is used, not copied.
+        hierarchical: two levels (nodes of ``gpus_per_node`` ranks, leaders across nodes), or
+            one consensus over the world.
+    """
+
     def __init__(self, ctx: RunContext, *, hierarchical: bool):
         self.ctx = ctx
         topo = ctx.topology
         self.hierarchical = hierarchical
-        settings = ctx.settings
-        self.keeps = settings.keeps
-        self.rho_max = settings.rho_max
-        self.eps_abs = settings.eps_abs  # None: no early stop, run every round
-        self.eps_rel = settings.eps_rel
-        self.adaptive = settings.adaptive_rho
-        self.freeze_round = settings.freeze_round
-        # The paper freezes "once topological stability is detected" (sec. 4.5; drift reaches
-        # zero within 5-15 rounds): by default, after 3 consecutive unchanged rounds.
-        self.freeze_patience = settings.freeze_patience
-        self.freeze_epoch = settings.freeze_epoch
-        self.freeze_share = settings.freeze_share
-        self.after_freeze = settings.after_freeze
-        self.freeze_start = settings.freeze_start
-        self.frozen_at: dict | None = None  # round and samples per rank at the freeze
-        self.lam = ctx.recipe.weight_decay
+        self.settings = settings = ctx.settings
 
         self.steps_per_iteration = ctx.local_steps_per_round()
         # theta averaged in the node every K local steps and at the round's end, so the node
@@ -114,11 +100,9 @@ class PruneX(Method):
         self.node_averaging = 0 < period < self.steps_per_iteration and topo.gpus_per_node > 1
 
         if hierarchical:
-            self.num_nodes, self.procs = topo.num_nodes, topo.gpus_per_node
-            self.group = topo.intra
-        else:
-            self.num_nodes, self.procs = 1, topo.world_size
-            self.group = topo.world
+            self.num_nodes, self.procs, self.group = topo.num_nodes, topo.gpus_per_node, topo.intra
+        else:  # one "node" spanning the world (M=1, P=N)
+            self.num_nodes, self.procs, self.group = 1, topo.world_size, topo.world
 
         self.model = ctx.model
         named = dict(self.model.named_parameters())
@@ -134,32 +118,21 @@ class PruneX(Method):
             self.z = [p.detach().clone() for p in self.params]  # global z
             self.u = [torch.zeros_like(p) for p in self.params]
             self.v = [torch.zeros_like(p) for p in self.params]
-        rho1, rho2 = initial_penalties(
-            settings,
-            lr=ctx.recipe.lr,
-            local_steps=self.steps_per_iteration,
-            hierarchical=hierarchical,
-        )
+        rho1, rho2 = initial_penalties(settings, lr=ctx.recipe.lr, hierarchical=hierarchical,
+                                       local_steps=self.steps_per_iteration)
         self.initial_penalties = {"rho1": rho1, "rho2": rho2} if hierarchical else {"rho1": rho1}
-        self.rho1 = [rho1] * len(self.blocks)
-        self.rho2 = [rho2] * len(self.blocks)
+        self.rho1, self.rho2 = [rho1] * len(self.blocks), [rho2] * len(self.blocks)
         # masks keyed by conv weight name, their live slices, the support and the packed
         # exchange: the structured round PruneX shares with the pruning baselines
         self.structure = StructuredRound(
-            ctx,
-            self.model,
-            settings if hierarchical else None,
-            keeps=self.keeps,
+            ctx, self.model, settings if hierarchical else None, keeps=settings.keeps,
             hierarchical=hierarchical,
             wire_dtype=WIRE_DTYPES[settings.wire_dtype] if hierarchical else torch.float32,
             sharded=hierarchical and settings.leader_mode == "sharded",
         )
         self.constrained = bool(self.masks)  # conv weights, heads or neurons to prune
-        self.frozen = False
-        self.stable_rounds = 0
         self.structured_bits = self.structure.structured_bits()  # of the sets with a keep
-        self.oscillating_rounds = 0  # consecutive rounds with drift above OSCILLATION_DRIFT
-        self.warnings: list[str] = []  # for summary.json
+        self.freeze_policy = FreezePolicy(ctx, structured_bits=self.structured_bits)
 
         self.consensus = copy.deepcopy(self.model)  # the model evaluated: z and its BN stats
         # z's own BN statistics (--consensus-bn estimated) are estimated when it is evaluated,
@@ -168,9 +141,8 @@ class PruneX(Method):
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules()
         )
         self.consensus_bn_current = False
-        self.optimizer = torch.optim.SGD(
-            self.params, lr=ctx.recipe.lr, momentum=ctx.recipe.momentum, weight_decay=0.0
-        )
+        self.optimizer = torch.optim.SGD(self.params, lr=ctx.recipe.lr,
+                                         momentum=ctx.recipe.momentum, weight_decay=0.0)
         self.batches = iter(ctx.loader)
         self.loss_fn = nn.CrossEntropyLoss()
         if settings.masks_from is not None:  # retrain a known structure: frozen from round 0
@@ -184,6 +156,16 @@ class PruneX(Method):
         """The agreed masks, by conv weight name."""
         return self.structure.masks
 
+    @property
+    def frozen(self) -> bool:
+        """Whether the masks are fixed (sec. 4.5); the freeze policy's to say."""
+        return self.freeze_policy.frozen
+
+    @property
+    def warnings(self) -> list[str]:
+        """What went wrong without stopping the run, for summary.json (the freeze policy's)."""
+        return self.freeze_policy.warnings
+
     def named(self, tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per-block tensors (theta, u, z_i, ...) by parameter name."""
         return {block.name: t for block, t in zip(self.blocks, tensors)}
@@ -193,7 +175,7 @@ class PruneX(Method):
     def admm_round(self) -> bool:
         """Whether this round is Algorithm 1's (always before the freeze; after it with
         ``--after-freeze admm``)."""
-        return not self.frozen or self.after_freeze == "admm"
+        return not self.frozen or self.settings.after_freeze == "admm"
 
     def local_compute(self) -> tuple[float, int]:
         """Eq. (8) by proximal SGD: the optimizer's step on f_ij, then the exact proximal step
@@ -228,7 +210,7 @@ class PruneX(Method):
             total += loss.detach().double() * len(y)
             samples += len(y)
             if self.node_averaging and (
-                self.ctx.settings.averages_after(step, steps) or (average_at_end and step == steps)
+                self.settings.averages_after(step, steps) or (average_at_end and step == steps)
             ):
                 self.average_in_node()
         return total / samples, samples
@@ -288,13 +270,8 @@ class PruneX(Method):
         heads or neurons), or masking once frozen (Algorithm 1 line 11)."""
         z_node = [
             hsadmm.node_candidate(
-                theta_u_sum[i],
-                self.z[i],
-                self.v[i],
-                rho1=self.rho1[i],
-                rho2=self.rho2[i],
-                lam=self.lam,
-                num_nodes=self.num_nodes,
+                theta_u_sum[i], self.z[i], self.v[i], rho1=self.rho1[i], rho2=self.rho2[i],
+                lam=self.ctx.recipe.weight_decay, num_nodes=self.num_nodes,
                 procs_per_node=self.procs,
                 in_place=True,  # the sum is this round's own buffer
             )
@@ -324,6 +301,9 @@ class PruneX(Method):
 
     # ------------------------------------------------------------------ one round
     def step(self, iteration: int) -> StepResult:
+        """One round of Algorithm 1 (the module docstring's phases), or an ``sgd`` round
+        after the freeze; the masks' agreement feeds the freeze policy, which may freeze them
+        at the round's end (its iteration is then one-off)."""
         if not self.admm_round:
             return self.sgd_round()
         rec = self.ctx.recorder
@@ -339,8 +319,7 @@ class PruneX(Method):
         drift = 0
         if not self.frozen and self.constrained:
             drift = self.structure.agree(local_masks)  # a new layout when the masks changed
-            self.stable_rounds = self.stable_rounds + 1 if drift == 0 and iteration > 0 else 0
-            self.watch_oscillation(drift)
+            self.freeze_policy.observe(iteration, drift, self.rho1)
         with rec.phase(phases.PROJECTION):
             self.structure.zero_dead(self.named(z_node))  # dead slices are zero in z_i
         z, buffers = self.global_consensus(z_node, buffer_mean)
@@ -353,104 +332,33 @@ class PruneX(Method):
             self.adopt_consensus(z, buffers)
 
         was_frozen = self.frozen
-        if not self.frozen and self.constrained and self.freeze_due(iteration):
+        if not self.frozen and self.constrained and self.freeze_policy.due(iteration):
             with rec.phase(FREEZE):  # theta, momentum and u onto the support; where to start
                 self.freeze(rounds_done=iteration + 1)
         rec.set(
-            density=self.density(),
-            prunable_density=self.structure.prunable_density,
+            density=self.density(), prunable_density=self.structure.prunable_density,
             mask_drift=drift,
             mask_drift_fraction=drift / self.structured_bits if self.structured_bits else 0.0,
-            frozen=was_frozen,
-            packed_bytes=self.structure.packed_bytes,
-            rho1_mean=sum(self.rho1) / len(self.rho1),
-            rho2_mean=sum(self.rho2) / len(self.rho2),
+            frozen=was_frozen, packed_bytes=self.structure.packed_bytes,
+            rho1_mean=sum(self.rho1) / len(self.rho1), rho2_mean=sum(self.rho2) / len(self.rho2),
         )
         return StepResult(loss, samples, converged, one_off=self.frozen and not was_frozen)
 
-    def freeze_due(self, iteration: int) -> bool:
-        """After ``--freeze-round`` rounds, at the end of the round that reaches
-        ``--freeze-epoch`` epochs of the shard or ``--freeze-share`` of the run's local
-        steps, or after ``--freeze-patience`` unchanged rounds, whichever comes first."""
-        loader = self.ctx.loader
-        by_round = self.freeze_round is not None and iteration + 1 >= self.freeze_round
-        by_epoch = (
-            self.freeze_epoch is not None
-            and loader.step >= self.freeze_epoch * loader.steps_per_epoch
-        )
-        share_steps = self.freeze_share * (self.ctx.budget_steps or math.inf)
-        by_share = self.freeze_share < 1 and loader.step >= share_steps
-        by_patience = self.stable_rounds >= self.freeze_patience
-        return by_round or by_epoch or by_share or by_patience
-
     def freeze(self, *, rounds_done: int) -> None:
-        """Fix the masks (sec. 4.5). With ``--after-freeze sgd`` the ranks continue on the
-        support from where ``--freeze-start`` says (see ``start_after_freeze``) and train with
-        the recipe's weight decay from here on."""
-        self.frozen = True
-        loader = self.ctx.loader
-        self.frozen_at = {
-            "round": rounds_done,
-            "samples_per_rank": loader.step * loader.batch_size,
-            "epoch": loader.step / loader.steps_per_epoch,
-        }
+        """Fix the masks (sec. 4.5): theta, u and the momentum onto the support. With
+        ``--after-freeze sgd`` the ranks continue on the support from where the freeze
+        policy chooses (``FreezePolicy.choose_start``) and train with the recipe's weight
+        decay from here on."""
+        self.freeze_policy.fix(rounds_done)
         self.restrict_to_support()
-        if self.after_freeze == "sgd":
+        if self.settings.after_freeze == "sgd":
             if rounds_done > 0:  # before the first round theta is z on every rank
-                self.frozen_at.update(self.start_after_freeze())
+                start = self.freeze_policy.choose_start(self.consensus, self.model)
+                if start == "consensus":
+                    with torch.no_grad():
+                        torch._foreach_copy_(self.params, self.z)  # z is zero off the support
             for group in self.optimizer.param_groups:
-                group["weight_decay"] = self.lam
-
-    def start_after_freeze(self) -> dict:
-        """Where the sgd rounds start: the consensus z (theta := z) or the ranks' own theta on
-        the support (each its node's mean with node averaging; the first sgd round's packed
-        exchange makes the world agree). Why not always z: before the freeze z is the
-        projection of a weighted mean of the ranks' theta + u, and while the ranks are far
-        apart (early rounds, a large lr) that mean can classify at chance while each rank's
-        model does not; restarting every rank from it throws their training away. ``better``
-        compares the two on the same calibration samples (``FREEZE_CALIBRATION_SAMPLES`` per
-        rank), world-averaged, and keeps z on a tie.
-
-        The comparison is bounded by design: one forward pass per candidate and sample, no
-        copy of a model, no pass that only estimates BatchNorm statistics. Each candidate's
-        BN layers normalize with the statistics of the batch in front of them, which is what
-        statistics re-estimated on those batches would give (z's own, rather than the ranks'
-        averaged ones that describe other models) without the pass that estimates them."""
-        choice = self.freeze_start
-        found = {}
-        if choice == "better":
-            losses = torch.stack([self.calibration_loss(self.consensus),
-                                  self.calibration_loss(self.model)])
-            self.ctx.comm.all_reduce(losses, self.ctx.topology.world, phase=FREEZE)
-            consensus, ranks = (losses / self.ctx.topology.world_size).tolist()
-            choice = "consensus" if consensus <= ranks else "ranks"
-            found = {"consensus_loss": consensus, "ranks_loss": ranks}
-        if choice == "consensus":
-            with torch.no_grad():
-                torch._foreach_copy_(self.params, self.z)  # z is zero off the support
-        return {"start": choice, **found}
-
-    @torch.no_grad()
-    def calibration_loss(self, model: nn.Module) -> torch.Tensor:
-        """Mean cross-entropy of ``model`` on this rank's first ``FREEZE_CALIBRATION_SAMPLES``
-        calibration samples, in eval mode but for its BatchNorm layers, which normalize with
-        each batch's own statistics; their running statistics are left as they were."""
-        loader, device = self.ctx.loader, self.ctx.device
-        count = max(1, FREEZE_CALIBRATION_SAMPLES // loader.batch_size)
-        batches, labels = loader.calibration_batches(count), loader.calibration_labels(count)
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        kept = [{k: v.clone() for k, v in m.state_dict().items()} for m in norms]
-        was_training = model.training
-        model.eval()
-        for norm in norms:
-            norm.train()
-        total = torch.zeros((), dtype=torch.float64, device=device)
-        for x, y in zip(batches, labels):
-            total += self.loss_fn(model(x.to(device)), y.to(device)).double()
-        model.train(was_training)
-        for norm, state in zip(norms, kept):
-            norm.load_state_dict(state)
-        return total / max(1, len(batches))
+                group["weight_decay"] = self.ctx.recipe.weight_decay
 
     def sgd_round(self) -> StepResult:
         """``--after-freeze sgd``: local SGD on the support, the node mean of theta, the same
@@ -461,11 +369,8 @@ class PruneX(Method):
             loss, samples = self.local_compute()
         self.average_models()
         rec.set(
-            density=self.density(),
-            prunable_density=self.structure.prunable_density,
-            mask_drift=0,
-            mask_drift_fraction=0.0,
-            frozen=True,
+            density=self.density(), prunable_density=self.structure.prunable_density,
+            mask_drift=0, mask_drift_fraction=0.0, frozen=True,
             packed_bytes=self.structure.packed_bytes,
         )
         return StepResult(loss, samples, False)
@@ -483,23 +388,6 @@ class PruneX(Method):
                 param.copy_(value)
             self.z_node, self.z = z_node, z  # fresh tensors: no copy needed
             self.adopt_consensus(z, buffers)
-
-    def watch_oscillation(self, drift: int) -> None:
-        """Warn once when the masks keep swapping: drift above half the structured bits for
-        OSCILLATION_ROUNDS rounds in a row means the penalties cannot hold theta near its
-        anchor over a round (see methods/prunex/penalties.py)."""
-        high = self.structured_bits and drift > OSCILLATION_DRIFT * self.structured_bits
-        self.oscillating_rounds = self.oscillating_rounds + 1 if high else 0
-        if self.oscillating_rounds == OSCILLATION_ROUNDS and not self.warnings:
-            message = (
-                f"masks oscillate: penalties too weak for lr*H (mask drift above "
-                f"{OSCILLATION_DRIFT:.0%} of the {self.structured_bits} structured bits for "
-                f"{OSCILLATION_ROUNDS} rounds; mean rho1 {sum(self.rho1) / len(self.rho1):.3g});"
-                " raise --round-pull or --rho1"
-            )
-            self.warnings.append(message)
-            if self.ctx.topology.rank == 0:
-                print(f"warning: {message}", file=sys.stderr, flush=True)
 
     @torch.no_grad()
     def adopt_consensus(self, z, buffers) -> None:
@@ -527,159 +415,83 @@ class PruneX(Method):
         self.structure.restrict(self.named_params, self.optimizer, self.named(self.u))
 
     def dual_update(self, z_node, z) -> torch.Tensor:
-        """Eqs. (12)-(13) and the local pieces of the residual norms (summed over the world):
-        a (blocks, 9) float64 table of squared norms, each column from one batched reduction
-        over every block (``_foreach_norm``, a multi-tensor kernel on CUDA), then one stack.
-        The penalties' rho^2 factors are applied on the host after the world sum (rho is the
-        same on every rank), so the round holds no host-to-device copy.
-
-        Columns: 0 ||theta - z_i||^2, 1 ||z_i - z_i^old||^2, 5 ||z_i - z||^2 and
-        6 ||z - z^old||^2 (the residuals, for rho balancing and the layer rows), and only
-        where a stopping test is asked (``--eps-abs``) its tolerances' 2 ||theta||^2,
-        3 ||z_i||^2, 4 ||u||^2, 7 ||z||^2, 8 ||v||^2. Columns 5-8 are the leaders'
-        (hierarchical); a piece a rank does not hold is zero."""
-        leader = self.ctx.topology.is_leader or not self.hierarchical
-        stopping = self.eps_abs is not None
-        theta = [p.detach() for p in self.params]
-        stats = torch.zeros(len(self.blocks), 9, dtype=torch.float64, device=self.ctx.device)
-
-        def squared_norms(column: int, tensors) -> None:
-            stats[:, column] = torch.stack(torch._foreach_norm(tensors)).double().square()
-
-        r_intra = torch._foreach_sub(theta, z_node)
-        squared_norms(0, r_intra)
-        torch._foreach_add_(self.u, r_intra)  # eq. (12)
-        del r_intra
-        # ||z_i - z_i^old|| as ||z_i^old - z_i||, in the old tensors: no longer needed
-        torch._foreach_sub_(self.z_node, z_node)
-        squared_norms(1, self.z_node)
-        if stopping:
-            squared_norms(2, theta)
-            squared_norms(3, z_node)
-            squared_norms(4, self.u)
-        if self.hierarchical:
-            r_inter = torch._foreach_sub(z_node, z)
-            torch._foreach_add_(self.v, r_inter)  # eq. (13)
-            if leader:
-                squared_norms(5, r_inter)
-            del r_inter
-            if leader:
-                torch._foreach_sub_(self.z, z)  # likewise
-                squared_norms(6, self.z)
-                if stopping:
-                    squared_norms(7, z)
-                    squared_norms(8, self.v)
-        self.z_node = z_node  # the old tensors held differences: replaced, not reused
+        """Eqs. (12)-(13) on this rank's duals and the local pieces of the residual norms
+        (``hsadmm.dual_update``'s table, summed over the world by the caller); the new z_i
+        and z then replace the old ones, whose memory held the differences."""
+        stats = hsadmm.dual_update(
+            [p.detach() for p in self.params], z_node, z, u=self.u, v=self.v,
+            z_node_old=self.z_node, z_old=self.z, hierarchical=self.hierarchical,
+            leader=self.ctx.topology.is_leader or not self.hierarchical,
+            stopping=self.settings.eps_abs is not None,
+        )
+        self.z_node = z_node
         self.z = [t.clone() for t in z] if not self.hierarchical else z
         return stats
 
     def balance_and_check(self, iteration: int, stats: torch.Tensor) -> bool:
-        """Boyd's stopping test per layer and level (with ``--eps-abs``), and residual
-        balancing of rho1, rho2."""
-        stopping = self.eps_abs is not None
+        """Per block, from the world-summed residual table: the layer rows, Boyd's stopping
+        test (with ``--eps-abs``; None runs every round) and residual balancing of rho1, rho2
+        (``--adaptive-rho``). Returns whether every block passed the test."""
+        settings, topo = self.settings, self.ctx.topology
+        stopping = settings.eps_abs is not None
         rows, converged = [], stopping
         host = stats.tolist()  # one transfer for every block's residual pieces
         for i, block in enumerate(self.blocks):
-            s = host[i]
-            for column, rho in ((1, self.rho1[i]), (4, self.rho1[i]), (6, self.rho2[i]),
-                                (8, self.rho2[i])):
-                s[column] *= rho**2  # the dual residuals and y = rho u, rho v
-            r_intra, s_intra = math.sqrt(s[0]), math.sqrt(s[1])
-            r_inter = s_inter = math.nan
-            if self.hierarchical:
-                r_inter, s_inter = math.sqrt(s[5]), math.sqrt(s[6])
-            if stopping:
-                converged = converged and self.within_tolerance(block, s)
-            rows.append(
-                {
-                    "iteration": iteration,
-                    "layer": block.name,
-                    "constrained": block.constrained,
-                    "r_intra": r_intra,
-                    "s_intra": s_intra,
-                    "r_inter": r_inter,
-                    "s_inter": s_inter,
-                    "rho1": self.rho1[i],
-                    "rho2": self.rho2[i],
-                    "density": self.structure.densities.get(block.name, 1.0),
-                }
+            row = hsadmm.scale_duals(host[i], self.rho1[i], self.rho2[i])
+            r_intra, s_intra, r_inter, s_inter = hsadmm.residual_norms(
+                row, hierarchical=self.hierarchical
             )
-            if self.adaptive:
-                self.rebalance(i, r_intra, s_intra, r_inter, s_inter)
-        if self.ctx.topology.rank == 0:
+            if stopping:
+                converged = converged and hsadmm.within_tolerance(
+                    row, math.prod(block.shape), world_size=topo.world_size,
+                    num_nodes=self.num_nodes, procs_per_node=self.procs,
+                    hierarchical=self.hierarchical, eps_abs=settings.eps_abs,
+                    eps_rel=settings.eps_rel,
+                )
+            rows.append({
+                "iteration": iteration, "layer": block.name, "constrained": block.constrained,
+                "r_intra": r_intra, "s_intra": s_intra, "r_inter": r_inter, "s_inter": s_inter,
+                "rho1": self.rho1[i], "rho2": self.rho2[i],
+                "density": self.structure.densities.get(block.name, 1.0),
+            })
+            if settings.adaptive_rho:  # scaled duals rescaled with their penalty
+                rho_max = settings.rho_max
+                self.rho1[i] = hsadmm.rebalance(self.rho1[i], self.u[i], r_intra, s_intra,
+                                                rho_max=rho_max)
+                if self.hierarchical:
+                    self.rho2[i] = hsadmm.rebalance(self.rho2[i], self.v[i], r_inter, s_inter,
+                                                    rho_max=rho_max)
+        if topo.rank == 0:
             self.ctx.recorder.add_layer_rows(rows)
         return converged
 
-    def within_tolerance(self, block, s: list[float]) -> bool:
-        """Boyd's eps_pri and eps_dual test of one block at both levels, from its row of
-        ``dual_update``'s world-summed table."""
-        n = math.prod(block.shape)
-        world = self.ctx.topology.world_size
-        tol = {"eps_abs": self.eps_abs, "eps_rel": self.eps_rel}
-        ok = math.sqrt(s[0]) <= hsadmm.primal_tolerance(
-            world * n, math.sqrt(s[2]), math.sqrt(s[3]), **tol
-        ) and math.sqrt(s[1]) <= hsadmm.dual_tolerance(world * n, math.sqrt(s[4]), **tol)
-        if not self.hierarchical:
-            return ok
-        z_node_norm = math.sqrt(s[3] / self.procs)
-        return (
-            ok
-            and math.sqrt(s[5])
-            <= hsadmm.primal_tolerance(self.num_nodes * n, z_node_norm, math.sqrt(s[7]), **tol)
-            and math.sqrt(s[6]) <= hsadmm.dual_tolerance(self.num_nodes * n, math.sqrt(s[8]), **tol)
-        )
-
-    def rebalance(self, i: int, r_intra, s_intra, r_inter, s_inter) -> None:
-        """Residual balancing; scaled duals are rescaled by rho_old / rho_new (Boyd 3.4.1)."""
-        new = hsadmm.balance_penalty(self.rho1[i], r_intra, s_intra, rho_max=self.rho_max)
-        if new != self.rho1[i]:
-            self.u[i].mul_(self.rho1[i] / new)
-            self.rho1[i] = new
-        if self.hierarchical:
-            new = hsadmm.balance_penalty(self.rho2[i], r_inter, s_inter, rho_max=self.rho_max)
-            if new != self.rho2[i]:
-                self.v[i].mul_(self.rho2[i] / new)
-                self.rho2[i] = new
-
     # ------------------------------------------------------------------ interface
     def density(self) -> float:
+        """Fraction of the pruned tensors' elements the agreed masks keep."""
         return self.structure.density()
 
     def resolved_settings(self) -> dict:
+        """The initial penalties, derived from the round pull unless given."""
         return self.initial_penalties
 
     def exchange_every(self) -> dict[str, int]:
-        schedule = self.ctx.settings.exchange_every(self.steps_per_iteration)
+        """Node averaging every ``--intra-average-period`` steps where it runs inside a
+        round, else one intra- and one inter-node exchange per round."""
+        schedule = self.settings.exchange_every(self.steps_per_iteration)
         if not self.node_averaging:  # one node, or a period of a round or more
             schedule["intra_node"] = self.steps_per_iteration
         return schedule
 
     def summary_facts(self) -> dict:
         """The freeze point; and, at the end of the run, a warning when the evaluated
-        consensus prunes something but never trained on its support (see warn_untrained)."""
-        self.warn_untrained_support()
-        return {"masks_frozen_at": self.frozen_at} if self.frozen_at is not None else {}
-
-    def warn_untrained_support(self) -> None:
-        """Before the freeze the evaluated z is the projection of the ranks' dense models,
-        never trained masked: on a fragile model (MobileNetV3, 34 BN layers) that is near
-        chance whatever the ranks' loss, so a run that ends there says so."""
-        if not self.constrained or self.density() >= 1.0 or self.ctx.simulated:
-            return  # a simulation trains and evaluates nothing
-        loader = self.ctx.loader
-        after = 0 if self.frozen_at is None else (
-            loader.step * loader.batch_size - self.frozen_at["samples_per_rank"])
-        if after > 0:
-            return
-        when = "never froze" if self.frozen_at is None else "froze in the last round"
-        message = (f"the masks {when}: the evaluated consensus was never trained on its "
-                   "support; lower --freeze-share or give --freeze-round/--freeze-epoch")
-        if message not in self.warnings:
-            self.warnings.append(message)
-            if self.ctx.topology.rank == 0:
-                print(f"warning: {message}", file=sys.stderr, flush=True)
+        consensus prunes something but never trained on its support
+        (``FreezePolicy.warn_untrained_support``)."""
+        prunes = self.constrained and self.density() < 1.0
+        self.freeze_policy.warn_untrained_support(prunes)
+        return self.freeze_policy.facts()
 
     def process_groups(self) -> list:
+        """The structured round's own groups (the sharded leaders'), connected early."""
         return self.structure.process_groups()
 
     def eval_model(self, comm: Communicator | None = None) -> nn.Module:
@@ -703,18 +515,11 @@ class PruneX(Method):
             "u": self.u,
             "optimizer": self.optimizer.state_dict(),
             "shared_node": {"z_node": self.z_node, "v": self.v},
-            "shared_world": {
-                "z": self.z,
-                "consensus": self.consensus.state_dict(),
-                "masks": self.structure.mask_state(),
-            },
+            "shared_world": {"z": self.z, "consensus": self.consensus.state_dict(),
+                             "masks": self.structure.mask_state()},
             "rho1": self.rho1,
             "rho2": self.rho2,
-            "frozen": self.frozen,
-            "frozen_at": self.frozen_at,
-            "stable_rounds": self.stable_rounds,
-            "oscillating_rounds": self.oscillating_rounds,
-            "warnings": self.warnings,
+            **self.freeze_policy.state_dict(),  # frozen, frozen_at, ..., warnings
         }
 
     @torch.no_grad()
@@ -733,13 +538,10 @@ class PruneX(Method):
         self.rho1, self.rho2 = list(state["rho1"]), list(state["rho2"])
         self.structure.load_mask_state(world["masks"])  # the pack layout is rebuilt on use
         self.consensus_bn_current = False  # estimated again, from z and the same batches
-        self.frozen = bool(state["frozen"])
-        self.frozen_at = state.get("frozen_at")
-        self.stable_rounds = int(state["stable_rounds"])
-        self.oscillating_rounds = int(state["oscillating_rounds"])
-        self.warnings = list(state["warnings"])
+        self.freeze_policy.load_state_dict(state)
         if self.frozen:
             self.restrict_to_support()  # theta, u and momentum are already zero off it
 
     def artifacts(self) -> dict:
+        """The agreed masks (masks.pt), to retrain or export the pruned network."""
         return self.structure.artifacts()

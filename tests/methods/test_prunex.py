@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from methods.prunex import hsadmm
 from methods.prunex.method import PruneX
 from suite.data.sharding import ShardedLoader
 from suite.structured.masks import StructuredMask, keep_count
@@ -240,7 +241,7 @@ def after_freeze_worker(rank, after_freeze):
     ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True, lr=0.05)
     method = PruneX(ctx, hierarchical=True)
     run_iterations(method, ctx.recorder, FREEZE)  # frozen after round FREEZE
-    out = {"frozen": method.frozen, "frozen_at": method.frozen_at}
+    out = {"frozen": method.frozen, "frozen_at": method.freeze_policy.frozen_at}
     if after_freeze == "sgd":
         # the same state, data and lr by hand: plain SGD (the recipe's momentum and weight
         # decay), masked to the support after every step
@@ -305,8 +306,8 @@ def freeze_start_worker(rank, start, broken):
     method.adopt_consensus(method.z, method.buffers)
     method.freeze(rounds_done=4)
     return {
-        "frozen_at": method.frozen_at,
-        "loss": method.calibration_loss(method.model).item(),
+        "frozen_at": method.freeze_policy.frozen_at,
+        "loss": method.freeze_policy.calibration_loss(method.model).item(),
         "theta_is_z": all(torch.equal(p, z) for p, z in zip(method.params, method.z)),
     }
 
@@ -332,20 +333,22 @@ def slow_freeze_worker(rank):
     rows say where its time went."""
     import time
 
-    class SlowDecision(PruneX):
-        def calibration_loss(self, model):
-            time.sleep(0.2)
-            return super().calibration_loss(model)
-
     options = {**OPTIONS, "after_freeze": "sgd"}
     ctx = make_context(rank, gpus_per_node=2, method="prunex", options=options, bn=True)
-    method = SlowDecision(ctx, hierarchical=True)
+    method = PruneX(ctx, hierarchical=True)
+    calibration_loss = method.freeze_policy.calibration_loss
+
+    def slow_calibration_loss(model):
+        time.sleep(0.2)
+        return calibration_loss(model)
+
+    method.freeze_policy.calibration_loss = slow_calibration_loss
     rows, one_offs = [], []
     for it in range(ROUNDS):
         ctx.recorder.begin_iteration(it)
         one_offs.append(method.step(it).one_off)
         rows.append(ctx.recorder.end_iteration())
-    return {"rows": rows, "one_offs": one_offs, "frozen_at": method.frozen_at}
+    return {"rows": rows, "one_offs": one_offs, "frozen_at": method.freeze_policy.frozen_at}
 
 
 def test_the_freeze_is_a_phase_of_its_own_and_one_off(runs):
@@ -451,19 +454,24 @@ def residual_round(rank, hierarchical, eps_abs) -> dict:
     full = seen.pop("full")
     dist.all_reduce(full)  # world sums, as the method's own table is summed
     rho1, rho2 = seen.pop("rho")
+
+    def within(block, row, eps, rel):
+        """hsadmm's test of one block on this topology, as the method runs it."""
+        return hsadmm.within_tolerance(
+            row, math.prod(block.shape), world_size=4, num_nodes=method.num_nodes,
+            procs_per_node=method.procs, hierarchical=hierarchical, eps_abs=eps, eps_rel=rel)
+
     verdicts, expected = [], []
     for eps in EPS_GRID:
-        method.eps_abs = eps
         for i, block in enumerate(method.blocks):
             row = full[i].tolist()
             for column, rho in ((1, rho1[i]), (4, rho1[i]), (6, rho2[i]), (8, rho2[i])):
                 row[column] *= rho**2
-            verdicts.append(method.within_tolerance(block, row))
+            verdicts.append(within(block, row, eps, 1e-3))
             numel = math.prod(block.shape)
             expected.append(boyd_verdict(full[i], numel, rho1[i], rho2[i], eps, hierarchical))
     # and on random rows, where every term of the test can decide it
     g = torch.Generator().manual_seed(rank)
-    method.eps_rel = 1.0
     for _ in range(300):
         row = (torch.rand(9, generator=g, dtype=torch.float64) * 4).pow(10)
         rho1, rho2 = 10 ** (-3 * torch.rand(2, generator=g)).double()
@@ -471,9 +479,8 @@ def residual_round(rank, hierarchical, eps_abs) -> dict:
         scaled = row.tolist()
         for column, rho in ((1, rho1), (4, rho1), (6, rho2), (8, rho2)):
             scaled[column] *= rho.item() ** 2
-        method.eps_abs = eps
         block = method.blocks[0]
-        verdicts.append(method.within_tolerance(block, scaled))
+        verdicts.append(within(block, scaled, eps, 1.0))
         expected.append(boyd_verdict(row, math.prod(block.shape), rho1.item(), rho2.item(),
                                      eps, hierarchical, rel=1.0))
     seen["verdicts"], seen["expected"] = verdicts, expected

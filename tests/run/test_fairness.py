@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from methods.prunex.freeze import FreezePolicy
 from methods.prunex.method import PruneX, proximal_weight
 from methods.prunex.penalties import rho1_for_pull, round_pull
 from suite.data.schedule import LRSchedule
@@ -125,15 +126,12 @@ def test_default_penalties_hold_the_masks_still_by_round_three(scheduled):
 
 def test_oscillating_masks_are_reported_once():
     printed = []
-    fake = SimpleNamespace(
-        structured_bits=100, oscillating_rounds=0, warnings=[], rho1=[1.5e-3],
-        ctx=SimpleNamespace(topology=SimpleNamespace(rank=1)),
-    )
+    policy = FreezePolicy(SimpleNamespace(topology=SimpleNamespace(rank=1)), structured_bits=100)
     for drift in (90, 60, 10, 70, 80, 51, 99, 99):
-        PruneX.watch_oscillation(fake, drift)
-        printed.append(len(fake.warnings))
+        policy.watch_oscillation(drift, [1.5e-3])
+        printed.append(len(policy.warnings))
     assert printed == [0, 0, 0, 0, 0, 1, 1, 1]
-    assert fake.warnings[0].startswith("masks oscillate: penalties too weak for lr*H")
+    assert policy.warnings[0].startswith("masks oscillate: penalties too weak for lr*H")
 
 
 # ---------------------------------------------------------------------- pruning baselines
