@@ -52,14 +52,30 @@ def read_experiment(path: str | Path) -> dict:
         BenchError: one line naming the file and, for a YAML error, its line and column: the
             file is unreadable, not text, not YAML, not a mapping, or gives a key twice.
     """
-    # lazy: yaml costs ~0.1 s to import; only this path needs it
-    import yaml
-
     file = Path(path)
     if file.is_dir():
         file = file / MANIFEST
+    data = _load_yaml(file, path)
+    if not isinstance(data, dict):
+        raise BenchError(f"--config {path}: expected a mapping of flag names to values")
+    if isinstance(data.get(schema.CONFIG), dict):  # a run folder's manifest
+        data = _from_manifest(data, path)
+    return _flatten(data, path)
+
+
+def _load_yaml(file: Path, path: str | Path):
+    """The YAML in ``file``, each way it can fail turned into one line naming ``path`` (as
+    the user gave it) rather than a traceback.
+
+    Raises:
+        BenchError: the file is unreadable, not text, or not valid YAML (with its line and
+            column where yaml knows them).
+    """
+    # lazy: yaml costs ~0.1 s to import; only this path needs it
+    import yaml
+
     try:
-        data = yaml.load(file.read_text(), Loader=unique_key_loader())  # a SafeLoader
+        return yaml.load(file.read_text(), Loader=unique_key_loader())  # a SafeLoader
     except OSError as exc:
         raise BenchError(f"--config {path}: cannot read it ({exc.strerror})") from None
     except UnicodeDecodeError:
@@ -70,10 +86,16 @@ def read_experiment(path: str | Path) -> dict:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise BenchError(f"--config {path}: not valid YAML{where} ({what})") from None
-    if not isinstance(data, dict):
-        raise BenchError(f"--config {path}: expected a mapping of flag names to values")
-    if isinstance(data.get(schema.CONFIG), dict):  # a run folder's manifest
-        data = _from_manifest(data, path)
+
+
+def _flatten(data: dict, path: str | Path) -> dict:
+    """The file's mapping as flag keys: underscored, ``options:`` merged into the top level
+    (a key may not be in both), ``model`` read as ``workload``, and unset (null) keys dropped,
+    so the flag's own default stands.
+
+    Raises:
+        BenchError: ``options`` is not a mapping, or names a key also given at the top.
+    """
     flat: dict = {}
     for key, value in data.items():
         if str(key).replace("-", "_") == "options":
@@ -124,10 +146,21 @@ def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = (),
     (``--config run.yaml``); each value is converted by its flag's type here, so a wrong one
     names the file and the key, not only the flag.
     """
-    # lazy: click is the command line's; only this path needs it here
-    import click
-
     params = {p.name: p for p in ctx.command.params if p.name and p.name != "config"}
+    values = _resolve_off_flags(params, values, source)
+    _refuse_unknown(values, params, source)
+    defaults = _checked_defaults(ctx, params, values, list_keys, source)
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+def _resolve_off_flags(params: dict, values: dict, source: str) -> dict:
+    """``values`` with each off flag given as a key (``fixed-rho: true``) turned into its
+    parameter's value (``adaptive_rho: False``), so the file may use either flag's name;
+    ``values`` itself is left as it was (a new dict is made where one is found).
+
+    Raises:
+        BenchError: an off flag is given a list.
+    """
     for param in params.values():  # an off flag as a key: ``fixed-rho: true``
         for off in getattr(param, "secondary_opts", []):
             off_key = _key(off)
@@ -136,12 +169,36 @@ def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = (),
                     raise BenchError(f"{source}: {off_key} takes one value (true or false)")
                 values = {**values, param.name: not _truthy(values[off_key])}
                 del values[off_key]
+    return values
+
+
+def _refuse_unknown(values: dict, params: dict, source: str) -> None:
+    """Refuse keys that are no flag of the command, naming them all and suggesting the
+    closest flag to the first (a typo in a file would otherwise be silently ignored).
+
+    Raises:
+        BenchError: a key is not one of ``params``.
+    """
     unknown = sorted(k for k in values if k not in params)
     if unknown:
         close = difflib.get_close_matches(unknown[0], params, n=1)
         hint = (f"did you mean {close[0]!r}?" if close else
                 "keys are bench run's flags with '_' for '-' (bench run --help)")
         raise BenchError(f"{source}: unknown key {', '.join(map(repr, unknown))}; {hint}")
+
+
+def _checked_defaults(ctx, params: dict, values: dict, list_keys: tuple[str, ...],
+                      source: str) -> dict:
+    """``values`` as click defaults: a list joined with commas where the flag takes a comma
+    list, and each value converted by its flag's type now (the result is discarded), so a bad
+    one names the file and key rather than only the flag.
+
+    Raises:
+        BenchError: a list for a one-value flag, or a value its flag's type refuses.
+    """
+    # lazy: click is the command line's; only this path needs it here
+    import click
+
     defaults = {}
     for key, value in values.items():
         if isinstance(value, list):
@@ -155,4 +212,4 @@ def apply_to_command(ctx, values: dict, list_keys: tuple[str, ...] = (),
         except click.BadParameter as exc:
             raise BenchError(f"{source}: {key}: {exc.format_message()}") from None
         defaults[key] = value
-    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return defaults

@@ -63,6 +63,39 @@ def run_simulations(
     accuracy = borrowed_accuracy(accuracy_from)
     if replay < 1:
         raise BenchError(f"--replay must be at least 1, got {replay}")
+    plans = _plan_grid(methods, gpus, base, given, loaded=loaded, echo=echo)
+    say(f"bench sim: {len(plans)} simulation(s) ({', '.join(methods)} x "
+        f"{', '.join(map(str, gpus))} GPUs) of {base.workload} on {loaded.name}; "
+        "checking them")
+    for plan in plans:  # the model's structure traced, the options' ranges
+        validate(plan, check_data=False)
+    for line in schedule_warnings(plans):
+        say(line)
+    if dry_run:
+        _list_plans(plans, loaded, echo)
+        return []
+    cells = [plan_cell(plan, replay) for plan in plans]
+    expected = _announce_estimate(plans, cells, methods=methods, gpus=gpus, base=base,
+                                  loaded=loaded, replay=replay, command=command, say=say)
+    paths = _simulate_cells(plans, cells, loaded=loaded, replay=replay, accuracy=accuracy,
+                            echo=echo, say=say)
+    for line in efficiency_warnings(paths):
+        say(line)
+    say(f"bench sim: {len(paths)} simulation(s) in {duration(time.perf_counter() - began)}, "
+        f"checks included (estimated {duration(expected)})")
+    return paths
+
+
+def _plan_grid(methods: list[str], gpus: list[int], base: RunConfig, given: dict, *,
+               loaded, echo) -> list:
+    """The plan of every (method, GPU count), methods outer; the checks that take no time
+    come first, so a mistake is one line before anything is traced or timed.
+
+    Args:
+        given: the options from the command line; each method gets those it declares (the
+            rest are named as ignored when there is one method).
+        loaded: the profile; its GPUs per node unless ``base`` sets them.
+    """
     plans = []
     for method in methods:  # the checks that take no time first: a mistake is one line
         check_simulable(method)
@@ -75,21 +108,28 @@ def run_simulations(
                 gpus_per_node=base.gpus_per_node or loaded.gpus_per_node,
                 run_id=base.run_id if len(methods) * len(gpus) == 1 else None,
             )))
-    say(f"bench sim: {len(plans)} simulation(s) ({', '.join(methods)} x "
-        f"{', '.join(map(str, gpus))} GPUs) of {base.workload} on {loaded.name}; "
-        "checking them")
-    for plan in plans:  # the model's structure traced, the options' ranges
-        validate(plan, check_data=False)
-    for line in schedule_warnings(plans):
-        say(line)
-    if dry_run:
-        for plan in plans:
-            config = plan.config
-            echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
-                 f"({plan.nodes} x {config.gpus_per_node}), options {config.options}; "
-                 f"{plan.schedule.describe()}")
-        return []
-    cells = [plan_cell(plan, replay) for plan in plans]
+    return plans
+
+
+def _list_plans(plans: list, loaded, echo) -> None:
+    """A ``--dry-run``'s output: a line per simulation that would run, on stdout."""
+    for plan in plans:
+        config = plan.config
+        echo(f"{config.method:<12} {config.gpus:>4} GPUs on {loaded.name} "
+             f"({plan.nodes} x {config.gpus_per_node}), options {config.options}; "
+             f"{plan.schedule.describe()}")
+
+
+def _announce_estimate(plans: list, cells: list, *, methods: list[str], gpus: list[int],
+                       base: RunConfig, loaded, replay: int,
+                       command: Sequence[str] | None, say: Callable[[str], None]) -> float:
+    """Time one local step here, say what the whole grid will cost, and, past the user's
+    patience, a smaller command that would not (derived from ``command``, or from the grid
+    where none was given).
+
+    Returns:
+        The estimated seconds (the closing line compares with it).
+    """
     build_s, step_s, parameters = time_local_step(plans[0])
     expected = estimate_seconds(cells, build_s, step_s)
     say(f"estimate: {sum(c.replayed_steps for c in cells)} local steps replayed for real over "
@@ -103,6 +143,17 @@ def run_simulations(
             "--profile", loaded.name]
         say(f"that is more than {duration(PATIENCE_SECONDS)}; a smaller one (about "
             f"{duration(fewer_seconds)}): {smaller_command(argv, fewer_replay, fewer_gpus)}")
+    return expected
+
+
+def _simulate_cells(plans: list, cells: list, *, loaded, replay: int, accuracy, echo,
+                    say: Callable[[str], None]) -> list[Path]:
+    """Run each simulation in turn, its progress on stderr and its result line on stdout;
+    the host's memory bandwidth is measured once, so the cells are priced alike.
+
+    Returns:
+        The run folders, in the order of ``plans``.
+    """
     host_bandwidth = memory_bandwidth(torch.device("cpu"))  # once, so the cells are alike
     paths = []
     for number, (plan, cell) in enumerate(zip(plans, cells), 1):
@@ -122,10 +173,6 @@ def run_simulations(
             f"-> {path}"
         )
         paths.append(path)
-    for line in efficiency_warnings(paths):
-        say(line)
-    say(f"bench sim: {len(paths)} simulation(s) in {duration(time.perf_counter() - began)}, "
-        f"checks included (estimated {duration(expected)})")
     return paths
 
 

@@ -175,6 +175,22 @@ def layout_words(gpus, nodes) -> str:
     return f"{gpus} GPUs as {nodes} nodes x {gpus // nodes}"
 
 
+def _layout_context(runs: pd.DataFrame, on_axis: tuple[str, ...]) -> tuple[str | None, bool]:
+    """What a figure's caption says of its runs' GPUs and their layout: the layout they all
+    share, else the GPUs per node if they share that (a scaling figure); and whether the GPU
+    count differs between runs and is not drawn on an axis, so the labels must say it.
+
+    Returns:
+        (the caption's piece, or None for none; whether "GPUs" goes with what varies).
+    """
+    layouts = {(g, n) for g, n in zip(column(runs, schema.GPUS), column(runs, schema.NODES))}
+    if len(layouts) == 1:
+        return layout_words(*layouts.pop()), False
+    per_node = {int(g) // max(1, int(n or 1)) for g, n in layouts if g is not None}
+    piece = f"{per_node.pop()} GPUs per node" if len(per_node) == 1 else None
+    return piece, "GPUs" not in on_axis
+
+
 def figure_context(runs: pd.DataFrame, on_axis: tuple[str, ...] = (),
                    faceted: tuple[str, ...] = ()) -> str:
     """What every run of a figure shares, for its title and caption: workload, GPUs and
@@ -201,15 +217,11 @@ def figure_context(runs: pd.DataFrame, on_axis: tuple[str, ...] = (),
             (titled if facet in faceted else varies).append(words)
 
     shared(sorted({str(w) for w in column(runs, schema.WORKLOAD)}), "workload", "workload")
-    layouts = {(g, n) for g, n in zip(column(runs, schema.GPUS), column(runs, schema.NODES))}
-    if len(layouts) == 1:
-        pieces.append(layout_words(*layouts.pop()))
-    else:
-        per_node = {int(g) // max(1, int(n or 1)) for g, n in layouts if g is not None}
-        if len(per_node) == 1:
-            pieces.append(f"{per_node.pop()} GPUs per node")
-        if "GPUs" not in on_axis:
-            varies.append("GPUs")
+    layout, gpus_vary = _layout_context(runs, on_axis)
+    if layout is not None:
+        pieces.append(layout)
+    if gpus_vary:
+        varies.append("GPUs")
     machines = column(runs, MACHINE_CLASS)
     kinds = sorted({gpu_kind(s, d, m) for s, d, m in zip(column(runs, SETTING),
                                                          column(runs, DEVICE), machines)})

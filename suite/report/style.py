@@ -95,12 +95,14 @@ def paper_figure(
 OVERLAPS: dict[str, list[tuple[str, str]]] = {}
 
 
-def overlapping_texts(fig) -> list[tuple[str, str]]:
-    """Pairs of the figure's visible texts (titles, labels, tick labels, legend entries,
-    annotations) whose boxes overlap by more than a pixel, as drawn at 300 dpi."""
-    fig.set_dpi(300)
-    renderer = fig.canvas.get_renderer()
-    fig.draw(renderer)  # the layout (constrained) places every text
+def _drawn_tick_labels(fig) -> tuple[list, set[int]]:
+    """The tick labels of the figure's visible axes that fall inside their view, and the ids
+    of every tick label: matplotlib keeps labels of ticks outside the view, which are never
+    drawn and so must not count as overlapping (nor be picked up again as other texts).
+
+    Returns:
+        (the drawn tick labels, the ids of all tick labels).
+    """
     drawn, ticks = [], set()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
@@ -111,21 +113,44 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
                 ticks.update(map(id, labels))
                 if ax.get_visible() and low - slack <= tick.get_loc() <= high + slack:
                     drawn += labels  # matplotlib keeps labels of ticks outside the view
-    others = [t for t in fig.findobj(lambda a: isinstance(a, matplotlib.text.Text))
-              if id(t) not in ticks and (t.axes is None or t.axes.get_visible())]
+    return drawn, ticks
+
+
+def _text_boxes(fig, texts, renderer) -> list[tuple[str, object]]:
+    """The (stripped text, box) of each of ``texts`` that is visible, non-empty, of ``fig``
+    and has an area; each box shrunk by a pixel on every side, so texts that merely touch do
+    not count as overlapping."""
     boxes = []
-    for text in drawn + others:
+    for text in texts:
         if text.get_visible() and text.get_text().strip() and text.figure is fig:
             box = text.get_window_extent(renderer)
             if box.width > 0 and box.height > 0:
                 boxes.append((text.get_text().strip(), box.expanded(1.0, 1.0).shrunk(
                     max(0.0, 1 - 2 / box.width), max(0.0, 1 - 2 / box.height))))
+    return boxes
+
+
+def _overlapping_pairs(boxes: list[tuple[str, object]]) -> list[tuple[str, str]]:
+    """Every pair of ``boxes`` that overlap, as (earlier text, later text), in the order the
+    boxes were found."""
     found = []
     for i, (a, box_a) in enumerate(boxes):
         for b, box_b in boxes[:i]:
             if box_a.overlaps(box_b):
                 found.append((b, a))
     return found
+
+
+def overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of the figure's visible texts (titles, labels, tick labels, legend entries,
+    annotations) whose boxes overlap by more than a pixel, as drawn at 300 dpi."""
+    fig.set_dpi(300)
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)  # the layout (constrained) places every text
+    drawn, ticks = _drawn_tick_labels(fig)
+    others = [t for t in fig.findobj(lambda a: isinstance(a, matplotlib.text.Text))
+              if id(t) not in ticks and (t.axes is None or t.axes.get_visible())]
+    return _overlapping_pairs(_text_boxes(fig, drawn + others, renderer))
 
 
 def save(fig, out: Path, name: str) -> list[Path]:
@@ -240,6 +265,63 @@ def axis_fraction(ax, axis: str, value: float) -> float:
     return 0.0 if high == low else (value - low) / (high - low)
 
 
+def _marker_positions(ax, points: list[tuple[list, float, float]]) -> list[tuple[float, float]]:
+    """Where each of ``points`` falls on the axes, in points from their lower left corner, at
+    the axes' size now (so distances compare with a marker's size)."""
+    box = ax.get_position()  # in figure fractions
+    width = box.width * ax.figure.get_figwidth() * 72
+    height = box.height * ax.figure.get_figheight() * 72
+    return [(axis_fraction(ax, "x", x) * width, axis_fraction(ax, "y", y) * height)
+            for _, x, y in points]
+
+
+def _clusters(where: list[tuple[float, float]], near: float) -> list[list[int]]:
+    """The indices of ``where`` grouped into clusters of markers that overlap, directly or
+    through others (closer than ``near`` on both axes), by union-find; clusters in the order
+    of their roots' first appearance, members in index order."""
+    cluster = list(range(len(where)))
+
+    def root(i: int) -> int:
+        while cluster[i] != i:
+            i = cluster[i]
+        return i
+
+    for i in range(len(where)):
+        for j in range(i):
+            if abs(where[i][0] - where[j][0]) < near and abs(where[i][1] - where[j][1]) < near:
+                cluster[root(i)] = root(j)
+    members: dict[int, list[int]] = {}
+    for i in range(len(where)):
+        members.setdefault(root(i), []).append(i)
+    return list(members.values())
+
+
+def _spread(groups: list[list[int]], where: list[tuple[float, float]],
+            spacing: float) -> list[float]:
+    """Each marker's sideways offset in points: the members of a cluster ``spacing`` apart,
+    centred on where they are, in the order of their true x (ties by index), so left stays
+    left; a lone marker is not moved."""
+    offsets = [0.0] * len(where)
+    for group in groups:
+        group.sort(key=lambda i: (where[i][0], i))  # their true left-right order kept
+        for rank, i in enumerate(group):
+            offsets[i] = (rank - (len(group) - 1) / 2) * spacing
+    return offsets
+
+
+def _shift_markers(ax, points: list[tuple[list, float, float]], offsets: list[float]) -> None:
+    """Move each moved marker's artists by its offset (a display offset: its data stay) and
+    draw a thin line from it back to its true point, so the reader still sees where it is."""
+    for (artists, x, y), offset in zip(points, offsets):
+        if offset:
+            shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
+            for artist in artists:
+                artist.set_transform(ax.transData + shift)
+            ax.annotate("", xy=(x, y), xytext=(offset, 0), textcoords="offset points",
+                        arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.4",
+                                    "shrinkA": 0, "shrinkB": 0})
+
+
 def dodge(ax, points: list[tuple[list, float, float]], near: float = 4.0,
           spacing: float = 5.0) -> list[float]:
     """Spread sideways the markers that would overlap on screen, so none hides another:
@@ -250,36 +332,7 @@ def dodge(ax, points: list[tuple[list, float, float]], near: float = 4.0,
     display offset: the data and the axis limits are untouched). Call after the axes' scales
     and limits are set. Returns each marker's offset in points."""
     ax.autoscale_view()
-    box = ax.get_position()  # in figure fractions
-    width = box.width * ax.figure.get_figwidth() * 72
-    height = box.height * ax.figure.get_figheight() * 72
-    where = [(axis_fraction(ax, "x", x) * width, axis_fraction(ax, "y", y) * height)
-             for _, x, y in points]
-    cluster = list(range(len(points)))
-
-    def root(i: int) -> int:
-        while cluster[i] != i:
-            i = cluster[i]
-        return i
-
-    for i in range(len(points)):
-        for j in range(i):
-            if abs(where[i][0] - where[j][0]) < near and abs(where[i][1] - where[j][1]) < near:
-                cluster[root(i)] = root(j)
-    members: dict[int, list[int]] = {}
-    for i in range(len(points)):
-        members.setdefault(root(i), []).append(i)
-    offsets = [0.0] * len(points)
-    for group in members.values():
-        group.sort(key=lambda i: (where[i][0], i))  # their true left-right order kept
-        for rank, i in enumerate(group):
-            offsets[i] = (rank - (len(group) - 1) / 2) * spacing
-    for (artists, x, y), offset in zip(points, offsets):
-        if offset:
-            shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
-            for artist in artists:
-                artist.set_transform(ax.transData + shift)
-            ax.annotate("", xy=(x, y), xytext=(offset, 0), textcoords="offset points",
-                        arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.4",
-                                    "shrinkA": 0, "shrinkB": 0})
+    where = _marker_positions(ax, points)
+    offsets = _spread(_clusters(where, near), where, spacing)
+    _shift_markers(ax, points, offsets)
     return offsets

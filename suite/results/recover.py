@@ -44,13 +44,37 @@ def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]
     folder = RunFolder(run_dir)
     if not folder.path.is_dir():
         raise BenchError(f"{folder.path} is not a run folder")
-    try:
-        summary = folder.summary() or {}
-    except (OSError, ValueError):
-        summary = {}
+    summary = _read_summary(folder)
     status = summary.get(STATUS)
     if status in ENDED and not folder.parts.exists():
         return f"{folder.path}: already {status}; nothing to recover", []
+    _refuse_live(folder, summary, force=force)
+    known = _known_identity(folder)
+    unreadable, unmerged = _merge_parts(folder)
+    if status in ENDED:
+        if unmerged:
+            raise RunFailed(f"{folder.path}: the rows left in parts/ could not be merged "
+                            f"({unmerged}); nothing changed (status stays {status})")
+        return f"{folder.path}: merged the rows left in parts/ (status stays {status})", unreadable
+    return _mark_ended(folder, known), unreadable
+
+
+def _read_summary(folder: RunFolder) -> dict:
+    """The folder's summary, or ``{}`` where it is missing, unreadable or torn (a hard kill
+    can leave it so): recovering is for exactly such folders."""
+    try:
+        return folder.summary() or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _refuse_live(folder: RunFolder, summary: dict, *, force: bool) -> None:
+    """Refuse a folder whose processes may still be writing it: alive here, or on other
+    hosts, which cannot be checked from here (``force`` once the user knows they are gone).
+
+    Raises:
+        BenchError: naming the live pids, or the hosts that cannot be checked.
+    """
     alive, elsewhere = live_processes(summary)
     if alive and not force:
         raise BenchError(
@@ -62,21 +86,37 @@ def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]
             f"{folder.path} has processes on {', '.join(elsewhere)}, which cannot be checked "
             "from here; --force once they are gone"
         )
+
+
+def _known_identity(folder: RunFolder) -> dict:
+    """What the manifest says of the run's identity, for the summary written on marking it
+    ended; ``{}`` where the manifest is missing or unreadable."""
     try:
-        known = identity_from_manifest(folder.manifest() or {})
+        return identity_from_manifest(folder.manifest() or {})
     except (OSError, ValueError):
-        known = {}
+        return {}
+
+
+def _merge_parts(folder: RunFolder) -> tuple[list[str], str | None]:
+    """Merge the rows the ranks left in ``parts/`` into the tables.
+
+    Returns:
+        (lines about unreadable parts, why the merge failed or None where it did not).
+    """
     try:
         unreadable = folder.merge_parts()
     except OSError as exc:
-        unreadable, unmerged = [], os_reason(exc)
-    else:
-        unmerged = None
-    if status in ENDED:
-        if unmerged:
-            raise RunFailed(f"{folder.path}: the rows left in parts/ could not be merged "
-                            f"({unmerged}); nothing changed (status stays {status})")
-        return f"{folder.path}: merged the rows left in parts/ (status stays {status})", unreadable
+        return [], os_reason(exc)
+    return unreadable, None
+
+
+def _mark_ended(folder: RunFolder, known: dict) -> str:
+    """Mark the folder interrupted or failed, with the ranks' own last words where they wrote
+    any (an interruption that checkpointed), else as killed; returns what was done.
+
+    Raises:
+        RunFailed: the status could not be written (what it would have been is named).
+    """
     # the ranks' own last words where they wrote any (an interruption that checkpointed)
     said = folder.first_rank_error()
     reason = said if said and not said.startswith("rank ") else KILLED + (
@@ -91,4 +131,4 @@ def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]
                         f"({os_reason(exc)})") from None
     notes = "".join(f"; {line}" for line in unwritten)
     return (f"{folder.path}: marked {state} ({reason}), {rows} iteration(s) of rows "
-            f"kept{notes}"), unreadable
+            f"kept{notes}")

@@ -289,19 +289,42 @@ def schedule_of(config: RunConfig, settings, recipe: Recipe, train_samples: int)
 
 def check_config(config: RunConfig) -> None:
     """The configuration's own consistency, before anything is resolved from it."""
-    if config.run_id is not None and (
-        not SAFE_RUN_ID.fullmatch(config.run_id) or ".." in config.run_id
-    ):
-        raise BenchError(
-            f"--run-id {config.run_id!r} must be one folder name (letters, digits, '.', '_', "
-            "'-'; no '/' or '..')"
-        )
+    _check_run_id(config.run_id)
     for name in (schema.GPUS, schema.GPUS_PER_NODE, schema.SEED):
         value = getattr(config, name)
         if value is not None:
             check_value("--" + name.replace("_", "-"), value, RECIPE_CHECKS[name])
     if config.gpus_per_node is not None:
         check_layout(config.gpus, config.gpus_per_node)
+    _check_network(config)
+    for name, check in RECIPE_CHECKS.items():
+        value = getattr(config, name)
+        if value is not None:
+            check_value("--" + name.replace("_", "-"), value, check)
+
+
+def _check_run_id(run_id: str | None) -> None:
+    """A given run id must be one folder name: it names the run's folder under the results
+    root, so a '/' or '..' would write elsewhere.
+
+    Raises:
+        BenchError: it is not one safe folder name.
+    """
+    if run_id is not None and (not SAFE_RUN_ID.fullmatch(run_id) or ".." in run_id):
+        raise BenchError(
+            f"--run-id {run_id!r} must be one folder name (letters, digits, '.', '_', "
+            "'-'; no '/' or '..')"
+        )
+
+
+def _check_network(config: RunConfig) -> None:
+    """``--inter-bw`` and ``--network emulated`` come together: an emulated network needs a
+    rate (a valid one) and at least two nodes to throttle between, and a rate means nothing
+    without it.
+
+    Raises:
+        BenchError: one without the other, a bad rate, or a single node.
+    """
     if config.inter_bw is not None and config.network != "emulated":
         raise BenchError("--inter-bw needs --network emulated")
     if config.network == "emulated":
@@ -310,7 +333,3 @@ def check_config(config: RunConfig) -> None:
         parse_rate(config.inter_bw)
         if config.gpus_per_node is None or config.gpus // config.gpus_per_node < 2:
             raise BenchError("--network emulated needs at least two nodes (--gpus-per-node)")
-    for name, check in RECIPE_CHECKS.items():
-        value = getattr(config, name)
-        if value is not None:
-            check_value("--" + name.replace("_", "-"), value, check)

@@ -130,37 +130,10 @@ def simulate_run(
         plan, topology=topology, comm=comm, recorder=recorder, loader=loader, device=device,
     )
 
-    rows: list[dict] = []
-    replays: list[list[dict]] = []  # the replayed iterations' rows, in order
-    started = time.perf_counter()
-    for it in range(iterations):
-        planned = min(steps, ctx.budget_steps - it * steps)  # a cut last round is shorter
-        epoch = min((it + 1) * steps, ctx.budget_steps) / loader.steps_per_epoch
-        if it < replay or not replays or not settled(replays, planned * loader.batch_size):
-            recorder.begin_iteration(it)
-            comm.events.clear()
-            before = loader.step
-            done = method.step(it)
-            check_steps_taken(config.method, it, loader.step - before,
-                              min(steps, ctx.budget_steps - before), steps)
-            leader = recorder.end_iteration(
-                loss=math.nan,  # the stand-in batches' loss means nothing
-                samples=recorder.steps_this_iteration * loader.batch_size,
-                epoch=epoch,
-                one_off=bool(done.one_off),  # PruneX's freeze: its host-timed decision
-            )
-            replays.append(rank_rows(leader, comm.events, config.gpus, gpn))
-            taken = recorder.steps_this_iteration
-            say(f"replayed iteration {it + 1}/{iterations} ({taken} local "
-                f"step{'s' if taken != 1 else ''}) in {time.perf_counter() - started:.1f} s")
-            started = time.perf_counter()
-            if it + 1 < iterations and it + 1 >= replay and settled(replays, None):
-                say(f"pricing iterations {it + 2}-{iterations} as the last replayed one "
-                    "(its schedule repeats), any of other local steps replayed")
-            rows.extend(replays[-1])
-        else:  # the same schedule as the last replayed iteration: priced as such a one
-            loader.step += planned  # where the run's loader would stand
-            rows.extend(dict(row, iteration=it, epoch=epoch) for row in typical(replays))
+    rows, replays = _replay_iterations(
+        config, ctx, method, loader=loader, recorder=recorder, comm=comm,
+        iterations=iterations, steps=steps, replay=replay, say=say,
+    )
     check_samples_priced(rows, ctx.budget_steps * loader.batch_size, config.method)
 
     folder = RunFolder(Path(config.results_dir) / plan.run_id)
@@ -210,6 +183,68 @@ def simulate_run(
         evaluated=False,
     )
     return folder.path
+
+
+def _replay_iterations(
+    config,
+    ctx,
+    method,
+    *,
+    loader: SimLoader,
+    recorder: SimRecorder,
+    comm: SimCommunicator,
+    iterations: int,
+    steps: int,
+    replay: int,
+    say: Callable[[str], None],
+) -> tuple[list[dict], list[list[dict]]]:
+    """Run the method's own steps for the iterations that must be replayed (the first
+    ``replay``, and each until the schedule settles) and price every other as the typical
+    replayed one, advancing the loader as the real run's would.
+
+    Args:
+        config: the run's configuration (its method, GPUs and node size).
+        ctx: the built method's context (its budget of steps).
+        method: the built method, whose ``step`` runs unchanged.
+        iterations: the run's iterations, each of ``steps`` local steps (a cut last one
+            fewer).
+        say: told each replayed iteration and when pricing takes over.
+
+    Returns:
+        (every rank's rows of every iteration, the replayed iterations' rows in order).
+    """
+    rows: list[dict] = []
+    replays: list[list[dict]] = []  # the replayed iterations' rows, in order
+    started = time.perf_counter()
+    for it in range(iterations):
+        planned = min(steps, ctx.budget_steps - it * steps)  # a cut last round is shorter
+        epoch = min((it + 1) * steps, ctx.budget_steps) / loader.steps_per_epoch
+        if it < replay or not replays or not settled(replays, planned * loader.batch_size):
+            recorder.begin_iteration(it)
+            comm.events.clear()
+            before = loader.step
+            done = method.step(it)
+            check_steps_taken(config.method, it, loader.step - before,
+                              min(steps, ctx.budget_steps - before), steps)
+            leader = recorder.end_iteration(
+                loss=math.nan,  # the stand-in batches' loss means nothing
+                samples=recorder.steps_this_iteration * loader.batch_size,
+                epoch=epoch,
+                one_off=bool(done.one_off),  # PruneX's freeze: its host-timed decision
+            )
+            replays.append(rank_rows(leader, comm.events, config.gpus, config.gpus_per_node))
+            taken = recorder.steps_this_iteration
+            say(f"replayed iteration {it + 1}/{iterations} ({taken} local "
+                f"step{'s' if taken != 1 else ''}) in {time.perf_counter() - started:.1f} s")
+            started = time.perf_counter()
+            if it + 1 < iterations and it + 1 >= replay and settled(replays, None):
+                say(f"pricing iterations {it + 2}-{iterations} as the last replayed one "
+                    "(its schedule repeats), any of other local steps replayed")
+            rows.extend(replays[-1])
+        else:  # the same schedule as the last replayed iteration: priced as such a one
+            loader.step += planned  # where the run's loader would stand
+            rows.extend(dict(row, iteration=it, epoch=epoch) for row in typical(replays))
+    return rows, replays
 
 
 #: replayed iterations of one schedule before later ones are priced as their median: the

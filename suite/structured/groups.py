@@ -86,23 +86,30 @@ def copy_model(model: nn.Module) -> nn.Module:
     (LeViT's attention-bias cache, filled by an eval forward under autograd): deepcopy
     refuses a tensor that is not a graph leaf, so such a tensor is copied detached."""
     memo: dict[int, object] = {}
-
-    def detach_cached(value) -> None:
-        if isinstance(value, torch.Tensor):
-            if value.grad_fn is not None:
-                memo[id(value)] = value.detach().clone()
-        elif isinstance(value, dict):
-            for item in value.values():
-                detach_cached(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                detach_cached(item)
-
     for module in model.modules():
         for name, value in vars(module).items():
             if name not in ("_parameters", "_buffers", "_modules"):
-                detach_cached(value)
+                _memo_detached(value, memo)
     return copy.deepcopy(model, memo)
+
+
+def _memo_detached(value, memo: dict[int, object]) -> None:
+    """Pre-seed deepcopy's ``memo`` with a detached clone of every non-leaf tensor in
+    ``value``, so that ``copy_model`` copies it instead of deepcopy refusing it.
+
+    Args:
+        value: a module attribute; dicts, lists and tuples are searched through.
+        memo: deepcopy's memo (tensor id -> its copy), filled in place.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            memo[id(value)] = value.detach().clone()
+    elif isinstance(value, dict):
+        for item in value.values():
+            _memo_detached(item, memo)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _memo_detached(item, memo)
 
 
 def build_graph(model: nn.Module, example_input: torch.Tensor):
@@ -187,6 +194,19 @@ def tolerate_unmappable_ops() -> None:
     (``Ungroupable``)."""
     from torch_pruning.dependency import index_mapping  # lazy: as build_graph's import
 
+    _tolerate_mapping_errors(index_mapping)
+    index_group_items()
+    _map_once_per_graph(index_mapping)
+    _bound_mapping_work(index_mapping)
+
+
+def _tolerate_mapping_errors(index_mapping) -> None:
+    """Wrap each of ``INDEX_MAPPINGS`` so that an op whose mapping raises is recorded on its
+    graph (``unmapped``) and left as it is, instead of ending the trace; idempotent.
+
+    Args:
+        index_mapping: Torch-Pruning's ``dependency.index_mapping`` module, patched in place.
+    """
     for name in INDEX_MAPPINGS:
         mapping = getattr(index_mapping, name, None)
         if mapping is None or getattr(mapping, "tolerant", False):
@@ -201,7 +221,15 @@ def tolerate_unmappable_ops() -> None:
 
         tolerant.tolerant = True
         setattr(index_mapping, name, tolerant)
-    index_group_items()
+
+
+def _map_once_per_graph(index_mapping) -> None:
+    """Make Torch-Pruning's index mappings once per graph (until ``remapped``) instead of at
+    every grouping, which took minutes on RexNet's hundreds of groups; idempotent.
+
+    Args:
+        index_mapping: Torch-Pruning's ``dependency.index_mapping`` module, patched in place.
+    """
     update = index_mapping.update_index_mapping
     if not getattr(update, "once", False):  # Torch-Pruning maps again at every grouping
 
@@ -214,6 +242,16 @@ def tolerate_unmappable_ops() -> None:
 
         once.once = True
         index_mapping.update_index_mapping = once
+
+
+def _bound_mapping_work(index_mapping) -> None:
+    """Make every ``*IndexMapping`` class count the indices it carries and raise
+    ``RunawayMapping`` past ``MAX_MAPPED_INDICES`` a call or ``MAX_MAPPING_WORK`` a graph,
+    so a runaway grouping ends at once, alike on every rank; idempotent.
+
+    Args:
+        index_mapping: Torch-Pruning's ``dependency.index_mapping`` module, patched in place.
+    """
     for name in dir(index_mapping):  # the mappings' objects: bounded, so a runaway ends
         kind = getattr(index_mapping, name)
         if not (isinstance(kind, type) and name.endswith("IndexMapping")):
@@ -371,52 +409,91 @@ def member_index(item, size: int, limit: int | None) -> torch.Tensor | None:
 
 
 def _channel_group(tp_group, graph, names: dict[nn.Module, str]) -> ChannelGroup:
+    """The ``ChannelGroup`` of one Torch-Pruning group: each item sorted into the role its
+    module plays for the group's channels, in the group's own item order."""
     _, root_idxs = tp_group[0]
     group = ChannelGroup(size=len(root_idxs))
     for item in tp_group:
-        dep = item.dep
-        module = dep.target.module
-        if (isinstance(module, CHANNEL_MIXING_NORMS)
-                or getattr(dep.target, "grad_fn", None) in graph.channel_mixing_outputs
-                or {dep.source.type, dep.target.type} & _cutting_ops()
-                or {dep.source, dep.target} & graph.unmapped):
-            # a channel-mixing norm, or a split, chunk, unbind or slice of the feature map,
-            # which Torch-Pruning 1.6 maps back without the part's offset (CSPNet's
-            # split-then-concat: its members would name the wrong channels)
-            group.whole = True
-        if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
-            if dep.target.type == _optype("OUTPUT"):
-                group.open_read = True
-            continue  # element-wise ops, reshapes, adds: no parameters of their own
-        writes = graph.is_out_channel_pruning_fn(dep.handler)
-        index = member_index(item, group.size, channel_count(graph, module, writes))
-        one_to_one = index is not None
-        if isinstance(module, nn.Conv2d) and not writes and not ignores_zeroed_inputs(module):
-            group.whole = True  # it reads a channel whose weights are zero: none is dead
-        member = Member(names[module], index if one_to_one else torch.as_tensor(
-            [int(i) for i in item.idxs], dtype=torch.long))
-        if writes and not one_to_one:
-            group.whole = True
-        if _plain_conv(module) and one_to_one:
-            (group.producers if writes else group.consumers).append(member)
-        elif isinstance(module, nn.modules.batchnorm._BatchNorm) and one_to_one:
-            owner = _owning_conv(module, graph, names)
-            if owner is None:
-                group.shared_followers.append(member)
-            else:
-                group.followers.setdefault(owner, []).append(member)
-        elif _depthwise_conv(module) and one_to_one:
-            group.depthwise.append(member)
-        elif isinstance(module, nn.Linear) and not writes and one_to_one:
-            group.linear_readers.append(member)
-            group.open_read = True
-        elif writes:
-            group.open_write = True
-        else:
-            group.open_read = True
+        _add_item(group, item, graph, names)
     if not group.producers and not group.open_write:
         group.open_write = True  # written by something Torch-Pruning does not list: keep it
     return group
+
+
+def _add_item(group: ChannelGroup, item, graph, names: dict[nn.Module, str]) -> None:
+    """Record one Torch-Pruning group item on ``group``: whether it forces the group whole,
+    and, for a module with parameters, the member it is (or the open end it makes).
+
+    Args:
+        group: the group being built, updated in place.
+        item: a Torch-Pruning group item (its ``dep`` and its ``idxs`` / ``root_idxs``).
+        graph: Torch-Pruning's dependency graph, as ``dependency_graph`` returns it.
+        names: module -> its qualified name in the traced model.
+    """
+    dep = item.dep
+    module = dep.target.module
+    if _forces_whole(dep, module, graph):
+        # a channel-mixing norm, or a split, chunk, unbind or slice of the feature map,
+        # which Torch-Pruning 1.6 maps back without the part's offset (CSPNet's
+        # split-then-concat: its members would name the wrong channels)
+        group.whole = True
+    if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
+        if dep.target.type == _optype("OUTPUT"):
+            group.open_read = True
+        return  # element-wise ops, reshapes, adds: no parameters of their own
+    writes = graph.is_out_channel_pruning_fn(dep.handler)
+    index = member_index(item, group.size, channel_count(graph, module, writes))
+    one_to_one = index is not None
+    if isinstance(module, nn.Conv2d) and not writes and not ignores_zeroed_inputs(module):
+        group.whole = True  # it reads a channel whose weights are zero: none is dead
+    member = Member(names[module], index if one_to_one else torch.as_tensor(
+        [int(i) for i in item.idxs], dtype=torch.long))
+    if writes and not one_to_one:
+        group.whole = True
+    _file_member(group, member, module, writes=writes, one_to_one=one_to_one,
+                 graph=graph, names=names)
+
+
+def _forces_whole(dep, module, graph) -> bool:
+    """Whether a dependency keeps every channel of its group: it reaches a channel-mixing
+    norm, cuts the feature map into parts, or passes an op Torch-Pruning left unmapped."""
+    return bool(isinstance(module, CHANNEL_MIXING_NORMS)
+                or getattr(dep.target, "grad_fn", None) in graph.channel_mixing_outputs
+                or {dep.source.type, dep.target.type} & _cutting_ops()
+                or {dep.source, dep.target} & graph.unmapped)
+
+
+def _file_member(group: ChannelGroup, member: Member, module: nn.Module, *, writes: bool,
+                 one_to_one: bool, graph, names: dict[nn.Module, str]) -> None:
+    """Put a parameterized module's member in its role list on ``group``, or, for a module
+    the liveness rule cannot follow channel by channel, open the group's write or read end.
+
+    Args:
+        group: the group being built, updated in place.
+        member: the module's slice of the group's channels.
+        module: the member's module.
+        writes: whether the item prunes the module's outputs (else its inputs).
+        one_to_one: whether ``member.index`` maps the group's channels one-to-one.
+        graph: Torch-Pruning's dependency graph (a BN layer's input conv).
+        names: module -> its qualified name in the traced model.
+    """
+    if _plain_conv(module) and one_to_one:
+        (group.producers if writes else group.consumers).append(member)
+    elif isinstance(module, nn.modules.batchnorm._BatchNorm) and one_to_one:
+        owner = _owning_conv(module, graph, names)
+        if owner is None:
+            group.shared_followers.append(member)
+        else:
+            group.followers.setdefault(owner, []).append(member)
+    elif _depthwise_conv(module) and one_to_one:
+        group.depthwise.append(member)
+    elif isinstance(module, nn.Linear) and not writes and one_to_one:
+        group.linear_readers.append(member)
+        group.open_read = True
+    elif writes:
+        group.open_write = True
+    else:
+        group.open_read = True
 
 
 def ignores_zeroed_inputs(conv: nn.Conv2d) -> bool:

@@ -90,6 +90,23 @@ def live_slices(
     """The live slices of ``model`` under ``masks`` (conv weight name -> its mask); convs
     without a mask keep everything of their own."""
     modules = dict(model.named_modules())
+    filters, inputs = _masked_bits(modules, masks)
+    channels = _settle(groups, filters, inputs)
+    rows, cols = _conv_slices(filters, inputs, modules)
+    covered = _group_slices(groups, channels, filters, modules, rows, cols)
+    for name, seen in covered.items():  # entries no group maps (Torch-Pruning skipped a
+        # root, or mapped a part wrongly) are live: nothing says they are not read
+        tensors = NORM_TENSORS if isinstance(modules[name], nn.modules.batchnorm._BatchNorm) \
+            else DEPTHWISE_TENSORS
+        _rows_of(rows, name, tensors, ~seen, modules)
+    return LiveSlices(rows, cols, channels)
+
+
+def _masked_bits(
+    modules: dict[str, nn.Module], masks: dict[str, StructuredMask]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The starting point of ``_settle``: per plain conv, the filters and input channels its
+    mask keeps (bool; all of them without a mask), as (filters, inputs) by module name."""
     filters: dict[str, torch.Tensor] = {}  # conv module -> live filters (bool)
     inputs: dict[str, torch.Tensor] = {}  # conv module -> live input channels (bool)
     for name, module in modules.items():
@@ -101,8 +118,14 @@ def live_slices(
             else:
                 filters[name] = _kept_at(mask.kept_filters(), module.out_channels)
                 inputs[name] = _kept_at(mask.kept_channels(), module.in_channels)
-    channels = _settle(groups, filters, inputs)
+    return filters, inputs
 
+
+def _conv_slices(
+    filters: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor], modules: dict
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The settled plain convs' (rows, cols): live filters and input channels of each weight,
+    and the live filters again for its bias; the tables the group members then extend."""
     rows: dict[str, torch.Tensor] = {}
     cols: dict[str, torch.Tensor] = {}
     for conv, live in filters.items():
@@ -111,38 +134,78 @@ def live_slices(
         cols[f"{prefix}weight"] = inputs[conv].nonzero().flatten()
         if modules[conv].bias is not None:
             rows[f"{prefix}bias"] = rows[f"{prefix}weight"]
+    return rows, cols
+
+
+def _group_slices(groups: list[ChannelGroup], channels: list[torch.Tensor],
+                  filters: dict[str, torch.Tensor], modules: dict,
+                  rows: dict[str, torch.Tensor], cols: dict[str, torch.Tensor],
+                  ) -> dict[str, torch.Tensor]:
+    """Add the slices the settled groups decide to ``rows`` and ``cols`` (in place): BN
+    entries follow their conv's filters or the group's channels, depthwise filters the
+    channels, linear input columns the channels.
+
+    Args:
+        groups: the model's channel groups.
+        channels: per group, its live channels (``_settle``).
+        filters: per plain conv, its settled live filters (bool).
+        modules: module name -> module.
+        rows: parameter name -> live dim-0 indices, extended in place.
+        cols: parameter name -> live dim-1 indices, extended in place.
+
+    Returns:
+        Per BN or depthwise module, the entries some group maps (bool); the rest are left
+        for ``live_slices`` to keep.
+    """
     covered: dict[str, torch.Tensor] = {}  # BN or depthwise module -> entries a group maps
-
-    def entries_of(member, size: int, values: torch.Tensor, tensors: tuple[str, ...]) -> None:
-        entries = torch.zeros(size, dtype=torch.bool)
-        entries[member.index] = values
-        _rows_of(rows, member.module, tensors, entries, modules)
-        seen = covered.setdefault(member.module, torch.zeros(size, dtype=torch.bool))
-        seen[member.index] = True
-
     for group, live in zip(groups, channels):
         for producer in group.producers:
             for norm in group.followers.get(producer.module, []):
-                entries_of(norm, modules[norm.module].num_features,
-                           filters[producer.module][producer.index], NORM_TENSORS)
+                _entries_of(norm, modules[norm.module].num_features,
+                            filters[producer.module][producer.index], NORM_TENSORS,
+                            rows=rows, covered=covered, modules=modules)
         for norm in group.shared_followers:
-            entries_of(norm, modules[norm.module].num_features, live, NORM_TENSORS)
+            _entries_of(norm, modules[norm.module].num_features, live, NORM_TENSORS,
+                        rows=rows, covered=covered, modules=modules)
         for conv in group.depthwise:
-            entries_of(conv, modules[conv.module].out_channels, live, DEPTHWISE_TENSORS)
+            _entries_of(conv, modules[conv.module].out_channels, live, DEPTHWISE_TENSORS,
+                        rows=rows, covered=covered, modules=modules)
         for linear in group.linear_readers:  # a linear after a concat reads several groups
-            key = f"{linear.module}.weight"
-            read = torch.ones(modules[linear.module].in_features, dtype=torch.bool)
-            if key in cols:
-                read[:] = False
-                read[cols[key]] = True
-            read[linear.index] = live
-            cols[key] = read.nonzero().flatten()
-    for name, seen in covered.items():  # entries no group maps (Torch-Pruning skipped a
-        # root, or mapped a part wrongly) are live: nothing says they are not read
-        tensors = NORM_TENSORS if isinstance(modules[name], nn.modules.batchnorm._BatchNorm) \
-            else DEPTHWISE_TENSORS
-        _rows_of(rows, name, tensors, ~seen, modules)
-    return LiveSlices(rows, cols, channels)
+            _linear_columns(linear, live, cols, modules)
+    return covered
+
+
+def _entries_of(member, size: int, values: torch.Tensor, tensors: tuple[str, ...], *,
+                rows: dict, covered: dict[str, torch.Tensor], modules: dict) -> None:
+    """Set a BN or depthwise member's live entries to ``values`` at its index (``_rows_of``,
+    united with other groups' parts) and mark those entries as mapped in ``covered``.
+
+    Args:
+        member: the group member (its module name and index).
+        size: the module's entry count along dim 0.
+        values: per group channel, whether the entry there is live (bool).
+        tensors: the module's tensors the entries index (``NORM_TENSORS``, ...).
+        rows: parameter name -> live dim-0 indices, updated in place.
+        covered: module name -> entries some group maps (bool), updated in place.
+        modules: module name -> module.
+    """
+    entries = torch.zeros(size, dtype=torch.bool)
+    entries[member.index] = values
+    _rows_of(rows, member.module, tensors, entries, modules)
+    seen = covered.setdefault(member.module, torch.zeros(size, dtype=torch.bool))
+    seen[member.index] = True
+
+
+def _linear_columns(linear, live: torch.Tensor, cols: dict, modules: dict) -> None:
+    """Set a linear reader's input columns at its index to the group's ``live`` channels,
+    keeping what other groups (a concat before it) already set, in ``cols`` (in place)."""
+    key = f"{linear.module}.weight"
+    read = torch.ones(modules[linear.module].in_features, dtype=torch.bool)
+    if key in cols:
+        read[:] = False
+        read[cols[key]] = True
+    read[linear.index] = live
+    cols[key] = read.nonzero().flatten()
 
 
 def _settle(
@@ -151,36 +214,57 @@ def _settle(
     """Apply the module docstring's rules until nothing changes (each pass only removes, so it
     ends); updates ``filters`` and ``inputs`` in place and returns each group's live channels."""
     while True:
-        changed = False
-        for conv in filters:
-            if not inputs[conv].any() and filters[conv].any():
-                filters[conv][:] = False
-                changed = True
-            if not filters[conv].any() and inputs[conv].any():
-                inputs[conv][:] = False
-                changed = True
+        changed = _tie_filters_to_inputs(filters, inputs)
         channels = []
         for group in groups:
-            written = torch.full((group.size,), group.open_write or group.whole)
-            read = torch.full((group.size,), group.open_read or group.whole)
-            for p in group.producers:
-                written |= filters[p.module][p.index]
-            for c in group.consumers:
-                read |= inputs[c.module][c.index]
-            live = written & read
-            for p in group.producers:
-                before = filters[p.module][p.index]
-                if (before & ~live).any():
-                    filters[p.module][p.index] = before & live
-                    changed = True
-            for c in group.consumers:
-                before = inputs[c.module][c.index]
-                if (before & ~live).any():
-                    inputs[c.module][c.index] = before & live
-                    changed = True
+            live = _group_channels(group, filters, inputs)
+            if _cut_dead(group.producers, filters, live):
+                changed = True
+            if _cut_dead(group.consumers, inputs, live):
+                changed = True
             channels.append(live)
         if not changed:
             return channels
+
+
+def _tie_filters_to_inputs(filters: dict[str, torch.Tensor],
+                           inputs: dict[str, torch.Tensor]) -> bool:
+    """The conv rules of one ``_settle`` pass: a conv without a live input channel loses its
+    filters, and one without a live filter its input channels (in place); whether any did."""
+    changed = False
+    for conv in filters:
+        if not inputs[conv].any() and filters[conv].any():
+            filters[conv][:] = False
+            changed = True
+        if not filters[conv].any() and inputs[conv].any():
+            inputs[conv][:] = False
+            changed = True
+    return changed
+
+
+def _group_channels(group: ChannelGroup, filters: dict[str, torch.Tensor],
+                    inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The group's live channels now (bool): written (open, whole, or a producer's live
+    filter) and read (open, whole, or a consumer's live input channel)."""
+    written = torch.full((group.size,), group.open_write or group.whole)
+    read = torch.full((group.size,), group.open_read or group.whole)
+    for p in group.producers:
+        written |= filters[p.module][p.index]
+    for c in group.consumers:
+        read |= inputs[c.module][c.index]
+    return written & read
+
+
+def _cut_dead(members, bits: dict[str, torch.Tensor], live: torch.Tensor) -> bool:
+    """Clear, in place, each member's bits (filters or input channels) at the group's dead
+    channels; whether any was still set."""
+    changed = False
+    for m in members:
+        before = bits[m.module][m.index]
+        if (before & ~live).any():
+            bits[m.module][m.index] = before & live
+            changed = True
+    return changed
 
 
 def _rows_of(rows: dict, module: str, tensors: tuple[str, ...], entries: torch.Tensor,
