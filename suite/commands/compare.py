@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 from suite.errors import BenchError
 from suite.gate.activity import crosses_nodes
-from suite.gate.compare import TEXT_WIDTH, as_json, format_table, parse_threshold
+from suite.gate.compare import parse_threshold
 from suite.gate.judge import judge_sets
+from suite.gate.table import TEXT_WIDTH, as_json, format_table
 from suite.plugins.registry import METHODS
 
 

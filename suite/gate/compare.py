@@ -31,6 +31,14 @@ import pandas as pd
 from suite.errors import BenchError
 from suite.gate.activity import ActivityCheck, check_run
 from suite.results import schema
+from suite.results.catalogue import (
+    BY_ALIAS,
+    CATALOGUE,
+    RUN_IDENTITY,
+    TIME_RATIO,
+    TWIN_KEY,
+    directions,
+)
 from suite.results.resultset import (
     COMMIT,
     CONFIGURATION,
@@ -47,34 +55,18 @@ from suite.results.runner import busy
 from suite.results.schema import Status, Verdict
 from suite.results.stats import half_width
 
-# metric -> +1 when higher is better, -1 when lower is better
-#: a run's seconds per local step over its DDP twin's (computed here, not recorded)
-TIME_RATIO = "time_ratio"
 #: why a run's bytes cannot be ranked (None: they can; ``uncounted_traffic``)
 UNCOUNTED = "uncounted"
-METRICS = {
-    schema.FINAL_ACCURACY: +1,
-    schema.FINAL_TRAIN_LOSS: -1,
-    TIME_RATIO: -1,
-    schema.ITERATION_SECONDS: -1,
-    schema.TIME_TO_TARGET_SECONDS: -1,
-    schema.INTER_NODE_BYTES_PER_ITERATION: -1,
-}
-ALIASES = {
-    "accuracy": schema.FINAL_ACCURACY,
-    "train-loss": schema.FINAL_TRAIN_LOSS,
-    "time": schema.ITERATION_SECONDS,
-    "time-ratio": TIME_RATIO,
-    "time-to-target": schema.TIME_TO_TARGET_SECONDS,
-    "bytes": schema.INTER_NODE_BYTES_PER_ITERATION,
-}
-KEY = ["machine_class", "method", "workload", "dataset", "gpus", "options", "setting",
-       schema.BATCH_SIZE, schema.LR, schema.LR_SCHEDULE, schema.EPOCHS]
+#: metric -> +1 when higher is better, -1 when lower is better (suite.results.catalogue)
+METRICS = directions()
+#: what ``--metric`` calls each metric
+ALIASES = {alias: metric.name for alias, metric in BY_ALIAS.items()}
+#: a comparison's key: the run identity (suite.results.catalogue)
+KEY = list(RUN_IDENTITY)
 #: the timing metrics, which may get a threshold of their own (--max-time-regression)
-TIME_METRICS = (TIME_RATIO, schema.ITERATION_SECONDS, schema.TIME_TO_TARGET_SECONDS)
+TIME_METRICS = tuple(metric.name for metric in CATALOGUE if metric.timing)
 #: what a run and its DDP twin (the dense reference of time ratios and activity checks) share
-TWIN = ["machine_class", schema.WORKLOAD, schema.DATASET, schema.GPUS, "setting", schema.BATCH_SIZE,
-        schema.EPOCHS]
+TWIN = list(TWIN_KEY)
 
 
 def parse_threshold(text: str) -> float:
@@ -251,11 +243,7 @@ def compare(
     times are not judged (None: always judged); ``unmatched_hint``: what the line of a method
     run under other settings than its baseline says to do (None: such methods are only listed
     as unmatched, ``--allow-unmatched``; see ``settings_rows``)."""
-    limits = {m: max_regression for m in METRICS}
-    if max_time_regression is not None:
-        limits.update({m: max_time_regression for m in TIME_METRICS})
-    if max_loss_regression is not None:
-        limits[schema.FINAL_TRAIN_LOSS] = max_loss_regression
+    limits = metric_limits(max_regression, max_time_regression, max_loss_regression)
     base_keys, new_keys = keys_of(baseline), keys_of(new)
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
     labels = {**shown_options_of(baseline), **shown_options_of(new)}
@@ -271,15 +259,8 @@ def compare(
         for metric in metrics:
             before = stats_of(base_values, run_key, metric)
             after = stats_of(new_values, run_key, metric)
-            change, unit, verdict = judge(metric, before, after, limits[metric],
-                                          max_accuracy_drop)
-            finding = None
-            if metric in TIME_METRICS and run_key in busy_times and change is not None:
-                verdict, finding = Verdict.NOT_JUDGED, busy_times[run_key]
-            rows.append(table_row(run_key, metric, verdict, finding, baseline=before["mean"],
-                                  new=after["mean"], baseline_ci=before["half"],
-                                  new_ci=after["half"], repeats=f"{before['n']}/{after['n']}",
-                                  change=change, unit=unit))
+            rows.append(metric_row(run_key, metric, before, after, limits[metric],
+                                   max_accuracy_drop, busy_times.get(run_key)))
     new_only = sorted(new_keys - base_keys, key=str)
     for run_key in new_only:  # a run that failed is a regression even without a baseline twin
         if run_key not in new_values_keys:
@@ -293,6 +274,31 @@ def compare(
         "only in new": [describe_key(k) for k in new_only],
     }
     return pd.DataFrame(rows), unmatched
+
+
+def metric_limits(max_regression: float, max_time_regression: float | None,
+                  max_loss_regression: float | None) -> dict[str, float]:
+    """Each metric's relative threshold: ``max_regression``, unless times or the training
+    loss have their own."""
+    limits = {m: max_regression for m in METRICS}
+    if max_time_regression is not None:
+        limits.update({m: max_time_regression for m in TIME_METRICS})
+    if max_loss_regression is not None:
+        limits[schema.FINAL_TRAIN_LOSS] = max_loss_regression
+    return limits
+
+
+def metric_row(run_key: tuple, metric: str, before: dict, after: dict, limit: float,
+               max_accuracy_drop: float, busy: str | None) -> dict:
+    """One metric of one key judged: a time of a run whose runner was ``busy`` (why: None
+    when it was quiet) is shown but not judged."""
+    change, unit, verdict = judge(metric, before, after, limit, max_accuracy_drop)
+    finding = None
+    if metric in TIME_METRICS and busy is not None and change is not None:
+        verdict, finding = Verdict.NOT_JUDGED, busy
+    return table_row(run_key, metric, verdict, finding, baseline=before["mean"],
+                     new=after["mean"], baseline_ci=before["half"], new_ci=after["half"],
+                     repeats=f"{before['n']}/{after['n']}", change=change, unit=unit)
 
 
 #: the metric of a row saying that a method ran under other settings than its baseline
@@ -365,6 +371,20 @@ def key_differences(before: dict, after: dict) -> str:
     differs."""
     return "; ".join(f"{name} {old} in the baseline, {now} in NEW"
                      for name, old, now in field_differences(before, after))
+
+
+def options_words(options) -> str:
+    """A configuration's options as a table shows them: ``channel_keep=0.5, rho1=9.907``
+    (floats to 4 significant digits), ``-`` for none."""
+    if isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except json.JSONDecodeError:
+            return options
+    if not options:
+        return "-"
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in sorted(options.items()))
 
 
 def describe_fields(key: dict) -> str:
@@ -521,187 +541,3 @@ def describe_key(run_key: tuple) -> str:
              f"{fields[schema.GPUS]} ranks")
     text += f" {fields[schema.OPTIONS]} ({fields['setting']}; batch {fields[schema.BATCH_SIZE]}, "
     return text + f"lr {fields[schema.LR]}, {fields[schema.EPOCHS]} epochs)"
-
-
-#: a text table's width unless --wide (a terminal's, a CI log's)
-TEXT_WIDTH = 120
-#: what a compact table calls each metric (the --metric aliases)
-SHORT_METRICS = {metric: alias for alias, metric in ALIASES.items()}
-
-
-def options_words(options) -> str:
-    """A configuration's options as a table shows them: ``channel_keep=0.5, rho1=9.907``
-    (floats to 4 significant digits), ``-`` for none."""
-    if isinstance(options, str):
-        try:
-            options = json.loads(options)
-        except json.JSONDecodeError:
-            return options
-    if not options:
-        return "-"
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in sorted(options.items()))
-
-
-def elided(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, its end replaced by ``…`` where cut."""
-    text = str(text)
-    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
-
-
-def shown(table: pd.DataFrame, wide: bool = True) -> pd.DataFrame:
-    """The table as people read it: changes as +1.2 pts / -3.4 %, means with their
-    interval, options as words, the exchange schedule (``exchange``: local steps between
-    exchanges inside a node / across nodes). ``wide``: every column, the metrics' full
-    names; else the compact columns (what every row shares is left to ``shared_line``)."""
-    out = table.copy()
-
-    def change(row) -> str:
-        c = row["change"]
-        if c is None or c != c:
-            return ""
-        return f"{c:+.2f} pts" if row.get("unit") == "points" else f"{c:+.1%}"
-
-    def value(mean, half, unit) -> str:
-        if not isinstance(mean, float):
-            return str(mean)
-        if unit == "points":  # an accuracy: read in percent, as its change in points
-            return f"{100 * mean:.2f} %" + (
-                f" ± {100 * half:.2g}" if isinstance(half, float) and half == half else "")
-        return f"{mean:.4g}" + (
-            f" ± {half:.2g}" if isinstance(half, float) and half == half else ""
-        )
-
-    out["change"] = [change(row) for _, row in table.iterrows()]
-    options = table["shown_options"].fillna(table[schema.OPTIONS]) if "shown_options" in table \
-        else table[schema.OPTIONS]
-    out[schema.OPTIONS] = [options_words(o) for o in options]
-    for side in ("baseline", "new"):
-        halves = table[f"{side}_ci"] if f"{side}_ci" in table else [None] * len(table)
-        units = table["unit"] if "unit" in table else [None] * len(table)
-        out[side] = [value(m, h, u) for m, h, u in zip(table[side], halves, units)]
-    if "repeats" in out:  # activity and status rows are about runs, not repeats
-        out["repeats"] = [r if isinstance(r, str) else "-" for r in out["repeats"]]
-    if not wide:  # an activity row's NEW is its run folder: --wide and json name it
-        out["new"] = [n if m != "activity" else "-" for n, m in zip(out["new"], out["metric"])]
-        out["verdict"] = [str(v).replace(f": {m} ", ": ", 1)  # the method has its column
-                          for v, m in zip(out["verdict"], out[schema.METHOD])]
-        for side in ("baseline", "new"):
-            out[side] = ["-" if v == "nan" else v for v in out[side]]
-    if "exchange" not in out:
-        out["exchange"] = "-"
-    if wide:
-        keep = ["machine_class", "method", "workload", "gpus", "options", "exchange",
-                "setting", "metric", "baseline", "new", "repeats", "change", "verdict"]
-        return out[[c for c in keep if c in out]]
-    out["metric"] = [SHORT_METRICS.get(m, m) for m in out["metric"]]
-    out["exchange"] = [str(e).replace(" ", "") for e in out["exchange"]]
-    varying = [c for c in ("machine_class", "workload", "gpus", "setting")
-               if c in out and out[c].nunique() > 1]
-    keep = ["method", *varying, "options", "exchange", "metric", "baseline", "new",
-            "repeats", "change", "verdict"]
-    return out[[c for c in keep if c in out]].rename(columns={"exchange": "exch",
-                                                              "repeats": "n"})
-
-
-def shared_line(table: pd.DataFrame) -> str:
-    """What every row of a compact table shares, said once above it: ``cnn-fmnist, 4 GPUs,
-    real, cpu-gloo-amd25-avx512-t1``."""
-    parts = []
-    for column_name, unit in (("workload", ""), ("gpus", " GPUs"), ("setting", ""),
-                              ("machine_class", "")):
-        if column_name in table and table[column_name].nunique() == 1:
-            value = table[column_name].iloc[0]
-            if value not in ("-", None):
-                parts.append(f"{value}{unit}")
-    return ", ".join(parts)
-
-
-#: the columns a text table aligns right (numbers); the others align left
-RIGHT_ALIGNED = ("gpus", "baseline", "new", "n", "repeats", "change")
-
-
-def text_table(frame: pd.DataFrame) -> str:
-    """``frame`` as aligned text: words left, numbers right, one space between columns."""
-    columns = list(frame.columns)
-    rows = frame.astype(str).values.tolist()
-    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
-
-    def line(cells) -> str:
-        return " ".join(cell.rjust(w) if c in RIGHT_ALIGNED else cell.ljust(w)
-                        for c, cell, w in zip(columns, cells, widths)).rstrip()
-
-    return "\n".join([line(columns), *(line(row) for row in rows)])
-
-
-#: the order in which a text table too wide is narrowed: (column, down to how many
-#: characters); a verdict is never cut (``noted``)
-NARROWING = (("options", 18), ("new", 12), ("options", 10))
-#: the widest verdict a compact table shows in its cell; a longer one gets a note under it
-VERDICT_WIDTH = 30
-
-
-def noted(cells: list[str], verdicts: list[str]) -> tuple[list[str], list[str]]:
-    """(cells, notes): each verdict cell that fits ``VERDICT_WIDTH`` as it is, a longer one as
-    its first word and a note number (``REGRESSION [1]``), with the whole verdict (``verdicts``:
-    the words before the compact table left out the method) once in the notes (``[1]
-    REGRESSION: prunex ran under ...``), so a reason is never cut."""
-    numbers: dict[str, int] = {}
-    shown_cells = []
-    for cell, verdict in zip(map(str, cells), map(str, verdicts)):
-        if len(cell) <= VERDICT_WIDTH:
-            shown_cells.append(cell)
-            continue
-        number = numbers.setdefault(verdict, len(numbers) + 1)
-        shown_cells.append(f"{cell.split(':', 1)[0]} [{number}]")
-    cells = shown_cells
-    return cells, [f"[{n}] {verdict}" for verdict, n in numbers.items()]
-
-
-def fitted(frame: pd.DataFrame, width: int) -> str:
-    """``frame`` as text no wider than ``width`` where it can be: the options and NEW
-    columns elided in the order of ``NARROWING``."""
-    frame = frame.astype(str)
-    limits = {c: int(frame[c].str.len().max()) for c in ("options", "new") if c in frame}
-    text = text_table(frame)
-    excess = max(map(len, text.splitlines())) - width
-    for name, floor in NARROWING:
-        if excess <= 0 or name not in limits:
-            continue
-        cut = min(excess, max(0, limits[name] - floor))
-        limits[name] -= cut
-        shortened = frame.copy()
-        for c, limit in limits.items():
-            shortened[c] = [elided(v, limit) for v in frame[c]]
-        text = text_table(shortened)
-        excess = max(map(len, text.splitlines())) - width
-    return text
-
-
-def format_table(table: pd.DataFrame, fmt: str = "text", wide: bool = False) -> str:
-    """The comparison as text (``TEXT_WIDTH`` columns, long options elided, long verdicts
-    whole in notes under the table; ``wide``: every column in full) or Markdown (every
-    column)."""
-    if table.empty:
-        return "(no matched runs)" if fmt != "json" else "[]"
-    if fmt == "markdown":
-        return shown(table).to_markdown(index=False)
-    if wide:
-        return shown(table).to_string(index=False)
-    shared = shared_line(table)
-    compact = shown(table, wide=False)
-    compact["verdict"], notes = noted(list(compact["verdict"]), list(table["verdict"]))
-    body = fitted(compact, TEXT_WIDTH)
-    return (f"{shared}:\n" if shared else "") + body + "".join(f"\n{line}" for line in notes)
-
-
-def as_json(
-    table: pd.DataFrame, unmatched: dict, regressions: int, warnings: list, matched: int,
-    thresholds: dict | None = None,
-) -> str:
-    """``bench compare --format json``: the rows, the unmatched keys, the counts, warnings,
-    and per machine class the thresholds that judged it."""
-    rows = json.loads(table.to_json(orient="records")) if len(table) else []
-    return json.dumps({"rows": rows, "unmatched": unmatched, "regressions": regressions,
-                       "matched": matched, schema.WARNINGS: warnings,
-                       "thresholds": thresholds or {}}, indent=2)

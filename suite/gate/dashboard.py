@@ -21,7 +21,6 @@ from pathlib import Path
 import pandas as pd
 
 from suite.errors import BenchError
-from suite.gate.compare import TIME_RATIO
 from suite.gate.trend import (
     BAND,
     COMMIT_KEY,
@@ -39,16 +38,14 @@ from suite.gate.trend import (
     series_words,
 )
 from suite.results import schema
+from suite.results.catalogue import BY_ALIAS
 from suite.results.resultset import MACHINE_CLASS
 from suite.results.schema import Status, Verdict
 
 #: what a class page draws per method: metric -> (title, scale of the values shown, unit)
-PANELS = {
-    schema.FINAL_TRAIN_LOSS: ("final training loss", 1.0, ""),
-    schema.FINAL_ACCURACY: ("accuracy", 100.0, "%"),
-    schema.INTER_NODE_BYTES_PER_ITERATION: ("inter-node bytes per iteration", 1e-6, " MB"),
-    TIME_RATIO: ("time ratio to DDP", 1.0, ""),
-}
+PANELS = {BY_ALIAS[alias].name: (BY_ALIAS[alias].words, BY_ALIAS[alias].scale,
+                                  BY_ALIAS[alias].unit)
+          for alias in ("train-loss", "accuracy", "bytes", "time-ratio")}
 SCRIPT = "plotly.min.js"
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; color: #222 }

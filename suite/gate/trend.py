@@ -31,10 +31,11 @@ from suite.gate.compare import KEY, TIME_METRICS, TIME_RATIO, load_summaries
 from suite.gate.judge import Judgement
 from suite.gate.reference import GENERIC, Gate, class_folders, gate_of, reference_root
 from suite.results import schema
+from suite.results.catalogue import SERIES_KEY as CATALOGUE_SERIES_KEY
+from suite.results.catalogue import directions
 from suite.results.resultset import (
     COMMIT,
     MACHINE_CLASS,
-    SETTING,
     SHOWN_OPTIONS,
     nothing_declared,
 )
@@ -42,16 +43,11 @@ from suite.results.schema import Status, Verdict
 
 #: runs a series needs before it gets a verdict: a noise estimate and a segment on each side
 MIN_RUNS = 6
-#: metric -> +1 when higher is better, -1 when lower is better
-TREND_METRICS = {
-    schema.FINAL_ACCURACY: +1,
-    schema.FINAL_TRAIN_LOSS: -1,
-    schema.INTER_NODE_BYTES_PER_ITERATION: -1,
-    TIME_RATIO: -1,
-    schema.ITERATION_SECONDS: -1,
-}
-SERIES_KEY = [MACHINE_CLASS, schema.METHOD, schema.WORKLOAD, schema.DATASET, schema.GPUS,
-              schema.OPTIONS, SETTING]
+#: metric -> +1 when higher is better, -1 when lower is better: the trended ones of the
+#: catalogue (suite.results.catalogue)
+TREND_METRICS = directions(trended_only=True)
+#: a history's series (suite.results.catalogue)
+SERIES_KEY = list(CATALOGUE_SERIES_KEY)
 # -- a history line's keys, beyond SERIES_KEY, schema.STATUS and the metrics ---------------------
 COMMIT_KEY = "commit"
 #: when the key's first run started; NIGHT: when the set's first run started (one per nightly)
@@ -326,7 +322,9 @@ def find_changes(
     found, short, longest = [], [], 0
     for key, series in history.groupby(SERIES_KEY, sort=True):
         series = series.sort_values(WHEN)
-        name = f"[{key[0]}] {key[1]} {key[2]} {key[4]} ranks {key[5]}"
+        fields = dict(zip(SERIES_KEY, key))
+        name = (f"[{fields[MACHINE_CLASS]}] {fields[schema.METHOD]} {fields[schema.WORKLOAD]} "
+                f"{fields[schema.GPUS]} ranks {fields[schema.OPTIONS]}")
         longest = max(longest, len(series))
         if len(series) < MIN_RUNS:
             short.append(f"{name}: {len(series)} run(s)")
@@ -334,37 +332,56 @@ def find_changes(
         for metric, sign in TREND_METRICS.items():
             if metric not in series:  # a history begun before the metric was kept
                 continue
-            points = series.assign(value=pd.to_numeric(series[metric], errors="coerce"))
-            points = points[points["value"].notna()]  # e.g. no time ratio on a night DDP failed
-            if metric in (TIME_RATIO, schema.ITERATION_SECONDS):  # as the gate: quiet runs only
-                points = points[~busy_lines(points)]
-            values = points["value"].to_numpy(dtype=float)
-            if len(values) < MIN_RUNS:
-                continue
-            accuracy = metric == schema.FINAL_ACCURACY
-            # rounding-level noise: 0.05 points of accuracy, 0.2 % of bytes and times
-            floor = 0.0005 if accuracy else 0.002 * float(np.median(np.abs(values)))
-            timing = metric in (TIME_RATIO, schema.ITERATION_SECONDS)
-            limit = max_accuracy_drop if accuracy else max_regression
-            if timing and max_time_regression is not None:
-                limit = max_time_regression
-            if metric == schema.FINAL_TRAIN_LOSS and max_loss_regression is not None:
-                limit = max_loss_regression
-            for start in change_points(values, floor):
-                before = float(np.mean(values[max(0, start - 3) : start]))
-                after = float(np.mean(values[start : start + 3]))
-                if accuracy:
-                    change = 100 * (after - before)
-                elif before:
-                    change = (after - before) / abs(before)
-                else:
-                    change = math.inf if after else 0.0
-                change *= sign
-                if abs(change) <= limit:
-                    continue
-                row = points.iloc[start]
-                found.append(ChangePoint(name, metric, start, str(row[COMMIT_KEY]),
-                                         str(row[WHEN]), before, after, change,
-                                         "points" if accuracy else "relative",
-                                         len(points), key))
+            limit = trend_limit(metric, max_regression, max_accuracy_drop, max_time_regression,
+                                max_loss_regression)
+            found += series_changes(series, metric, sign, limit, name, key)
     return found, short, longest
+
+
+def trend_limit(metric: str, max_regression: float, max_accuracy_drop: float,
+                max_time_regression: float | None, max_loss_regression: float | None) -> float:
+    """The step a metric's series may take: accuracy points, else relative; times and the
+    training loss by their own threshold where given."""
+    if metric == schema.FINAL_ACCURACY:
+        return max_accuracy_drop
+    if metric in (TIME_RATIO, schema.ITERATION_SECONDS) and max_time_regression is not None:
+        return max_time_regression
+    if metric == schema.FINAL_TRAIN_LOSS and max_loss_regression is not None:
+        return max_loss_regression
+    return max_regression
+
+
+def series_changes(series: pd.DataFrame, metric: str, sign: int, limit: float, name: str,
+                   key: tuple) -> list[ChangePoint]:
+    """The change points of one metric of one series that step beyond ``limit``."""
+    points = series.assign(value=pd.to_numeric(series[metric], errors="coerce"))
+    points = points[points["value"].notna()]  # e.g. no time ratio on a night DDP failed
+    if metric in (TIME_RATIO, schema.ITERATION_SECONDS):  # as the gate: quiet runs only
+        points = points[~busy_lines(points)]
+    values = points["value"].to_numpy(dtype=float)
+    if len(values) < MIN_RUNS:
+        return []
+    accuracy = metric == schema.FINAL_ACCURACY
+    # rounding-level noise: 0.05 points of accuracy, 0.2 % of bytes and times
+    floor = 0.0005 if accuracy else 0.002 * float(np.median(np.abs(values)))
+    found = []
+    for start in change_points(values, floor):
+        before = float(np.mean(values[max(0, start - 3) : start]))
+        after = float(np.mean(values[start : start + 3]))
+        change = sign * step(before, after, accuracy)
+        if abs(change) <= limit:
+            continue
+        row = points.iloc[start]
+        found.append(ChangePoint(name, metric, start, str(row[COMMIT_KEY]), str(row[WHEN]),
+                                 before, after, change, "points" if accuracy else "relative",
+                                 len(points), key))
+    return found
+
+
+def step(before: float, after: float, accuracy: bool) -> float:
+    """How far a series stepped: accuracy in points, anything else relative to before."""
+    if accuracy:
+        return 100 * (after - before)
+    if before:
+        return (after - before) / abs(before)
+    return math.inf if after else 0.0

@@ -2,7 +2,7 @@
 runs share, said once in its caption.
 
 A run's display parts (method, options, GPUs, budget, setting, machine class) depend only on a
-few of its columns, so they are computed once per distinct value of those (``IDENTITY``: a
+few of its columns, so they are computed once per distinct value of those (``DISPLAY_KEYS``: a
 groupby over the result set), not once per run, and never once per pair of runs. A label is the
 display without the parts every run of the figure shares (the GPU count of a one-size
 comparison says nothing), with the workload where there are several, and the recipe (lr,
@@ -30,8 +30,8 @@ from suite.results.resultset import (
     column,
 )
 
-#: what a run's display parts depend on
-IDENTITY = [schema.METHOD, SHOWN_OPTIONS, schema.GPUS, DEVICE, SETTING, MACHINE_CLASS,
+#: what a run's display parts depend on (not its identity: suite.results.catalogue)
+DISPLAY_KEYS = [schema.METHOD, SHOWN_OPTIONS, schema.GPUS, DEVICE, SETTING, MACHINE_CLASS,
             schema.EPOCHS]
 #: the display parts, in the order a label joins them
 PARTS = ("method", "options", "ranks", "budget", "machine", "setting")
@@ -90,15 +90,15 @@ def display_parts(method: str, shown_options: str, gpus, device, setting: str,
 
 def parts_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per run (``runs``' index) its display parts (``PARTS`` columns), computed once per
-    distinct ``IDENTITY``."""
+    distinct ``DISPLAY_KEYS``."""
     if runs.empty:
         return pd.DataFrame({part: pd.Series(dtype=object) for part in PARTS}, index=runs.index)
-    keys = pd.DataFrame({key: column(runs, key) for key in IDENTITY}, index=runs.index)
+    keys = pd.DataFrame({key: column(runs, key) for key in DISPLAY_KEYS}, index=runs.index)
     keys[schema.EPOCHS] = [None if e is None else round(float(e), 3) for e in keys[schema.EPOCHS]]
-    groups = keys.groupby(IDENTITY, dropna=False, sort=False)
+    groups = keys.groupby(DISPLAY_KEYS, dropna=False, sort=False)
     firsts = groups.head(1)
     per_group = pd.DataFrame(
-        [display_parts(*(row[k] for k in IDENTITY)) for _, row in firsts.iterrows()],
+        [display_parts(*(row[k] for k in DISPLAY_KEYS)) for _, row in firsts.iterrows()],
         columns=list(PARTS), dtype=object,
     )
     return per_group.iloc[groups.ngroup().to_numpy()].set_index(runs.index)

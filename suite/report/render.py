@@ -15,6 +15,7 @@ from suite.report.labels import several_of
 from suite.report.load import FINAL_DENSITY, load_runs
 from suite.report.tables import caption_of, in_percent, paper_table, to_latex, to_markdown
 from suite.results import schema
+from suite.results.catalogue import RUN_IDENTITY, insert_after
 from suite.results.resultset import (
     BATCH_SIZE,
     CONFIGURATION,
@@ -32,8 +33,7 @@ from suite.results.view import RunView
 
 #: what makes runs repeats of one configuration (they differ only in the seed): runs of two
 #: machine classes, or two budgets (epochs), are never pooled
-CONFIG = ["method", "workload", "dataset", "gpus", "nodes", "options", "setting",
-          "machine_class", schema.BATCH_SIZE, "lr", schema.LR_SCHEDULE, "epochs", "simulated"]
+CONFIG = [*insert_after(RUN_IDENTITY, schema.GPUS, schema.NODES), schema.SIMULATED]
 #: what a configuration's runs share without it being part of their identity: the method's
 #: exchange schedule, local steps between exchanges inside a node / across nodes
 CARRIED = ["exchange_steps"]
