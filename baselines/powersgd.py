@@ -42,6 +42,7 @@ from suite.api import (
     at_least,
     nbytes,
     option,
+    schema,
     sends_fraction_of_dense,
 )
 
@@ -268,8 +269,8 @@ def make_powersgd(ctx: RunContext) -> PowerSGD:
 def compresses_after_start(run: RunView) -> list[str]:
     """From --start-powersgd-iter on, well under half of DDP's bytes (rank-r factors)."""
     start = int(run.settings.get("start_powersgd_iter", 10))
-    if run.summary.get("iterations", 0) <= start:
-        return [f"ran {run.summary.get('iterations')} iterations, never past its vanilla "
+    if run.summary.get(schema.ITERATIONS, 0) <= start:
+        return [f"ran {run.summary.get(schema.ITERATIONS)} iterations, never past its vanilla "
                 f"all-reduce warm-up (--start-powersgd-iter {start})"]
     return sends_fraction_of_dense(run, 1e-6, 0.5, "PowerSGD after its start iteration",
                                    after_iteration=start)

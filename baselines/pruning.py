@@ -45,10 +45,9 @@ from suite.api import (
     StructuredKeepSettings,
     StructuredRound,
     broadcast_initial_state,
-    crosses_nodes_every_round,
     option,
     phases,
-    reaches_keep,
+    prunes_across_nodes,
 )
 
 UNIT = Check(lambda v: 0 <= v <= 1, "in [0, 1]")
@@ -230,12 +229,6 @@ class StructuredLocalSGD(SGDBaseline):
 #: why a magnitude-pruning baseline cannot be simulated
 MAGNITUDE_MASKS_NOT_SIMULABLE = ("its masks come from the trained weights' magnitudes, which a "
                                  "replay on stand-in batches does not have")
-
-
-def prunes_across_nodes(run) -> list[str]:
-    """The activity check of a pruning baseline: it exchanges across nodes every round and
-    reaches its keep."""
-    return crosses_nodes_every_round(run) + reaches_keep(run)
 
 
 @METHODS.register(

@@ -37,6 +37,7 @@ from suite.api import (
     flatten,
     option,
     phases,
+    schema,
     sends_fraction_of_dense,
     unflatten_into,
 )
@@ -206,5 +207,5 @@ def sends_about_its_ratio(run: RunView) -> list[str]:
     size / 2 x more; leaders only in the hierarchical one), the dense 1-D tensors: between
     0.5 x the ratio and 4 x the ratio times the ranks."""
     ratio = float(run.settings.get("topk_ratio", 0.01))
-    ranks = int(run.summary.get("gpus") or 1)
+    ranks = int(run.summary.get(schema.GPUS) or 1)
     return sends_fraction_of_dense(run, 0.5 * ratio, 4 * ratio * ranks, f"Top-K at {ratio:g}")

@@ -28,34 +28,35 @@ from pathlib import Path
 import pandas as pd
 from runs import SMOKE_DATA, SMOKE_RANKS, bench, finished_runs, mean_pm, output_folder, sweep
 
-from suite.api import mean_ci
+from suite.api import flag_of, mean_ci, schema
 
 
 def same_setting(manifest: dict) -> list[str]:
     """The flags that repeat a PruneX run's workload, ranks, recipe, round length and keep
     targets (its seed aside)."""
-    config, recipe = manifest["config"], manifest["recipe"]
-    flags = ["--workload", config["workload"], "--gpus", str(config["gpus"]),
-             "--gpus-per-node", str(config["gpus_per_node"]),
-             "--epochs", str(config["epochs"] or recipe["epochs"]), "--lr", str(recipe["lr"]),
-             "--lr-schedule", recipe["lr_schedule"], "--warmup-epochs",
-             str(recipe["warmup_epochs"]), "--batch-size", str(recipe["batch_size"]),
+    config, recipe = manifest[schema.CONFIG], manifest[schema.RECIPE]
+    flags = ["--workload", config[schema.WORKLOAD], "--gpus", str(config[schema.GPUS]),
+             "--gpus-per-node", str(config[schema.GPUS_PER_NODE]),
+             "--epochs", str(config[schema.EPOCHS] or recipe[schema.EPOCHS]),
+             "--lr", str(recipe[schema.LR]), "--lr-schedule", recipe[schema.LR_SCHEDULE],
+             "--warmup-epochs", str(recipe[schema.WARMUP_EPOCHS]),
+             "--batch-size", str(recipe[schema.BATCH_SIZE]),
              "--bn-recalibrate", str(config.get("bn_recalibrate", 0)),
-             "--device", config.get("device", "auto"), "--eval-every", "100000"]
-    if config.get("dataset"):
-        flags += ["--dataset", config["dataset"]]
-    if config.get("dataset") == "synthetic" and config.get("synthetic_size"):
+             "--device", config.get(schema.DEVICE, "auto"), "--eval-every", "100000"]
+    if config.get(schema.DATASET):
+        flags += ["--dataset", config[schema.DATASET]]
+    if config.get(schema.DATASET) == "synthetic" and config.get("synthetic_size"):
         flags += ["--synthetic-size", ",".join(map(str, config["synthetic_size"]))]
-    settings = manifest.get("method_settings", {})
+    settings = manifest.get(schema.METHOD_SETTINGS, {})
     for key in ("filter_keep", "channel_keep", "shape_keep", "local_steps", "local_epochs"):
         if settings.get(key) is not None:
-            flags += [f"--{key.replace('_', '-')}", str(settings[key])]
+            flags += [flag_of(key), str(settings[key])]
     return flags
 
 
 def final_density(folder: Path) -> float:
     """The structured density of the run's last round."""
-    return pd.read_parquet(folder / "iterations.parquet").density.dropna().iloc[-1]
+    return pd.read_parquet(folder / "iterations.parquet")[schema.DENSITY].dropna().iloc[-1]
 
 
 def main() -> None:
@@ -80,22 +81,22 @@ def main() -> None:
         sys.exit(f"no finished prunex run under {args.prunex_runs}: run fair_comparison.py first")
     rows = []
     for folder, summary, manifest in prunex:
-        flags = [*same_setting(manifest), "--seed", str(summary["seed"])]
+        flags = [*same_setting(manifest), "--seed", str(summary[schema.SEED])]
         arms = {"masks-from": ["--masks-from", str(folder)], "all-ones": ["--prune-at", "1"]}
-        rows.append({"arm": "prunex (z)", "seed": summary["seed"],
-                     "accuracy": 100 * summary["final_accuracy"],
+        rows.append({"arm": "prunex (z)", schema.SEED: summary[schema.SEED],
+                     "accuracy": 100 * summary[schema.FINAL_ACCURACY],
                      "density": final_density(folder)})
         for arm, extra in arms.items():
             out = root / arm
             sweep("--method", "prune-retrain", *flags, *extra, "--results-dir", str(out))
             for run, s, m in finished_runs(out, "prune-retrain"):
-                same_lr = m["recipe"]["lr"] == manifest["recipe"]["lr"]
-                if s["seed"] == summary["seed"] and same_lr:
-                    rows.append({"arm": arm, "seed": s["seed"],
-                                 "accuracy": 100 * s["final_accuracy"],
+                same_lr = m[schema.RECIPE][schema.LR] == manifest[schema.RECIPE][schema.LR]
+                if s[schema.SEED] == summary[schema.SEED] and same_lr:
+                    rows.append({"arm": arm, schema.SEED: s[schema.SEED],
+                                 "accuracy": 100 * s[schema.FINAL_ACCURACY],
                                  "density": final_density(run)})
     table = []
-    frame = pd.DataFrame(rows).drop_duplicates(["arm", "seed"])
+    frame = pd.DataFrame(rows).drop_duplicates(["arm", schema.SEED])
     for arm, group in frame.groupby("arm", sort=False):
         mean, half, n = mean_ci(group.accuracy)
         table.append({"arm": arm, "seeds": n,

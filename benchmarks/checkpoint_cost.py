@@ -26,6 +26,8 @@ from pathlib import Path
 from runs import SMOKE_DATA, bench, only_run, output_folder
 from torch.distributed.checkpoint import FileSystemReader
 
+from suite.api import schema
+
 METHODS = ("prunex", "ddp", "topk", "localsgd-hier")
 RUN = ["--workload", "cnn-fmnist", "--gpus", "4", "--gpus-per-node", "2", "--iterations", "8",
        "--eval-every", "8"]
@@ -50,12 +52,12 @@ def measured_runs(out: Path, methods: list[str], run: list[str], every: int) -> 
             walls[each] = json.loads((only_run(folder) / "summary.json").read_text())
         saved = walls[every]
         rows.append({
-            "method": method,
-            "checkpoints": saved["checkpoints_written"],
-            "seconds_per_checkpoint": round(saved["checkpoint_seconds_mean"], 3),
-            "MB_on_disk": round(saved["checkpoint_bytes"] / 1e6, 2),
-            "wall_s_without": round(walls[None]["wall_seconds"], 2),
-            "wall_s_with": round(saved["wall_seconds"], 2),
+            schema.METHOD: method,
+            "checkpoints": saved[schema.CHECKPOINTS_WRITTEN],
+            "seconds_per_checkpoint": round(saved[schema.CHECKPOINT_SECONDS_MEAN], 3),
+            "MB_on_disk": round(saved[schema.CHECKPOINT_BYTES] / 1e6, 2),
+            "wall_s_without": round(walls[None][schema.WALL_SECONDS], 2),
+            "wall_s_with": round(saved[schema.WALL_SECONDS], 2),
         })
     return rows
 
@@ -80,9 +82,9 @@ def rank_state(workload: str) -> dict:
         scopes = bytes_by_scope(folder)
     own = on_disk - scopes["node"] - scopes["world"]
     total = 64 * own + 16 * scopes["node"] + scopes["world"]  # 16 nodes of 4, as the paper's
-    return {"model": workload, "parameters": manifest["parameters"],
-            "seconds_one_rank": round(summary["checkpoint_seconds_mean"], 2),
-            "MB_one_rank_alone": round(summary["checkpoint_bytes"] / 1e6, 1),
+    return {"model": workload, schema.PARAMETERS: manifest[schema.PARAMETERS],
+            "seconds_one_rank": round(summary[schema.CHECKPOINT_SECONDS_MEAN], 2),
+            "MB_one_rank_alone": round(summary[schema.CHECKPOINT_BYTES] / 1e6, 1),
             "MB_rank_own": round(own / 1e6, 1), "MB_node_shared": round(scopes["node"] / 1e6, 1),
             "MB_world_shared": round(scopes["world"] / 1e6, 1),
             "GB_at_64_ranks_16_nodes": round(total / 1e9, 2)}

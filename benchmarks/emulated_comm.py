@@ -23,6 +23,8 @@ from pathlib import Path
 import pandas as pd
 from runs import SMOKE_DATA, bench, only_run, output_folder, smoke_defaults
 
+from suite.api import schema
+
 ROUNDS = ["--local-steps", "8", "--iterations", "12", "--freeze-round", "3"]
 METHODS = {  # method: (extra options, phases whose collectives cross nodes)
     "prunex": (ROUNDS, ("mask_sync", "inter_allreduce")),
@@ -38,22 +40,24 @@ SMOKE = {"methods": "prunex", "gpus": "2", "gpus_per_node": "1"}
 
 def inter_node_row(method: str, folder: Path, phases: tuple[str, ...]) -> dict:
     manifest = json.loads((folder / "manifest.json").read_text())
-    steps = manifest["steps_per_iteration"]
+    steps = manifest[schema.STEPS_PER_ITERATION]
     rows = pd.read_parquet(folder / "iterations.parquet")
-    steady = rows[rows.frozen.astype(bool)] if "frozen" in rows else rows[rows.iteration > 0]
-    leaders = steady[steady["rank"].isin(manifest["topology"]["leaders"])]
-    columns = [f"t_{p}" for p in phases if f"t_{p}" in leaders]
-    seconds = leaders[columns].fillna(0.0).sum(axis=1).groupby(leaders.iteration).mean().mean()
-    inter_bytes = steady.groupby("iteration").bytes_inter.sum().mean()
+    steady = (rows[rows[schema.FROZEN].astype(bool)] if schema.FROZEN in rows
+              else rows[rows[schema.ITERATION] > 0])
+    leaders = steady[steady[schema.RANK].isin(manifest[schema.TOPOLOGY][schema.LEADERS])]
+    columns = [schema.phase_column(p) for p in phases if schema.phase_column(p) in leaders]
+    seconds = leaders[columns].fillna(0.0).sum(axis=1).groupby(
+        leaders[schema.ITERATION]).mean().mean()
+    inter_bytes = steady.groupby(schema.ITERATION)[schema.BYTES_INTER].sum().mean()
     return {
-        "method": method,
-        "iterations": steady.iteration.nunique(),
+        schema.METHOD: method,
+        "iterations": steady[schema.ITERATION].nunique(),
         "local_steps": steps,
         "inter_ms_per_iteration": 1e3 * seconds,
         "inter_ms_per_step": 1e3 * seconds / steps,
         "inter_MB_per_iteration": inter_bytes / 1e6,
         "inter_MB_per_step": inter_bytes / 1e6 / steps,
-        "run_id": folder.name,
+        schema.RUN_ID: folder.name,
     }
 
 

@@ -24,6 +24,8 @@ import torch
 from prunex_overhead import PRUNEX_WORK, overhead_ratio
 from runs import finished_runs, smoke_defaults, sweep
 
+from suite.api import schema
+
 ALL_METHODS = (
     "prunex,prunex-flat,ddp,ddp-bf16,ddp-fp16,powersgd,topk,topk-hier,localsgd-hier,"
     "gmp-hier,prune-retrain"
@@ -48,36 +50,38 @@ def describe(root: Path) -> pd.DataFrame:
         run = path.parent
         summary = json.loads(path.read_text())
         manifest = json.loads((run / "manifest.json").read_text())
-        if summary.get("status") != "ok":
-            rows.append({"method": summary["method"], "status": summary.get("status"),
-                         "error": summary.get("error", "failed")})
+        if summary.get(schema.STATUS) != schema.Status.OK:
+            rows.append({schema.METHOD: summary[schema.METHOD],
+                         schema.STATUS: summary.get(schema.STATUS),
+                         schema.ERROR: summary.get(schema.ERROR, "failed")})
             continue
         table = pd.read_parquet(run / "iterations.parquet")
-        steps = manifest["steps_per_iteration"]
-        later = table[~table["one_off"].astype(bool)] if "one_off" in table else \
-            table[table["iteration"] > 0]
-        moved = (table.get("bytes_intra", 0) + table.get("bytes_inter", 0)).groupby(
-            table["iteration"]).sum()
-        phases = [c for c in table if c.startswith("t_") and c != "t_iteration"]
-        longest = (table[phases].max(axis=1) / table["t_iteration"]).max() if phases else 0.0
+        steps = manifest[schema.STEPS_PER_ITERATION]
+        later = table[~table[schema.ONE_OFF].astype(bool)] if schema.ONE_OFF in table else \
+            table[table[schema.ITERATION] > 0]
+        moved = (table.get(schema.BYTES_INTRA, 0) + table.get(schema.BYTES_INTER, 0)).groupby(
+            table[schema.ITERATION]).sum()
+        phases = schema.phase_columns(table)
+        seconds = table[schema.T_ITERATION]
+        longest = (table[phases].max(axis=1) / seconds).max() if phases else 0.0
+        first = seconds[table[schema.ITERATION] == 0].mean()
         row = {
-            "method": summary["method"],
-            "status": summary["status"],
-            "backend": manifest["backend"],
+            schema.METHOD: summary[schema.METHOD],
+            schema.STATUS: summary[schema.STATUS],
+            schema.BACKEND: manifest[schema.BACKEND],
             "bytes min / max": moved.min() / moved.max() if moved.max() else 1.0,
             "longest phase / iteration": longest,
-            "warm-up s": summary.get("warmup_seconds"),
-            "iteration 0 s": table[table["iteration"] == 0]["t_iteration"].mean(),
-            "later iterations s": later["t_iteration"].mean(),
-            "iteration 0 / median": table[table["iteration"] == 0]["t_iteration"].mean()
-            / later["t_iteration"].median(),
-            "s per local step": later["t_iteration"].mean() / steps,
-            "samples/s per rank": summary.get("samples_per_second_per_rank"),
-            "setup s": summary.get("setup_seconds"),
-            "connect s": summary.get("connect_seconds"),
+            "warm-up s": summary.get(schema.WARMUP_SECONDS),
+            "iteration 0 s": first,
+            "later iterations s": later[schema.T_ITERATION].mean(),
+            "iteration 0 / median": first / later[schema.T_ITERATION].median(),
+            "s per local step": later[schema.T_ITERATION].mean() / steps,
+            "samples/s per rank": summary.get(schema.SAMPLES_PER_SECOND_PER_RANK),
+            "setup s": summary.get(schema.SETUP_SECONDS),
+            "connect s": summary.get(schema.CONNECT_SECONDS),
         }
-        for column in sorted(c for c in later if c.startswith("t_") and c != "t_iteration"):
-            row[f"{column[2:]} s/step"] = later[column].mean() / steps
+        for column in sorted(schema.phase_columns(later)):
+            row[f"{column.removeprefix(schema.PHASE_PREFIX)} s/step"] = later[column].mean() / steps
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -87,15 +91,15 @@ def problems(table: pd.DataFrame, methods: list[str], layout: str) -> list[str]:
     the NCCL layout on another backend, PowerSGD never compressing (every iteration moved as
     many bytes), a phase longer than its iteration (a span that did not end)."""
     found = []
-    seen = set(table["method"]) if "method" in table else set()
+    seen = set(table[schema.METHOD]) if schema.METHOD in table else set()
     found += [f"{m}: no run" for m in methods if m not in seen]
     for row in table.to_dict("records"):
-        method = row["method"]
-        if row.get("status") != "ok":
-            found.append(f"{method}: {row.get('status')}: {row.get('error')}")
+        method = row[schema.METHOD]
+        if row.get(schema.STATUS) != schema.Status.OK:
+            found.append(f"{method}: {row.get(schema.STATUS)}: {row.get(schema.ERROR)}")
             continue
-        if layout == "nccl" and row["backend"] != "nccl":
-            found.append(f"{method}: ran on {row['backend']}, not NCCL")
+        if layout == "nccl" and row[schema.BACKEND] != "nccl":
+            found.append(f"{method}: ran on {row[schema.BACKEND]}, not NCCL")
         if method == "powersgd" and row["bytes min / max"] > 0.9:
             found.append("powersgd: never compressed (every iteration moved the dense bytes)")
         if row["longest phase / iteration"] > 1.01:
@@ -165,7 +169,7 @@ def main() -> None:
                          if len(table) else "no run", ""]
             sections += ["Checks: " + ("; ".join(found) if found else "every method ran and "
                                        "ended ok, as the layout says"), ""]
-            runs = {summary["method"]: run for run, summary, _ in finished_runs(root)}
+            runs = {summary[schema.METHOD]: run for run, summary, _ in finished_runs(root)}
             if {"prunex", "localsgd-hier"} <= set(runs):
                 ratio = overhead_ratio(runs["prunex"], runs["localsgd-hier"])
                 sections += [f"PruneX overhead ratio over localsgd-hier: **{ratio:.3f}**", ""]

@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from suite.api import DATASETS, WORKLOADS, DatasetSpec, TensorData
+from suite.api import DATASETS, WORKLOADS, DatasetSpec, TensorData, schema
 
 #: --smoke: 2 ranks as 2 nodes, 2 steps, once, on small synthetic data; flags given win
 SMOKE = {"gpus": 2, "gpus_per_node": 1, "steps": 2, "repeats": 1, "dataset": "synthetic",
@@ -172,7 +172,7 @@ def suite(args, results: Path) -> float:
           str(args.gpus_per_node), "--iterations", str(args.steps), "--seed", str(args.seed),
           "--device", "cpu", "--eval-every", "100000", "--results-dir", str(results))
     summary = json.loads((only_run(results) / "summary.json").read_text())
-    return (summary["wall_seconds"] - summary["evaluation_seconds"]) / args.steps
+    return (summary[schema.WALL_SECONDS] - summary[schema.EVALUATION_SECONDS]) / args.steps
 
 
 def main() -> None:

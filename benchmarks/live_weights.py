@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from runs import bench, only_run, output_folder, smoke_defaults
 
-from suite.api import DATASETS, WORKLOADS, StructuredMask
+from suite.api import DATASETS, WORKLOADS, StructuredMask, schema
 
 KEEPS = {
     "channel 0.5": ["--channel-keep", "0.5"],
@@ -39,10 +39,10 @@ SIM = ["--gpus", "8", "--gpus-per-node", "4", "--iterations", "2", "--replay", "
 
 def last_round(run: Path) -> dict:
     rows = pd.read_parquet(run / "iterations.parquet")
-    last = rows[rows["iteration"] == rows["iteration"].max()]
+    last = rows[rows[schema.ITERATION] == rows[schema.ITERATION].max()]
     return {
-        "packed": float(last["packed_bytes"].iloc[0]),
-        "inter": float(last["bytes_inter"].sum()),
+        "packed": float(last[schema.PACKED_BYTES].iloc[0]),
+        "inter": float(last[schema.BYTES_INTER].sum()),
     }
 
 

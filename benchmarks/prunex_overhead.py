@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 from runs import SMOKE_DATA, SMOKE_RANKS, bench, only_run, smoke_defaults
 
-from suite.api import phases
+from suite.api import phases, schema
 
 #: the numerator's terms, as the issue that asked for this measurement defines them (mask
 #: sync holds the leaders' OR of the masks, a small collective)
@@ -43,15 +43,15 @@ PRUNEX_WORK = (phases.LOCAL_COMPUTE, phases.DUAL_UPDATE, phases.PROJECTION, phas
 def steady_rows(run: Path) -> pd.DataFrame:
     """The run's iteration rows that hold no one-off cost (the summary's steady rows)."""
     rows = pd.read_parquet(run / "iterations.parquet")
-    return rows[~rows["one_off"].fillna(False).astype(bool)]
+    return rows[~rows[schema.ONE_OFF].fillna(False).astype(bool)]
 
 
 def seconds_per_local_step(run: Path, names: tuple[str, ...]) -> float:
     """Mean over ranks of the named phases' seconds per local step of the steady rows."""
     rows = steady_rows(run)
-    steps = rows.groupby("rank")["iteration"].count() * steps_per_iteration(run)
-    present = [f"t_{p}" for p in names if f"t_{p}" in rows]
-    seconds = rows.groupby("rank")[present].sum().sum(axis=1)
+    steps = rows.groupby(schema.RANK)[schema.ITERATION].count() * steps_per_iteration(run)
+    present = [schema.phase_column(p) for p in names if schema.phase_column(p) in rows]
+    seconds = rows.groupby(schema.RANK)[present].sum().sum(axis=1)
     return float((seconds / steps).mean())
 
 
@@ -60,7 +60,7 @@ def summary(run: Path) -> dict:
 
 
 def steps_per_iteration(run: Path) -> int:
-    return int(json.loads((run / "manifest.json").read_text())["steps_per_iteration"])
+    return int(json.loads((run / "manifest.json").read_text())[schema.STEPS_PER_ITERATION])
 
 
 def overhead_ratio(prunex_run: Path, localsgd_run: Path) -> float:
@@ -72,7 +72,7 @@ def overhead_ratio(prunex_run: Path, localsgd_run: Path) -> float:
 def one_offs(run: Path) -> str:
     """``freeze 0.14, local_compute 0.06``: the seconds its one-off iterations took beyond
     a steady one, by phase, largest first."""
-    seconds = summary(run).get("one_off_seconds") or {}
+    seconds = summary(run).get(schema.ONE_OFF_SECONDS) or {}
     return ", ".join(f"{name} {value:.3f}" for name, value in
                      sorted(seconds.items(), key=lambda kv: -kv[1]) if value >= 0.0005) or "-"
 
@@ -110,7 +110,7 @@ def main() -> None:
             local = (phases.LOCAL_COMPUTE,)
             dense = seconds_per_local_step(runs["localsgd-hier"], local)
             own_local = seconds_per_local_step(runs["prunex"], local)
-            trained = {m: summary(r)["train_seconds"] for m, r in runs.items()}
+            trained = {m: summary(r)[schema.TRAIN_SECONDS] for m, r in runs.items()}
             rows.append({
                 "repeat": repeat,
                 "prunex s/step (work)": work,

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from suite.api import schema
+
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "reference"
 DEFAULT_OUT = REPO / "benchmarks" / "measured" / "report_scale.md"
@@ -57,7 +59,7 @@ def reference_runs(reference: Path) -> list[Path]:
     """Every finished run folder under ``reference`` (its machine-class folders), sorted."""
     runs = []
     for summary in sorted(reference.rglob("summary.json")):
-        if json.loads(summary.read_text()).get("status") == "ok":
+        if json.loads(summary.read_text()).get(schema.STATUS) == schema.Status.OK:
             runs.append(summary.parent)
     if not runs:
         raise SystemExit(f"no finished run folders under {reference}")
@@ -70,14 +72,14 @@ def copy_run(source: Path, target: Path, copy: int) -> None:
     shutil.copytree(source, target)
     run_id = target.name
     summary = json.loads((target / "summary.json").read_text())
-    summary.update(run_id=run_id, seed=copy)
+    summary.update({schema.RUN_ID: run_id, schema.SEED: copy})
     (target / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     manifest_path = target / "manifest.json"
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
-        manifest["run_id"] = run_id
-        manifest.setdefault("config", {})["seed"] = copy
-        manifest["config"]["run_id"] = run_id
+        manifest[schema.RUN_ID] = run_id
+        manifest.setdefault(schema.CONFIG, {})[schema.SEED] = copy
+        manifest[schema.CONFIG][schema.RUN_ID] = run_id
         manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 

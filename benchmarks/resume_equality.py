@@ -25,6 +25,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from suite.api import flag_of, schema
+
 ENV = {**os.environ, "PRUNEX_PROGRESS": "0", "PRUNEX_FLUSH_SECONDS": "0"}
 ROUND_METHODS = ("prunex", "prunex-flat", "localsgd-hier")
 #: the measurement: round-based methods 10 rounds of 4 local steps, the others 24 steps; a
@@ -79,7 +81,7 @@ def run(
 
 def iterations_on_disk(folder: Path) -> int:
     files = list((folder / "parts").glob("iterations-rank00000-*.parquet"))
-    return sum(len(pd.read_parquet(f, columns=["iteration"])) for f in files if f.exists())
+    return sum(len(pd.read_parquet(f, columns=[schema.ITERATION])) for f in files if f.exists())
 
 
 def compare(method: str, root: Path, plan: dict, layout: list[str], stop: str) -> dict:
@@ -94,12 +96,12 @@ def compare(method: str, root: Path, plan: dict, layout: list[str], stop: str) -
     full = torch.load(root / f"{method}-full" / "model.pt", map_location="cpu", weights_only=True)
     resumed = torch.load(cut / "model.pt", map_location="cpu", weights_only=True)
     diff = max((full[k].double() - resumed[k].double()).abs().max().item() for k in full)
-    losses = [pd.read_parquet(root / r / "iterations.parquet").groupby("iteration")["loss"].mean()
-              for r in (f"{method}-full", f"{method}-cut")]
+    losses = [pd.read_parquet(root / r / "iterations.parquet").groupby(schema.ITERATION)[
+        schema.LOSS].mean() for r in (f"{method}-full", f"{method}-cut")]
     gap = (losses[0] - losses[1]).abs()
     summary = json.loads((cut / "summary.json").read_text())
-    return {"method": method, "stopped_status": stopped["status"],
-            "resumed_at": summary["resumed_at_iteration"], "max_abs_diff": diff,
+    return {schema.METHOD: method, "stopped_status": stopped[schema.STATUS],
+            "resumed_at": summary[schema.RESUMED_AT_ITERATION], "max_abs_diff": diff,
             "bitwise": diff == 0.0, "losses_equal": bool((gap == 0).all()),
             "first_loss_difference_at": int(gap[gap > 0].index.min()) if (gap > 0).any() else None,
             "max_loss_difference": float(gap.max())}
@@ -122,7 +124,7 @@ def main() -> None:
     if args.smoke:
         given = {a.split("=")[0] for a in sys.argv[1:]}
         for key, value in SMOKE.items():
-            if f"--{key.replace('_', '-')}" not in given:
+            if flag_of(key) not in given:
                 setattr(args, key, value)
         plan = SMOKE_PLAN
     layout = ["--gpus", args.gpus, "--gpus-per-node", args.gpus_per_node]

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from suite.api import flag_of, schema
+
 #: the smallest real data of a ``--smoke`` run: synthetic, a few samples, small batches
 SMOKE_DATA = ["--dataset", "synthetic", "--synthetic-size", "256,64", "--batch-size", "16"]
 #: the smallest hierarchical layout: 2 emulated nodes of 1 rank
@@ -69,7 +71,8 @@ def finished_runs(root: Path, method: str | None = None):
     """(folder, summary, manifest) of every run under ``root`` that ended ok."""
     for path in sorted(root.rglob("summary.json")):
         summary = json.loads(path.read_text())
-        if summary.get("status") != "ok" or method not in (None, summary["method"]):
+        ok = summary.get(schema.STATUS) == schema.Status.OK
+        if not ok or method not in (None, summary[schema.METHOD]):
             continue
         yield path.parent, summary, json.loads((path.parent / "manifest.json").read_text())
 
@@ -101,12 +104,13 @@ def smoke_defaults(args: argparse.Namespace, values: dict[str, str]) -> None:
     is ``--gpus-per-node``)."""
     given = {a.split("=")[0] for a in sys.argv[1:]}
     for key, value in values.items():
-        if f"--{key.replace('_', '-')}" not in given:
+        if flag_of(key) not in given:
             setattr(args, key, value)
 
 
-RUN_COLUMNS = ["method", "seed", "lr", "run", "accuracy", "epochs", "inter_MB_per_epoch",
-               "samples_per_rank", "frozen_at_round", "exchange"]
+#: the run's own keys where a column holds one (``accuracy`` is the final accuracy in %)
+RUN_COLUMNS = [schema.METHOD, schema.SEED, schema.LR, "run", "accuracy", schema.EPOCHS,
+               "inter_MB_per_epoch", schema.SAMPLES_PER_RANK, "frozen_at_round", "exchange"]
 
 
 def exchange_words(schedule: dict | None) -> str:
@@ -114,7 +118,8 @@ def exchange_words(schedule: dict | None) -> str:
     node / across nodes); ``-`` for a run recorded before it was."""
     if not isinstance(schedule, dict):
         return "-"
-    return f"{schedule.get('intra_node', '-')} / {schedule.get('inter_node', '-')}"
+    links = (schema.EXCHANGE_INTRA, schema.EXCHANGE_INTER)
+    return " / ".join(f"{schedule.get(link, '-')}" for link in links)
 
 
 def run_table(root: Path) -> pd.DataFrame:
@@ -123,15 +128,17 @@ def run_table(root: Path) -> pd.DataFrame:
     between exchanges inside a node / across nodes). A cell run twice (e.g. after its identity
     changed) counts once."""
     rows = [
-        {"method": s["method"], "seed": s["seed"], "lr": m["recipe"]["lr"], "run": str(folder),
-         "accuracy": 100 * s["final_accuracy"], "epochs": s["epochs"],
-         "inter_MB_per_epoch": s["inter_node_bytes_total"] / 1e6 / s["epochs"],
-         "samples_per_rank": s.get("samples_per_rank"),
-         "frozen_at_round": (s.get("masks_frozen_at") or {}).get("round"),
-         "exchange": exchange_words(m.get("exchange_every"))}
+        {schema.METHOD: s[schema.METHOD], schema.SEED: s[schema.SEED],
+         schema.LR: m[schema.RECIPE][schema.LR], "run": str(folder),
+         "accuracy": 100 * s[schema.FINAL_ACCURACY], schema.EPOCHS: s[schema.EPOCHS],
+         "inter_MB_per_epoch": s[schema.INTER_NODE_BYTES_TOTAL] / 1e6 / s[schema.EPOCHS],
+         schema.SAMPLES_PER_RANK: s.get(schema.SAMPLES_PER_RANK),
+         "frozen_at_round": (s.get(schema.MASKS_FROZEN_AT) or {}).get("round"),
+         "exchange": exchange_words(m.get(schema.EXCHANGE_EVERY))}
         for folder, s, m in finished_runs(root)
     ]
-    return pd.DataFrame(rows, columns=RUN_COLUMNS).drop_duplicates(["method", "seed", "lr"])
+    return pd.DataFrame(rows, columns=RUN_COLUMNS).drop_duplicates(
+        [schema.METHOD, schema.SEED, schema.LR])
 
 
 def main() -> None:

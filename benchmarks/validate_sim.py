@@ -35,6 +35,8 @@ from pathlib import Path
 import pandas as pd
 from runs import bench, only_run, output_folder, smoke_defaults
 
+from suite.api import schema
+
 LAYOUTS = {"2x2": (4, 2), "4x1": (4, 1)}  # nodes x ranks per node: (ranks, ranks per node)
 RATES = ("200mbit", "1gbit")
 METHODS = {
@@ -62,11 +64,10 @@ COLLECTIVES = ("intra_allreduce", "mask_sync", "inter_allreduce", "broadcast", "
 
 def timings(folder: Path) -> dict[str, float]:
     rows = pd.read_parquet(folder / "iterations.parquet")
-    rows = rows[rows.iteration > 0]
-    out = {"iteration": float(rows.groupby("iteration")["t_iteration"].max().mean())}
-    phases = [c for c in rows.columns if c.startswith("t_") and c != "t_iteration"]
-    for column in phases:
-        out[column[2:]] = float(rows[column].fillna(0.0).mean())
+    rows = rows[rows[schema.ITERATION] > 0]
+    out = {"iteration": float(rows.groupby(schema.ITERATION)[schema.T_ITERATION].max().mean())}
+    for column in schema.phase_columns(rows.columns):
+        out[column.removeprefix(schema.PHASE_PREFIX)] = float(rows[column].fillna(0.0).mean())
     out["sync"] = sum(out.get(p, 0.0) for p in (*COLLECTIVES, "straggler_wait"))
     return out
 
@@ -153,7 +154,7 @@ def tabulate(out: Path, grid: dict) -> None:
                         {
                             "layout": layout,
                             "rate": rate,
-                            "method": method,
+                            schema.METHOD: method,
                             "phase": phase,
                             "measured_ms": 1e3 * measured.get(phase, float("nan")),
                             "predicted_ms": 1e3 * predicted.get(phase, 0.0),

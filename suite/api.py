@@ -23,12 +23,14 @@ from suite.cluster.phases import declare_phase
 from suite.cluster.recorder import Recorder
 from suite.cluster.topology import CommGroup, Topology
 from suite.compat import ddp_local_buffers
+from suite.config import flag_of
 from suite.data.datasets import DATASETS
 from suite.data.workload import DatasetSpec, Recipe, TensorData, Workload
 from suite.errors import BenchError
 from suite.gate.activity import (
     crosses_nodes,
     crosses_nodes_every_round,
+    prunes_across_nodes,
     reaches_keep,
     sends_fraction_of_dense,
 )
@@ -43,8 +45,9 @@ from suite.plugins.method import (
     recalibrate_batchnorm,
 )
 from suite.plugins.options import AT_LEAST_1, FRACTION, POSITIVE, Check, at_least, option
-from suite.plugins.registry import METHODS, WORKLOADS, Look
+from suite.plugins.registry import METHODS, WORKLOADS, Look, figure_reads
 from suite.plugins.sgd import SGDBaseline
+from suite.results import schema
 from suite.results import stats as _stats
 from suite.results.view import RunView
 from suite.structured.masks import (
@@ -63,6 +66,7 @@ __all__ = [
     "METHODS",
     "WORKLOADS",
     "Look",
+    "figure_reads",
     "option",
     "Check",
     "AT_LEAST_1",
@@ -70,14 +74,18 @@ __all__ = [
     "POSITIVE",
     "at_least",
     "BenchError",
+    "flag_of",
     # activity checks: what a finished run must have done
     "RunView",
     "crosses_nodes",
     "crosses_nodes_every_round",
+    "prunes_across_nodes",
     "reaches_keep",
     "sends_fraction_of_dense",
     # repeats of a measurement: mean and 95 % interval, as bench report and bench compare
     "mean_ci",
+    # the run folder's names: a method's layer rows and summary facts use them, never strings
+    "schema",
     # the method contract and what it is given
     "Method",
     "StepResult",

@@ -32,6 +32,12 @@ COMMAND_ONLY_FLAGS = (
 )
 
 
+def flag_of(name: str) -> str:
+    """``gpus_per_node`` -> ``--gpus-per-node``: the command-line flag of a configuration
+    field or a method option, spelled the one way click spells it."""
+    return "--" + name.replace("_", "-")
+
+
 def reserved_flags() -> set[str]:
     """Names (``seed``, ``dry_run``) of every flag ``bench run``, ``bench sweep`` and ``bench
     sim`` take themselves: a method option may not be called like one."""

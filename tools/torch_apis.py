@@ -54,12 +54,10 @@ RETURNED = "()"
 @dataclass
 class Function:
     """What a project function gives a torch call through ``**``: the keys of the dict
-    literals it returns, and for its own ``**kwargs`` the keywords its callers pass."""
+    literals it returns (its ``**kwargs``' keys come from its callers: ``_Uses.callers_keys``)."""
 
     file: str
     returned_keys: set[str] = field(default_factory=set)
-    params: set[str] = field(default_factory=set)
-    var_keyword: str | None = None
 
 
 def module_of(file: str) -> str:
@@ -104,10 +102,7 @@ def project_functions(trees: dict[str, ast.Module]) -> tuple[dict, dict, dict]:
         names = modules[module]
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                args = node.args
-                function = Function(file, params={a.arg for a in [*args.posonlyargs, *args.args,
-                                                                  *args.kwonlyargs]},
-                                    var_keyword=args.kwarg.arg if args.kwarg else None)
+                function = Function(file)
                 for inner in ast.walk(node):
                     if isinstance(inner, ast.Return) and inner.value is not None:
                         function.returned_keys |= literal_keys(inner.value)
@@ -144,6 +139,12 @@ def literal_keys(node: ast.AST | None) -> set[str]:
     if isinstance(node, ast.Call) and last_name(node.func) == "dict":
         return {k.arg for k in node.keywords if k.arg}
     return set()
+
+
+def merge(into: dict[str, set[str]], more: dict[str, set[str]]) -> None:
+    """Add ``more``'s keys to ``into``, file by file."""
+    for file, keys in more.items():
+        into.setdefault(file, set()).update(keys)
 
 
 def last_name(node: ast.AST) -> str | None:
@@ -282,24 +283,26 @@ class _Uses(ast.NodeVisitor):
         if isinstance(node, ast.Dict):
             for key, value in zip(node.keys, node.values):
                 if key is None:  # {**other, ...}
-                    for file, more in self.spread_keys(value).items():
-                        found[file] |= more
+                    merge(found, self.spread_keys(value))
         elif isinstance(node, ast.Name):
-            for file, more in self.dicts.get(node.id, {}).items():
-                found[file] |= more
-            function = self.scope[-1] if len(self.scope) == 1 else None  # a top-level one
-            if function is not None and function.args.kwarg and (
-                    function.args.kwarg.arg == node.id):  # the callers' keywords
-                params = {a.arg for a in [*function.args.args, *function.args.kwonlyargs]}
-                callers = self.calls.get(f"{self.module}.{function.name}", {})
-                for file, more in callers.items():
-                    found[file] |= more - params
+            merge(found, self.dicts.get(node.id, {}))
+            merge(found, self.callers_keys(node.id))
         elif isinstance(node, ast.Call):
             function = self.functions.get(
                 defined(qualified(node.func, self.project), self.modules) or "")
             if function is not None:
                 found[function.file] |= function.returned_keys
         return found
+
+    def callers_keys(self, name: str) -> dict[str, set[str]]:
+        """Where ``name`` is the enclosing top-level function's ``**kwargs``: the keywords
+        its callers pass that none of its named parameters takes, by the caller's file."""
+        function = self.scope[-1] if len(self.scope) == 1 else None
+        if function is None or not function.args.kwarg or function.args.kwarg.arg != name:
+            return {}
+        params = {a.arg for a in [*function.args.args, *function.args.kwonlyargs]}
+        callers = self.calls.get(f"{self.module}.{function.name}", {})
+        return {file: more - params for file, more in callers.items()}
 
     def visit_Call(self, node: ast.Call) -> None:
         name = self.dotted(node.func)

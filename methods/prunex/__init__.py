@@ -1,8 +1,9 @@
 """PruneX (hierarchical H-SADMM) and its flat-consensus ablation; importing registers both."""
 
+from methods.prunex import figures
 from methods.prunex.method import PruneX
 from methods.prunex.settings import PruneXFlatSettings, PruneXSettings
-from suite.api import METHODS, Look, crosses_nodes_every_round, reaches_keep
+from suite.api import METHODS, Look, prunes_across_nodes
 
 HANDLING = (
     "conv weights projected onto filter/channel/shape keep sets (default channel keep 0.5); "
@@ -17,7 +18,8 @@ HANDLING = (
     f"nodes; {HANDLING}",
     settings=PruneXSettings,
     look=Look("PruneX", "#D55E00", "o"),
-    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
+    activity=prunes_across_nodes,
+    figures=(figures.residuals, figures.penalties),
 )
 def make_prunex(ctx):
     return PruneX(ctx, hierarchical=True)
@@ -29,7 +31,8 @@ def make_prunex(ctx):
     "hierarchy or shrinkage; same math as prunex",
     settings=PruneXFlatSettings,
     look=Look("PruneX (AR)", "#CC79A7", "s"),
-    activity=lambda run: crosses_nodes_every_round(run) + reaches_keep(run),
+    activity=prunes_across_nodes,
+    figures=(figures.residuals, figures.penalties),
 )
 def make_prunex_flat(ctx):
     return PruneX(ctx, hierarchical=False)

@@ -16,7 +16,7 @@ import sys
 import torch
 from torch import nn
 
-from suite.api import RunContext, declare_phase
+from suite.api import RunContext, declare_phase, schema
 
 #: samples of each rank's shard on which the freeze decision compares its two candidates
 #: (whole batches, at least one): a fixed count, so the decision costs the same few forward
@@ -80,8 +80,8 @@ class FreezePolicy:
         self.frozen = True
         self.frozen_at = {
             "round": rounds_done,
-            "samples_per_rank": loader.step * loader.batch_size,
-            "epoch": loader.step / loader.steps_per_epoch,
+            schema.SAMPLES_PER_RANK: loader.step * loader.batch_size,
+            schema.EPOCH: loader.step / loader.steps_per_epoch,
         }
 
     def choose_start(self, consensus: nn.Module, ranks: nn.Module) -> str:
@@ -160,7 +160,7 @@ class FreezePolicy:
             return  # a simulation trains and evaluates nothing
         loader = self.ctx.loader
         after = 0 if self.frozen_at is None else (
-            loader.step * loader.batch_size - self.frozen_at["samples_per_rank"])
+            loader.step * loader.batch_size - self.frozen_at[schema.SAMPLES_PER_RANK])
         if after > 0:
             return
         when = "never froze" if self.frozen_at is None else "froze in the last round"
@@ -177,7 +177,7 @@ class FreezePolicy:
 
     def facts(self) -> dict:
         """The summary's ``masks_frozen_at``, once the masks froze."""
-        return {"masks_frozen_at": self.frozen_at} if self.frozen_at is not None else {}
+        return {schema.MASKS_FROZEN_AT: self.frozen_at} if self.frozen_at is not None else {}
 
     def state_dict(self) -> dict:
         """The policy's part of PruneX's checkpoint (top-level keys of its state)."""

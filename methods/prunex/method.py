@@ -65,6 +65,7 @@ from suite.api import (
     StructuredRound,
     phases,
     recalibrate_batchnorm,
+    schema,
     unflatten,
 )
 
@@ -449,10 +450,11 @@ class PruneX(Method):
                     eps_rel=settings.eps_rel,
                 )
             rows.append({
-                "iteration": iteration, "layer": block.name, "constrained": block.constrained,
-                "r_intra": r_intra, "s_intra": s_intra, "r_inter": r_inter, "s_inter": s_inter,
-                "rho1": self.rho1[i], "rho2": self.rho2[i],
-                "density": self.structure.densities.get(block.name, 1.0),
+                schema.ITERATION: iteration, schema.LAYER: block.name,
+                schema.CONSTRAINED: block.constrained, schema.R_INTRA: r_intra,
+                schema.S_INTRA: s_intra, schema.R_INTER: r_inter, schema.S_INTER: s_inter,
+                schema.RHO1: self.rho1[i], schema.RHO2: self.rho2[i],
+                schema.DENSITY: self.structure.densities.get(block.name, 1.0),
             })
             if settings.adaptive_rho:  # scaled duals rescaled with their penalty
                 rho_max = settings.rho_max
@@ -479,7 +481,7 @@ class PruneX(Method):
         round, else one intra- and one inter-node exchange per round."""
         schedule = self.settings.exchange_every(self.steps_per_iteration)
         if not self.node_averaging:  # one node, or a period of a round or more
-            schedule["intra_node"] = self.steps_per_iteration
+            schedule[schema.EXCHANGE_INTRA] = self.steps_per_iteration
         return schedule
 
     def summary_facts(self) -> dict:

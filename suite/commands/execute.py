@@ -10,7 +10,7 @@ from pathlib import Path
 from suite.commands.experiment import read_experiment
 from suite.commands.preflight import describe, refuse_foreign_flags, split_options, validate
 from suite.commands.sweep import expand, run_cells, run_facts, summary_lines
-from suite.config import LAUNCHER_FLAGS, RunConfig
+from suite.config import LAUNCHER_FLAGS, RunConfig, flag_of
 from suite.errors import BenchError
 from suite.launchers.local import (
     adopt_slurm_environment,
@@ -59,8 +59,8 @@ def resume_arguments(kwargs: dict, given: set[str] = frozenset()) -> dict:
 
     refused = sorted(name for name in given if name not in RESUME_FLAGS)
     if refused:
-        flags = ", ".join("--" + name.replace("_", "-") for name in refused)
-        taken = ", ".join("--" + name.replace("_", "-") for name in RESUME_FLAGS[1:])
+        flags = ", ".join(flag_of(name) for name in refused)
+        taken = ", ".join(flag_of(name) for name in RESUME_FLAGS[1:])
         raise BenchError(f"--resume continues the run with its recorded configuration; "
                          f"{flags} would change it (a resume takes only {taken})")
     folder = RunFolder(Path(kwargs["resume"]).resolve())

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from suite.config import flag_of
 from suite.data.datasets import dataset_spec
 from suite.data.workload import example_input
 from suite.errors import BenchError
@@ -33,7 +34,7 @@ def inspect_workload(workload: str, dataset: str | None, keeps: dict,
     (none given: ``--channel-keep 0.5``, as a run's default)."""
     for name, value in keeps.items():
         if value is not None and not 0 < value <= 1:
-            raise BenchError(f"--{name.replace('_', '-')} must be in (0, 1], got {value}")
+            raise BenchError(f"{flag_of(name)} must be in (0, 1], got {value}")
     if all(value is None for value in keeps.values()):
         keeps = {**keeps, "channel_keep": DEFAULT_CHANNEL_KEEP}
     built = WORKLOADS.build(workload)

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from suite.config import RunConfig
+from suite.config import RunConfig, flag_of
 from suite.errors import BenchError
 from suite.gate.reference import class_folders
 from suite.plugins.registry import METHODS
@@ -90,7 +90,7 @@ def nightly_flags() -> list[str]:
     flags = []
     fields = {**RUN_FIELDS, schema.EPOCHS: nightly_epochs()}
     for name, value in {**fields, **OPTIONS}.items():
-        flags += ["--" + name.replace("_", "-"), f"{value:g}" if isinstance(value, float)
+        flags += [flag_of(name), f"{value:g}" if isinstance(value, float)
                   else str(value)]
     if nightly_device() != "auto":
         flags += ["--device", nightly_device()]

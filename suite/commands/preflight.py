@@ -16,7 +16,7 @@ import torch
 
 from suite.cluster.netemu import check_privileges
 from suite.commands.capacity import check_gpu_memory, check_memory, model_on_meta_device
-from suite.config import LAUNCHER_FLAGS
+from suite.config import LAUNCHER_FLAGS, flag_of
 from suite.data.datasets import load_data
 from suite.data.workload import example_input
 from suite.errors import BenchError
@@ -42,7 +42,7 @@ def refuse_foreign_flags(launcher: str, given: dict) -> None:
             continue
         used = [n for n in names if given.get(n) is not None]
         if used:
-            flags = ", ".join("--" + n.replace("_", "-") for n in used)
+            flags = ", ".join(flag_of(n) for n in used)
             raise BenchError(f"{flags} only applies to --launcher {owner}, not {launcher}")
 
 
@@ -54,7 +54,7 @@ def split_options(method: str, given: dict) -> tuple[dict, list[str]]:
 
     mine = {o.name: o for o in METHODS.get(method).options}
     kept = {k: mine[k].convert(v) for k, v in given.items() if k in mine}
-    return kept, ["--" + k.replace("_", "-") for k in given if k not in mine]
+    return kept, [flag_of(k) for k in given if k not in mine]
 
 
 def validate(plan: RunPlan, *, check_data: bool = True, existing_folder_ok: bool = False) -> None:

@@ -147,3 +147,16 @@ def crosses_nodes(view: RunView) -> list[str]:
         return [f"recorded no inter-node bytes on {nodes} nodes: a method of several nodes "
                 "must cross them, through ctx.comm"]
     return []
+
+
+def prunes_across_nodes(view: RunView) -> list[str]:
+    """A structured pruning method (PruneX, the pruning baselines): it exchanges across
+    nodes every round and reaches its keep.
+
+    Args:
+        view: the finished run.
+
+    Returns:
+        What the run did not do, one line each.
+    """
+    return crosses_nodes_every_round(view) + reaches_keep(view)

@@ -34,6 +34,7 @@ from suite.results import schema
 from suite.results.catalogue import (
     BY_ALIAS,
     CATALOGUE,
+    DENSE_METHOD,
     RUN_IDENTITY,
     TIME_RATIO,
     TWIN_KEY,
@@ -152,7 +153,7 @@ def time_ratios(frame: pd.DataFrame) -> pd.Series:
     steps = pd.to_numeric(frame.get(schema.STEPS_PER_ITERATION, 1.0), errors="coerce")
     steps = pd.Series(steps, index=frame.index).fillna(1.0)
     per_step = seconds / steps
-    ok = (frame[schema.METHOD] == "ddp") & (frame[schema.STATUS] == Status.OK)
+    ok = (frame[schema.METHOD] == DENSE_METHOD) & (frame[schema.STATUS] == Status.OK)
     dense = per_step[ok].groupby([frame.loc[ok, k] for k in TWIN]).mean()
     keys = list(zip(*(frame[k] for k in TWIN)))
     return pd.Series([per_step.iloc[i] / dense[k] if k in dense.index else math.nan
@@ -168,7 +169,7 @@ def busy_keys(runs: pd.DataFrame, max_share: float | None) -> dict[tuple, str]:
     twins = list(zip(*(runs[k] for k in TWIN)))
     dense = {}
     for why, method, twin in zip(said, runs[schema.METHOD], twins):
-        if why and method == "ddp":
+        if why and method == DENSE_METHOD:
             dense.setdefault(twin, why)
     found = {}
     for why, run_key, twin in zip(said, zip(*(runs[k] for k in KEY)), twins):
@@ -438,7 +439,7 @@ def activity_rows(
     by old tools) are not checked, with a warning."""
 
     ok = new[new[schema.STATUS] == Status.OK]
-    ddp = ok[ok[schema.METHOD] == "ddp"]
+    ddp = ok[ok[schema.METHOD] == DENSE_METHOD]
     dense = pd.to_numeric(ddp[schema.INTER_NODE_BYTES_PER_ITERATION], errors="coerce")
     dense = dense.groupby([ddp[k] for k in TWIN]).mean()
     rows, unchecked, without_check = [], 0, set()

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import torch
 
+from suite.config import flag_of
 from suite.errors import BenchError
 from suite.gate.compare import TIME_RATIO, load_summaries, parse_metrics, parse_threshold
 from suite.results import schema
+from suite.results.catalogue import DENSE_METHOD
 from suite.results.folder import hardware, numerics, versions
 from suite.results.machine import CLASS_PATTERN, gpu_class, machine_class, ranks_on_cuda
 from suite.results.resultset import VIEW
@@ -77,7 +79,7 @@ CLASS_VERSIONS = (schema.TORCH_VERSION, schema.CUDA_VERSION, schema.CUDA_DRIVER_
 #: the time ratios and activity checks divide by it)
 NIGHTLY_METHODS = ("prunex", "prunex-flat", "ddp", "ddp-bf16", "ddp-fp16", "powersgd", "topk",
                    "topk-hier", "localsgd-hier", "gmp-hier", "prune-retrain")
-DENSE = "ddp"
+DENSE = DENSE_METHOD
 #: the environment that makes CPU ranks use torch's portable kernels
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default"}
 #: the thresholds of a class that has not measured its own, from cpu-gloo-amd25-avx512-t1's
@@ -135,7 +137,7 @@ class Gate:
         chosen = {k: v for k, v in given.items() if v is not None}
         if not chosen:
             return self
-        flags = ", ".join("--" + k.replace("_", "-") for k in chosen)
+        flags = ", ".join(flag_of(k) for k in chosen)
         return replace(self, **chosen, source=f"{self.source}; {flags} from the command line")
 
 

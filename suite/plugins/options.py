@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from suite.config import flag_of
 from suite.errors import BenchError
 
 __all__ = [
@@ -153,7 +154,7 @@ class Option:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return flag_of(self.name)
 
     @property
     def signature(self) -> tuple:
@@ -336,4 +337,4 @@ def settings_dict(settings: Any) -> dict:
 
 
 def _flags(names) -> str:
-    return ", ".join("--" + n.replace("_", "-") for n in names)
+    return ", ".join(flag_of(n) for n in names)

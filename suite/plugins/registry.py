@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from suite.config import reserved_flags
+from suite.config import flag_of, reserved_flags
 from suite.environment import env_flag
 from suite.errors import BenchError
 from suite.plugins.options import Option, check_default, options_of
+from suite.results import schema
 
 __all__ = [
     "METHODS", "WORKLOADS", "BUILTIN_DISTRIBUTION", "Entry", "Look", "Registry",
@@ -123,6 +124,8 @@ class Entry:
     #: the third-party entry point that registered it (``"'name' (module)"``; None: a
     #: built-in, or registered outside any entry point)
     plugin: str | None = None
+    #: figures of its own ``bench report`` draws after the suite's (suite.report.kit)
+    figures: tuple[Callable[..., Any], ...] = ()
 
     @property
     def options(self) -> list[Option]:
@@ -132,6 +135,29 @@ class Entry:
     def origin(self) -> str:
         """How an error names it: ``workload 'convmixer' of plugin 'extras' (extras.wl)``."""
         return f"{self.name!r}" + (f" of plugin {self.plugin}" if self.plugin else "")
+
+
+def figure_reads(**tables: tuple[str, ...]):
+    """Decorator on a method's figure (``figures=``): the columns of the run folders' tables
+    it draws (``layers=(schema.R_INTRA, schema.RHO1)``), which ``bench report`` reads for it
+    beside the suite's own (a report reads only the columns its figures draw).
+
+    Args:
+        **tables: table name (``iterations``, ``evals``, ``layers``) -> its columns.
+
+    Returns:
+        The decorator (it returns the figure unchanged, its ``reads`` set).
+    """
+    unknown = sorted(set(tables) - set(schema.TABLES))
+    if unknown:
+        raise BenchError(f"figure_reads: no table {', '.join(unknown)}; the tables are "
+                         f"{', '.join(schema.TABLES)}")
+
+    def decorate(draw):
+        draw.reads = {name: tuple(columns) for name, columns in tables.items()}
+        return draw
+
+    return decorate
 
 
 class Registry:
@@ -165,6 +191,7 @@ class Registry:
         not_simulable: str | None = None,
         look: Look | None = None,
         activity: Callable[..., list[str]] | None = None,
+        figures: tuple[Callable[..., Any], ...] = (),
     ):
         """Decorator on a factory: a method's ``factory(ctx: RunContext) -> Method``, a
         workload's ``factory() -> Workload``. Refuses, in one line, a name registered twice,
@@ -182,6 +209,10 @@ class Registry:
             look: how every report draws it (default: its name, grey).
             activity: ``fn(run: RunView) -> [what it did not do]``, checked on every finished
                 run by ``bench compare``.
+            figures: figures of its own that ``bench report`` draws after the suite's, each
+                ``fn(runs, out, kit, width=None) -> kit.Figure | kit.Skipped`` (drawn once
+                however many methods declare it; ``kit`` is suite.report.kit: the report's
+                figure, labels and style, which a plugin cannot import).
 
         Returns:
             The decorator (it returns the factory unchanged).
@@ -207,9 +238,14 @@ class Registry:
             check_round_options(name, settings, options)
             if look is not None:
                 look.check(name)
+            figure_list = tuple(figures)
+            for figure in figure_list:
+                if not callable(figure):
+                    raise BenchError(f"{self.kind} {name!r}: figures= takes functions "
+                                     f"fn(runs, out, kit, width=None), got {figure!r}")
             self._entries[name] = Entry(
                 name, description, factory, settings, not_simulable, look, activity,
-                plugin=third_party(self._loading),
+                plugin=third_party(self._loading), figures=figure_list,
             )
             return factory
 
@@ -272,7 +308,7 @@ class Registry:
         for flag in filter(None, (opt.name, opt.off_flag and opt.off_flag.replace("-", "_"))):
             if flag in reserved:
                 raise BenchError(
-                    f"{where}: option --{flag.replace('_', '-')} is a flag of bench run and "
+                    f"{where}: option {flag_of(flag)} is a flag of bench run and "
                     "bench sweep themselves; give the option another name"
                 )
         for other in self._entries.values():
@@ -321,6 +357,14 @@ class Registry:
         """Every registered name, sorted, the installed plugins' included (loaded first)."""
         self._load_plugins()
         return sorted(self._entries)
+
+    def figures(self) -> list[Callable[..., Any]]:
+        """The figures the registered entries declare (``figures=``), each once, in the order
+        they register them (a method and its ablation may declare the same panels)."""
+        found: dict[Callable[..., Any], None] = {}
+        for entry in self.entries():
+            found.update(dict.fromkeys(entry.figures))
+        return list(found)
 
     def entries(self) -> list[Entry]:
         """Every registered entry, in ``names()`` order."""

@@ -1,4 +1,7 @@
-"""One function per figure of the paper's evaluation, each drawn from run folders only.
+"""One function per figure of the paper's evaluation, each drawn from run folders only; a
+method's own figures (PruneX's residuals and penalties) are the method's, declared at its
+registration and drawn after these (suite.report.kit), and what the figures compute before
+they draw is suite.report.figure_data's.
 
 A function is given the result set read once (suite.report.load: the runs' frame with their
 labels, and the table columns figures draw) and returns a ``Figure`` (files written, the table
@@ -12,9 +15,7 @@ from ``suite.report.style``.
 
 from __future__ import annotations
 
-import json
 import math
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,45 +24,59 @@ import matplotlib
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-from matplotlib.transforms import ScaledTranslation  # noqa: E402
 
 from suite.cluster.phases import phase_color  # noqa: E402
+from suite.report.figure_data import (  # noqa: E402
+    comm_seconds_per_step,
+    epoch_seconds,
+    exported_gflops,
+    facet_rows,
+    faceted_labels,
+    in_legend_order,
+    keeps_of,
+    label_keeps,
+    mask_panels,
+    once_paid,
+    pareto_front,
+    read_masks,
+    repeats_reduced,
+    short_name,
+    sorted_by_method_and_keep,
+    studied,
+    sums_per_run,
+)
 from suite.report.labels import (  # noqa: E402
-    budget_words,
     figure_context,
     label_table,
     line_table,
-    machine_part,
 )
-from suite.report.load import FINAL_DENSITY, is_comm_column, parts_of  # noqa: E402
+from suite.report.load import FINAL_DENSITY, parts_of  # noqa: E402
 from suite.report.style import (  # noqa: E402
+    bars_in_range,
+    box_look,
     context_title,
     dodge,
-    keep_of,
+    draws_data,  # noqa: F401 (a drawn axis's check, read as figures.draws_data)
+    hide_if_empty,
     legend_outside,
     log_scale,
-    method_then_keep,
     paper_figure,
+    pareto_marker,
     save,
     series_styles,
+    spread,
 )
 from suite.report.tables import ACCURACY_PCT  # noqa: E402
 from suite.results import schema  # noqa: E402
 from suite.results.resultset import (  # noqa: E402
-    MACHINE_CLASS,
     OVERLAPPED_PHASES,
     RUN_INDEX,
-    SETTING,
-    SHOWN_OPTIONS,
     VIEW,
     ResultSet,
     column,
 )
 from suite.results.stats import mean_ci  # noqa: E402
-from suite.results.view import RunView, first_line  # noqa: E402
 
 
 @dataclass
@@ -86,13 +101,6 @@ class Skipped:
     reason: str
 
 
-def epoch_seconds(epochs, train_seconds) -> float | None:
-    """Training seconds per epoch (None without both)."""
-    if not epochs or train_seconds is None:
-        return None
-    return train_seconds / epochs
-
-
 def finish(fig, runs: ResultSet, run_ids, out: Path, name: str, title: str,
            on_axis: tuple[str, ...] = (), faceted: tuple[str, ...] = (),
            lead: str = "") -> tuple[list[Path], str]:
@@ -108,92 +116,9 @@ def finish(fig, runs: ResultSet, run_ids, out: Path, name: str, title: str,
     return save(fig, out, name), context
 
 
-def draws_data(ax) -> bool:
-    """Whether a panel drew anything: a line or marker with points, a bar, a collection
-    (error bars, bands) with members, an image."""
-    return (any(len(line.get_xdata()) for line in ax.lines) or bool(ax.patches)
-            or any(len(c.get_paths()) for c in ax.collections) or bool(ax.images))
-
-
-def hide_if_empty(ax) -> bool:
-    """Hide a panel that drew nothing, rather than show empty axes; True if hidden."""
-    if draws_data(ax):
-        return False
-    ax.set_visible(False)
-    return True
-
-
-def bars_in_range(ax, ends, axis: str = "x") -> None:
-    """Limits that hold every bar and its error bar (``ends``: where each ends, error
-    included), on linear axes from 0 and on log axes from below the smallest."""
-    ends = [e for e in ends if e is not None and math.isfinite(e)]
-    if not ends:
-        return
-    scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
-    high = max(ends) * (1.5 if scale == "log" else 1.05)
-    low = min(e for e in ends if e > 0) / 2 if scale == "log" and any(e > 0 for e in ends) else 0
-    (ax.set_xlim if axis == "x" else ax.set_ylim)(low, high)
-
-
-def facet_rows(frame: pd.DataFrame) -> tuple[tuple[str, ...], list[tuple[str, pd.Index,
-                                                                         pd.Series]]]:
-    """Rows of panels that keep apart what must not share an axis: workloads, budgets,
-    settings (real, an emulated link, a simulated profile) and machine classes, where the
-    runs of ``frame`` hold several of one. Returns which of those vary (``workload``,
-    ``budget``, ``setting``, ``machine``) and, per row, its title (what its runs share of
-    them), its runs (``frame``'s index) and their labels, named among themselves (the row's
-    title and the figure's say the rest)."""
-    keys = pd.DataFrame({
-        schema.WORKLOAD: [str(w) for w in column(frame, schema.WORKLOAD)],
-        "budget": [budget_words(e) for e in column(frame, schema.EPOCHS)],
-        "setting": [str(s) for s in column(frame, SETTING)],
-        "machine": [machine_part(s, m) for s, m in zip(column(frame, SETTING),
-                                                        column(frame, MACHINE_CLASS))],
-    }, index=frame.index)
-    varying = tuple(k for k in keys if keys[k][keys[k] != ""].nunique() > 1)
-    if not varying:
-        return (), [("", frame.index, label_table(frame, parts_of(frame)))]
-    rows = []
-    for values, group in keys.groupby(list(varying), sort=True):
-        values = values if isinstance(values, tuple) else (values,)
-        runs = frame.loc[group.index]
-        rows.append((", ".join(v for v in values if v and v != "real") or "real", group.index,
-                     label_table(runs, parts_of(runs))))
-    return varying, rows
-
-
-def faceted_labels(runs: ResultSet, positions) -> tuple[tuple[str, ...], list[str],
-                                                        np.ndarray, np.ndarray]:
-    """``facet_rows`` of the runs at ``positions`` (those a figure draws): which facets vary,
-    the rows' titles in order, and per run of ``runs`` (by position) its row's title and its
-    label ("" for runs not drawn)."""
-    frame = runs.runs.iloc[sorted(set(int(p) for p in positions))]
-    varying, rows = facet_rows(frame)
-    facet = np.full(len(runs.runs), "", dtype=object)
-    label = np.full(len(runs.runs), "", dtype=object)
-    for row_title, index, labels in rows:
-        facet[index.to_numpy()] = row_title
-        label[index.to_numpy()] = labels.to_numpy()
-    return varying, [row_title for row_title, _, _ in rows], facet, label
-
-
-def sums_per_run(values: pd.Series, run_index: pd.Series) -> dict[int, float]:
-    """run index -> the sum of its ``values`` (each run's rows contiguous, in order), summed
-    as ``Series.sum`` sums one run's rows, so the numbers equal those of a pass per run."""
-    index = run_index.to_numpy()
-    array = values.to_numpy(dtype=float)
-    starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]]) if len(index) else []
-    ends = [*starts[1:], len(index)]
-    return {int(index[a]): float(np.nansum(array[a:b])) for a, b in zip(starts, ends)}
-
-
-def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
-    """Fig. 9: speedup and parallel efficiency vs GPUs on log-log axes, relative to each
-    line's smallest configuration, from training seconds per epoch (median over repeats).
-    Lines that start at one point (every line's speedup is 1 there) are spread sideways by a
-    few points so that none hides another."""
-    name, title = "fig09_scaling", "Strong scaling: speedup and parallel efficiency"
-    runs_frame = runs.runs
+def scaling_points(runs_frame: pd.DataFrame) -> pd.DataFrame:
+    """Each line's (workload, series, method) median training seconds per epoch at each GPU
+    count, with its runs and local steps per round (empty: no run has time and epochs)."""
     rows = []
     for line, method, workload, gpus, epochs, train, run_id, h in zip(
         line_table(runs_frame, parts_of(runs_frame)), runs_frame[schema.METHOD],
@@ -208,16 +133,20 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
                          "h": float("nan") if h is None else float(h)})
     frame = pd.DataFrame(rows)
     if frame.empty:
-        return Skipped(name, title, "no run has training time and epochs")
-    frame = frame.groupby([schema.WORKLOAD, "series", schema.METHOD, schema.GPUS],
-                          as_index=False).agg(
+        return frame
+    return frame.groupby([schema.WORKLOAD, "series", schema.METHOD, schema.GPUS],
+                         as_index=False).agg(
         epoch_seconds=("epoch_seconds", "median"), run_id=(schema.RUN_ID, ",".join),
         h=("h", "max"),
     )
+
+
+def scaling_lines(runs_frame: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The lines of at least two GPU counts, named among the runs drawn (what they all share
+    is said once, in the title), with speedup and efficiency over each line's fewest GPUs."""
     lines = frame.groupby([schema.WORKLOAD, "series"]).filter(lambda g: g.gpus.nunique() >= 2)
     if lines.empty:
-        return Skipped(name, title, "every method has runs at one GPU count only; need two")
-    # named among the runs drawn: what they all share is said once, in the title
+        return lines
     ids = {i for joined in lines.run_id for i in joined.split(",")}
     drawn = runs_frame[runs_frame[schema.RUN_ID].isin(ids)]
     names = dict(zip(line_table(runs_frame, parts_of(runs_frame))[drawn.index],
@@ -228,6 +157,30 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
     lines = lines.join(base, on=["workload", "series"], suffixes=("", "_base"))
     lines["speedup"] = lines.epoch_seconds_base / lines.epoch_seconds
     lines["efficiency"] = lines.speedup / (lines.gpus / lines.gpus_base)
+    return lines
+
+
+def label_rounds(ax, line: pd.DataFrame, color) -> None:
+    """H (local steps per round) at each point of a line whose rounds change with the GPU
+    count: its curve mixes schedules, and says so."""
+    for x, y, h in zip(line.gpus, line.efficiency, line.h):
+        ax.annotate(f"H={h:g}", (x, y), xytext=(0, 5), textcoords="offset points",
+                    ha="center", fontsize=5, color=color)
+
+
+def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
+    """Fig. 9: speedup and parallel efficiency vs GPUs on log-log axes, relative to each
+    line's smallest configuration, from training seconds per epoch (median over repeats).
+    Lines that start at one point (every line's speedup is 1 there) are spread sideways by a
+    few points so that none hides another."""
+    name, title = "fig09_scaling", "Strong scaling: speedup and parallel efficiency"
+    runs_frame = runs.runs
+    frame = scaling_points(runs_frame)
+    if frame.empty:
+        return Skipped(name, title, "no run has training time and epochs")
+    lines = scaling_lines(runs_frame, frame)
+    if lines.empty:
+        return Skipped(name, title, "every method has runs at one GPU count only; need two")
     styles = series_styles(zip(lines.series, lines.method))
     ticks = sorted(lines.gpus.unique())
     bases = sorted(lines.gpus_base.unique())
@@ -245,10 +198,7 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
             drawn.append(efficiency.plot(line.gpus, line.efficiency, ms=4, **styles[series]))
             if line.h.nunique() > 1:  # rounds that change with the GPU count: say so at each
                 changing.append(series)
-                for x, y, h in zip(line.gpus, line.efficiency, line.h):
-                    efficiency.annotate(f"H={h:g}", (x, y), xytext=(0, 5),
-                                        textcoords="offset points", ha="center", fontsize=5,
-                                        color=styles[series].get("color"))
+                label_rounds(efficiency, line, styles[series].get("color"))
         speed.set_yscale("log", base=2)
         for ax, label in ((speed, f"speedup {over} (log scale)"),
                           (efficiency, "parallel efficiency")):
@@ -270,28 +220,6 @@ def scaling(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Sk
                  "count, so the curve mixes schedules (labelled at each point; --local-steps "
                  "fixes it)")
     return Figure(name, title, files, table, ids, note, context)
-
-
-def spread(ax, lines: list[list], spacing: float = 2.5) -> None:
-    """Lines that share points (every scaling line starts at speedup 1) moved sideways by
-    ``spacing`` points each, symmetrically, so no marker hides another."""
-    for rank, artists in enumerate(lines):
-        offset = (rank - (len(lines) - 1) / 2) * spacing
-        if offset:
-            shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
-            for artist in artists:
-                artist.set_transform(ax.transData + shift)
-
-
-def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
-    """Positions of the points no other point beats on both axes (smaller x, larger y),
-    in increasing x."""
-    front, best = [], -math.inf
-    for i in sorted(range(len(x)), key=lambda i: (x.iloc[i], -y.iloc[i])):
-        if y.iloc[i] > best:
-            front.append(i)
-            best = y.iloc[i]
-    return front
 
 
 def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
@@ -365,89 +293,6 @@ def pareto(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Ski
                   "and more accuracy", context)
 
 
-def box_look(look: dict) -> dict:
-    """A box's patch keywords for a ``series_styles`` look: the method's colour, filled for
-    the look's first fill, hatched for the others, so a keep reads the same as its markers'
-    fill."""
-    hatches = {"full": "", "none": "", "left": "////", "bottom": "...."}
-    filled = look["fillstyle"] == "full"
-    return {"facecolor": look["color"] if filled else "white", "edgecolor": look["color"],
-            "alpha": 0.6 if filled else 1.0, "hatch": hatches[look["fillstyle"]]}
-
-
-def label_keeps(runs_frame: pd.DataFrame, labels, positions) -> dict[str, tuple]:
-    """label -> its runs' keeps (``keep_of``), for the runs at ``positions`` of ``runs_frame``
-    labelled ``labels[position]``: what ``series_styles`` fills markers by."""
-    keeps = keeps_of(runs_frame)
-    return {labels[i]: keeps[i] for i in positions}
-
-
-def keeps_of(runs_frame: pd.DataFrame) -> list[tuple]:
-    """Each run's keeps (``keep_of``) as its label names them: the default keep too (PruneX's
-    channel keep 0.5 left out of the command is 0.5, not none)."""
-    return [keep_of(json.loads(shown)) for shown in column(runs_frame, SHOWN_OPTIONS)]
-
-
-def in_legend_order(pairs, keeps: dict[str, tuple]) -> list[str]:
-    """The labels of ``(label, method)`` pairs by method name, then keep, then as they came."""
-    seen = list(dict.fromkeys(pairs))  # sorted() is stable: ties stay as they came
-    return [label for label, method in
-            sorted(seen, key=lambda pair: method_then_keep(pair[1], keeps.get(pair[0], ())))]
-
-
-def sorted_by_method_and_keep(frame: pd.DataFrame, keeps: dict[str, tuple]) -> pd.DataFrame:
-    """Rows by facet (as they came), method (its name), then keep, then as they were: a
-    legend and a table read in keep order within each method, whatever order the runs came
-    in."""
-    facets = {f: n for n, f in enumerate(dict.fromkeys(frame["facet"]))} if "facet" in frame \
-        else {}
-    rows = list(zip(frame.get("facet", [None] * len(frame)), frame[schema.METHOD], frame.label))
-    order = sorted(range(len(frame)), key=lambda i: (
-        facets.get(rows[i][0], 0), method_then_keep(rows[i][1], keeps.get(rows[i][2], ()))))
-    return frame.iloc[order].reset_index(drop=True)
-
-
-def pareto_marker(ax, point, x: str, look: dict) -> list:
-    """One configuration's marker: a plain marker for one run (no interval to draw), the
-    mean with its 95 % interval for repeats; returns its artists."""
-    common = {"ms": 4, "color": look["color"], "marker": look["marker"],
-              "fillstyle": look["fillstyle"], "ls": "none", "label": point.label}
-    if point.repeats > 1 and not pd.isna(point.accuracy_pct_ci95):
-        bars = ax.errorbar(point[x], point.accuracy_pct, yerr=accuracy_bar(point), capsize=2,
-                           lw=0.8, **common)
-        return [bars.lines[0], *bars.lines[1], *bars.lines[2]]
-    return ax.plot([point[x]], [point.accuracy_pct], **common)
-
-
-def exported_gflops(run: RunView, density: float, dense_gflops: dict[str, float]) -> float:
-    """GFLOPs per image of the model a run deploys: its ``bench export``, or for a dense
-    method (final ``density`` 1) the dense model's (from any export of the workload); NaN
-    otherwise."""
-    if run.export:
-        return run.export["exported"]["flops"] / 1e9
-    if density == 1.0 and not (run.folder / "masks.pt").exists():
-        return dense_gflops.get(run.summary[schema.WORKLOAD], math.nan)
-    return math.nan
-
-
-def accuracy_bar(point) -> list[list[float]]:
-    """The 95 % interval of a mean accuracy (%) as error-bar lengths, cut to 0-100 %: with
-    two seeds t(0.975, 1) = 12.7 makes intervals wider than the scale."""
-    half = 0.0 if pd.isna(point.accuracy_pct_ci95) else point.accuracy_pct_ci95
-    return [[min(half, point.accuracy_pct)], [min(half, 100 - point.accuracy_pct)]]
-
-
-def repeats_reduced(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
-    """Rows of equal ``keys`` (repeats of a configuration) as one: the mean of ``value``,
-    its 95 % half-width (``value_ci95``), the repeat count and every run id."""
-    rows = []
-    for key, group in frame.groupby(keys, sort=False):
-        mean, half, n = mean_ci(group[value])
-        rows.append({**dict(zip(keys, key)), value: mean, f"{value}_ci95": half, "repeats": n,
-                     schema.RUN_ID: ",".join(group.run_id)})
-    return pd.DataFrame(rows)
-
-
 def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 5: test accuracy vs training time and vs cumulative inter-node traffic, a row of
     panels per workload, budget and machine class where the runs hold several; repeats as
@@ -510,33 +355,6 @@ def time_to_accuracy(runs: ResultSet, out: Path, width: str | None = None) -> Fi
     return Figure(name, title, files, table, sorted(frame.run_id.unique()), note, context)
 
 
-def comm_seconds_per_step(runs: ResultSet) -> pd.DataFrame:
-    """Per run and iteration (``RUN_INDEX``, ``iteration``, ``per_step``): the slowest rank's
-    communication seconds over the iteration's local steps. A row's communication is the sum
-    of its run's own communication columns, in its file's order (runs that recorded the same
-    columns are summed together), so every number is that of the run alone."""
-    rows = runs.table("iterations")
-    recorded = runs.columns.get(schema.ITERATIONS, pd.Series(dtype=object))
-    signatures: dict[tuple, list[int]] = {}
-    for position, columns in enumerate(recorded):
-        comm = tuple(c for c in columns or () if is_comm_column(c))
-        if comm:
-            signatures.setdefault(comm, []).append(position)
-    steps = pd.Series([s or 1 for s in column(runs.runs, schema.STEPS_PER_ITERATION)],
-                      index=runs.runs.index)
-    parts = []
-    for comm, positions in signatures.items():
-        part = rows[rows[RUN_INDEX].isin(positions)]
-        seconds = part[list(comm)].fillna(0).sum(axis=1)
-        slowest = seconds.groupby([part[RUN_INDEX], part[schema.ITERATION]]).max()
-        parts.append(slowest.rename("per_step").reset_index())
-    if not parts:
-        return pd.DataFrame(columns=[RUN_INDEX, schema.ITERATION, "per_step"])
-    frame = pd.concat(parts, ignore_index=True).sort_values(RUN_INDEX, kind="stable")
-    frame["per_step"] = frame["per_step"] / steps.to_numpy()[frame[RUN_INDEX].to_numpy()]
-    return frame.reset_index(drop=True)
-
-
 def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 7: communication seconds per local step (an iteration's, slowest GPU, over its
     local steps), as box plots over iterations and repeats: step- and round-based methods
@@ -582,6 +400,33 @@ def comm_latency(runs: ResultSet, out: Path, width: str | None = None) -> Figure
                   "slowest GPU over its local steps (DDP: 1; PruneX, local SGD: H)", context)
 
 
+def phase_row(ax, row_title: str, part: pd.DataFrame, part_stacked: pd.DataFrame,
+              ends: pd.Series, halves: pd.Series, overlapped: set) -> None:
+    """One panel row of fig. 8: each run's phases stacked in order, the phases that overlap
+    local_compute hatched inside it, the total's interval, the axis wide enough for both."""
+    y = range(len(part))
+    left = pd.Series(0.0, index=part.index)
+    for phase in part.columns:
+        if not (part[phase] > 0).any():
+            continue
+        ax.barh(y, part_stacked[phase], left=left, color=phase_color(phase), height=0.7,
+                label=phase.replace("_", " "))
+        left += part_stacked[phase]
+    for (row_key, bar_label), phase in sorted(overlapped):
+        if row_key == row_title:
+            ax.barh(part.index.get_loc(bar_label), part.loc[bar_label, phase], left=0,
+                    height=0.3, color=phase_color(phase), hatch="////", edgecolor="white",
+                    lw=0, label=f"{phase.replace('_', ' ')}, overlapped")
+    ax.errorbar(ends, y, xerr=halves, fmt="none", ecolor="k", capsize=2, lw=0.8)
+    ax.set_yticks(list(y), list(part.index))
+    ax.set_xlabel("seconds per local step")
+    ax.set_title(row_title)
+    # an overlapped phase longer than the compute it hides behind ends past its bar
+    hidden = [part.loc[bar_label, phase] for (row_key, bar_label), phase in overlapped
+              if row_key == row_title]
+    bars_in_range(ax, [e + (0 if pd.isna(h) else h) for e, h in zip(ends, halves)] + hidden)
+
+
 def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
     """Fig. 8: mean seconds per local step in each phase (mean over GPUs and repeats),
     stacked in the order they run; phases that overlap local_compute (DDP's all-reduce
@@ -624,32 +469,8 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
     heights[-1] += 0.4
     with paper_figure(width or "two", nrows=len(titles), heights=heights) as (fig, axes):
         for ax, row_title in zip(axes[:, 0], titles):
-            part, part_stacked = means.loc[row_title], stacked.loc[row_title]
-            y = range(len(part))
-            left = pd.Series(0.0, index=part.index)
-            for phase in part.columns:
-                if not (part[phase] > 0).any():
-                    continue
-                ax.barh(y, part_stacked[phase], left=left, color=phase_color(phase),
-                        height=0.7, label=phase.replace("_", " "))
-                left += part_stacked[phase]
-            for (row_key, bar_label), phase in sorted(overlapped):
-                if row_key == row_title:
-                    ax.barh(part.index.get_loc(bar_label), part.loc[bar_label, phase], left=0,
-                            height=0.3, color=phase_color(phase), hatch="////",
-                            edgecolor="white", lw=0,
-                            label=f"{phase.replace('_', ' ')}, overlapped")
-            ends = totals.loc[row_title]
-            halves = spread.loc[row_title]
-            ax.errorbar(ends, y, xerr=halves, fmt="none", ecolor="k", capsize=2, lw=0.8)
-            ax.set_yticks(list(y), list(part.index))
-            ax.set_xlabel("seconds per local step")
-            ax.set_title(row_title)
-            # an overlapped phase longer than the compute it hides behind ends past its bar
-            hidden = [part.loc[bar_label, phase] for (row_key, bar_label), phase in overlapped
-                      if row_key == row_title]
-            bars_in_range(ax, [e + (0 if pd.isna(h) else h) for e, h in zip(ends, halves)]
-                          + hidden)
+            phase_row(ax, row_title, means.loc[row_title], stacked.loc[row_title],
+                      totals.loc[row_title], spread.loc[row_title], overlapped)
         legend_outside(fig, axes, ncol=4)
         files, context = finish(fig, runs, ids, out, name, title, faceted=varying)
     table = means.assign(run_id=ids).reset_index()
@@ -663,24 +484,6 @@ def phase_breakdown(runs: ResultSet, out: Path, width: str | None = None) -> Fig
         + once_paid(frame, timed, label)
     )
     return Figure(name, title, files, table, run_ids, note, context)
-
-
-def once_paid(frame: pd.DataFrame, timed: list[int], label: list[str]) -> str:
-    """The note's account of the phases a run paid only in one-off iterations (PruneX's
-    freeze), which the steady bars leave out: ``; paid once per run, not in the bars: PruneX
-    : freeze 0.14 s``, seconds per run, mean over repeats; empty where there are none."""
-    found: dict[tuple[str, str], list[float]] = {}
-    for i in timed:
-        steady = column(frame, schema.PHASE_SECONDS).iat[i] or {}
-        once = column(frame, schema.ONE_OFF_SECONDS).iat[i]
-        for phase, seconds in (once if isinstance(once, dict) else {}).items():
-            if not steady.get(phase):  # no steady iteration ran it
-                found.setdefault((label[i], phase), []).append(float(seconds))
-    if not found:
-        return ""
-    return "; paid once per run, not in the bars: " + ", ".join(
-        f"{run}: {phase.replace('_', ' ')} {np.mean(values):.3g} s"
-        for (run, phase), values in sorted(found.items()))
 
 
 def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
@@ -755,148 +558,6 @@ def message_volume(runs: ResultSet, out: Path, width: str | None = None) -> Figu
                   "bytes are the ring's algorithmic volume summed over GPUs", context)
 
 
-def trained_rows(runs: ResultSet, rows: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` of a runs' table less those of simulated runs, whose residuals, penalties
-    and masks come from stand-in batches (a simulation trains nothing)."""
-    simulated = np.array([bool(s) for s in column(runs.runs, schema.SIMULATED)], dtype=bool)
-    return rows[~simulated[rows[RUN_INDEX].to_numpy()]] if len(rows) else rows
-
-
-def round_axis(ax, rounds: pd.Series) -> None:
-    """An x axis of whole rounds (one round alone gets a round either side)."""
-    ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if rounds.nunique() == 1:
-        ax.set_xlim(rounds.iloc[0] - 1, rounds.iloc[0] + 1)
-
-
-def residuals(
-    runs: ResultSet, out: Path, layers_shown: int = 4, width: str | None = None
-) -> Figure | Skipped:
-    """Figs. 10: intra- and inter-node primal residuals of a few layers over rounds."""
-    name, title = "fig10_residuals", "Primal residuals per layer"
-    all_layers = trained_rows(runs, runs.table("layers"))
-    if all_layers.empty:
-        return Skipped(name, title, "no PruneX run with layers.parquet that trained "
-                       "(a simulation does not)")
-    rounds = all_layers.groupby(RUN_INDEX, sort=False)[schema.ITERATION].nunique()
-    gpus = runs.runs[schema.GPUS]
-    # the largest run with a few rounds (one round has no curve)
-    run = max(rounds.index, key=lambda i: (rounds[i] >= 3, gpus.iat[i], rounds[i]))
-    layers = all_layers[all_layers[RUN_INDEX] == run].drop(columns=RUN_INDEX)
-    layers = layers.reset_index(drop=True)
-    constrained = layers[layers.constrained]
-    names = list(dict.fromkeys(constrained.layer))
-    picked = names[:: max(1, len(names) // layers_shown)][:layers_shown]
-    part = (
-        layers[layers.layer.isin(picked)]
-        .melt(
-            id_vars=[schema.ITERATION, schema.LAYER], value_vars=[schema.R_INTRA, schema.R_INTER],
-            var_name="residual",
-        )
-        .dropna()
-    )
-    with paper_figure(width or "one", ratio=0.9) as (fig, axes):
-        ax = axes[0, 0]
-        colors = dict(zip(picked, ("#0077BB", "#EE7733", "#009988", "#CC3311", "#33BBEE")))
-        for (layer, kind), line in part.groupby([schema.LAYER, "residual"], sort=False):
-            ax.plot(line.iteration, line.value, color=colors[layer], marker=".", ms=3,
-                    ls="-" if kind == schema.R_INTRA else "--",
-                    label=layer.removesuffix(".weight") if kind == schema.R_INTRA else None)
-        ax.plot([], [], color="k", ls="-", label="intra-node")
-        ax.plot([], [], color="k", ls="--", label="inter-node")
-        log_scale(ax, "y")
-        round_axis(ax, part.iteration)
-        ax.set_ylabel("primal residual (L2)")
-        ax.set_title(label_table(runs.runs.iloc[[run]]).iat[0])  # the title says the rest
-        legend_outside(fig, axes, ncol=2)
-        run_id = runs.runs[schema.RUN_ID].iat[run]
-        files, context = finish(fig, runs, [run_id], out, name, title)
-    return Figure(name, title, files, part, [run_id], context=context)
-
-
-def penalties(runs: ResultSet, out: Path, width: str | None = None) -> Figure | Skipped:
-    """Fig. 11: rho1 and rho2 (mean over layers) over rounds, per PruneX configuration."""
-    name, title = "fig11_rho", "Adaptive penalties over rounds"
-    layers = trained_rows(runs, runs.table("layers"))
-    if layers.empty:
-        return Skipped(name, title, "no PruneX run with layers.parquet that trained "
-                       "(a simulation does not)")
-    chosen = layers[RUN_INDEX].unique()
-    # what the PruneX runs share is judged among them (their labels may leave out ranks)
-    labels = pd.Series(label_table(runs.runs.iloc[chosen]).to_numpy(), index=chosen)
-    means = layers.groupby([RUN_INDEX, schema.ITERATION])[["rho1", "rho2"]].mean().reset_index()
-    frame = means.melt(id_vars=[RUN_INDEX, schema.ITERATION], var_name="penalty")
-    frame = frame.sort_values(RUN_INDEX, kind="stable").reset_index(drop=True)
-    owner = frame.pop(RUN_INDEX).to_numpy()
-    frame = frame.assign(run=labels[owner].to_numpy(),
-                         method=runs.runs[schema.METHOD].to_numpy()[owner],
-                         run_id=runs.runs[schema.RUN_ID].to_numpy()[owner])
-    frame = frame[frame.value > 0]
-    styles = series_styles(zip(frame.run, frame.method))
-    with paper_figure(width or "two", ncols=2, ratio=0.75) as (fig, axes):
-        for ax, penalty in zip(axes[0], ("rho1", "rho2")):
-            part = frame[frame.penalty == penalty]
-            for label, line in part.groupby("run", sort=False):
-                mean = line.groupby(schema.ITERATION).value.mean()  # repeats: their mean
-                ax.plot(mean.index, mean.values, ms=3, markevery=max(1, len(mean) // 6),
-                        label=label, **styles[label])
-            if part.value.max() > 10 * part.value.min():
-                log_scale(ax, "y")
-            round_axis(ax, part.iteration)
-            ax.set_ylabel(f"{penalty} (mean over layers)")
-        legend_outside(fig, axes, ncol=2)
-        files, context = finish(fig, runs, frame.run_id.unique(), out, name, title)
-    return Figure(name, title, files, frame, sorted(frame.run_id.unique()), context=context)
-
-
-def read_masks(run: RunView) -> dict | None:
-    """A run's masks.pt as {layer: {"dense": tensor, ...}, group: {"units": tensor}}, or None
-    (noted on the run)."""
-    path = run.folder / "masks.pt"
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(saved, dict) and all(
-            torch.is_tensor(m.get("dense", m.get("units"))) for m in saved.values()
-        ):
-            return saved
-        run.unreadable.append(f"{path}: not a mapping of layers to masks")
-    except Exception as exc:  # unpickling fails in many ways; each means a damaged file
-        run.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
-    return None
-
-
-def mask_panels(saved: dict, shown: int) -> list[tuple[str, torch.Tensor, str, str]]:
-    """(title, 2-D keep grid, x label, y label) of each panel: the largest conv layers'
-    filter x channel masks (the stem, which reads the image's 1-3 channels, left out when
-    there are others; convs that prune nothing left out when heads or neurons are pruned),
-    then one grid of blocks x heads and one of blocks x neurons."""
-    convs = {k: m["dense"].float() for k, m in saved.items() if "dense" in m}
-    units: dict[str, list[tuple[str, torch.Tensor]]] = {}
-    for key, m in saved.items():
-        if "units" in m:
-            block, _, kind = key.partition("#")
-            units.setdefault(kind, []).append((block, m["units"].float()))
-    if units:
-        convs = {k: d for k, d in convs.items() if float(d.mean()) < 1.0}
-    ordered = sorted(convs.items(), key=lambda kv: kv[1].numel(), reverse=True)
-    inner = [(k, d) for k, d in ordered if d.dim() < 2 or d.shape[1] > 3]
-    panels = [(k, d.flatten(2).amax(-1) if d.dim() == 4 else d, "input channel", "output filter")
-              for k, d in (inner or ordered)[: max(0, shown - len(units))]]
-    for kind, rows in units.items():
-        width = max(r.numel() for _, r in rows)
-        grid = torch.zeros(len(rows), width)
-        for i, (_, r) in enumerate(rows):
-            grid[i, : r.numel()] = r
-        panels.append((f"{kind} of {len(rows)} blocks", grid, kind[:-1], "block"))
-    return panels
-
-
-def short_name(layer: str, width: int = 22) -> str:
-    """A layer name that fits a panel's title: wrapped at its dots."""
-    return "\n".join(textwrap.wrap(layer.replace(".", ". "), width)).replace(". ", ".")
-
-
 def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) -> Figure | Skipped:
     """Fig. 13: the learned structured masks: the largest conv layers' filter x channel masks,
     and a ViT's kept heads and MLP neurons per block."""
@@ -907,8 +568,9 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
     if not candidates:
         return Skipped(name, title, "no trained run folder has masks.pt (PruneX runs save it)")
     saved, position = None, None
-    # PruneX's learned masks first (the paper's figure), then those of the pruning baselines
-    learned = sorted(candidates, key=lambda i: (not views.iat[i].method.startswith("prunex"),
+    # the masks of the methods a report studies first (those that declare figures of their
+    # own: PruneX's, the paper's figure), then those of the other pruning methods
+    learned = sorted(candidates, key=lambda i: (not studied(views.iat[i].method),
                                                 -views.iat[i].summary[schema.GPUS]))
     for position in learned:
         saved = read_masks(views.iat[position])
@@ -946,5 +608,8 @@ def masks(runs: ResultSet, out: Path, shown: int = 4, width: str | None = None) 
                   context)
 
 
-FIGURES = (scaling, pareto, time_to_accuracy, comm_latency, phase_breakdown, message_volume,
-           residuals, penalties, masks)
+#: the suite's figures, in the report's order; the registered methods' own figures follow
+#: them (suite.report.kit), then ``CLOSING``
+FIGURES = (scaling, pareto, time_to_accuracy, comm_latency, phase_breakdown, message_volume)
+#: the figures that close a report, after the methods' own
+CLOSING = (masks,)

@@ -23,11 +23,9 @@ from suite.results.resultset import (
 )
 from suite.results.view import RunView
 
-#: the columns of ``evals.parquet`` and ``layers.parquet`` the figures draw
+#: the columns of ``evals.parquet`` the suite's figures draw
 EVAL_COLUMNS = (schema.ITERATION, schema.EPOCH, schema.TRAIN_SECONDS, schema.ACCURACY,
                 schema.INTER_NODE_BYTES)
-LAYER_COLUMNS = (schema.ITERATION, schema.LAYER, schema.CONSTRAINED, schema.R_INTRA,
-                 schema.R_INTER, schema.RHO1, schema.RHO2)
 #: the runs frame's columns of the display parts (suite.report.labels.PARTS): ``part_method``
 PART_PREFIX = "part_"
 #: the runs frame's column of the density of the pruned layers at the end (1.0: dense)
@@ -46,8 +44,29 @@ def iteration_column(column: str) -> bool:
     return column in drawn or is_comm_column(column)
 
 
-TABLE_COLUMNS = {schema.ITERATIONS_TABLE: iteration_column, schema.EVALS_TABLE: EVAL_COLUMNS,
-                 schema.LAYERS_TABLE: LAYER_COLUMNS}
+TABLE_COLUMNS = {schema.ITERATIONS_TABLE: iteration_column, schema.EVALS_TABLE: EVAL_COLUMNS}
+
+
+def either(test, extra: frozenset):
+    """A column test that also takes the ``extra`` columns."""
+    return lambda column: test(column) or column in extra
+
+
+def table_columns() -> dict:
+    """The table columns a report reads: its own figures' (``TABLE_COLUMNS``) and those the
+    registered methods' figures declare (``figure_reads``)."""
+    wanted = {name: set() for name in schema.TABLES}
+    for draw in METHODS.figures():
+        for name, columns in getattr(draw, "reads", {}).items():
+            wanted[name].update(columns)
+    merged = {}
+    for name in schema.TABLES:
+        own, extra = TABLE_COLUMNS.get(name, ()), frozenset(wanted[name])
+        if callable(own):
+            merged[name] = either(own, extra)
+        elif own or extra:
+            merged[name] = (*own, *sorted(extra - set(own)))
+    return merged
 
 
 def load_runs(results_dir: str | Path) -> tuple[ResultSet, list[str]]:
@@ -56,7 +75,7 @@ def load_runs(results_dir: str | Path) -> tuple[ResultSet, list[str]]:
     root = Path(results_dir)
     if not root.is_dir():
         raise BenchError(f"{root} is not a directory of run folders")
-    runs = read_result_set(root, METHODS.defaults, TABLE_COLUMNS, finished_only=True)
+    runs = read_result_set(root, METHODS.defaults, table_columns(), finished_only=True)
     if not len(runs):
         raise BenchError(f"no finished run folders under {root}")
     return with_report_columns(runs), runs.skipped
@@ -65,7 +84,7 @@ def load_runs(results_dir: str | Path) -> tuple[ResultSet, list[str]]:
 def report_runs(views: Iterable[RunView]) -> ResultSet:
     """Runs already read (``RunView`` objects, e.g. made in memory) as ``load_runs``
     gives them: their tables read from their folders, the figures' columns added."""
-    return with_report_columns(result_set(views, METHODS.defaults, TABLE_COLUMNS))
+    return with_report_columns(result_set(views, METHODS.defaults, table_columns()))
 
 
 def with_report_columns(runs: ResultSet) -> ResultSet:
@@ -79,19 +98,15 @@ def with_report_columns(runs: ResultSet) -> ResultSet:
     frame[LABEL] = label_table(frame, parts)
     frame[FINAL_DENSITY] = final_densities(runs)
     frame[OVERLAPPED_PHASES] = pd.Series(
-        [overlapped_phases(method, recorded)
-         for method, recorded in zip(frame[schema.METHOD], frame[OVERLAPPED_PHASES])],
+        [overlapped_phases(recorded) for recorded in frame[OVERLAPPED_PHASES]],
         index=frame.index, dtype=object)
     return runs
 
 
-def overlapped_phases(method: str, recorded: list | None) -> tuple[str, ...]:
-    """Phases that ran during local_compute (DDP's comm hooks); runs recorded before the
-    manifest said so: the DDP-based methods' all-reduce."""
-    if recorded is not None:
-        return tuple(recorded)
-    ddp_based = method.startswith("ddp") or method == "powersgd"
-    return (phases.ALLREDUCE,) if ddp_based else ()
+def overlapped_phases(recorded: list | None) -> tuple[str, ...]:
+    """Phases that ran during local_compute (DDP's comm hooks), as the manifest says (a
+    version-1 folder's: suite.results.upgrade)."""
+    return tuple(recorded or ())
 
 
 def final_densities(runs: ResultSet) -> pd.Series:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from suite.report.figures import FIGURES, Skipped
+from suite.plugins.registry import METHODS
+from suite.report import kit
+from suite.report.figures import CLOSING, FIGURES, Skipped
 from suite.report.labels import several_of
 from suite.report.load import FINAL_DENSITY, load_runs
 from suite.report.tables import caption_of, in_percent, paper_table, to_latex, to_markdown
@@ -161,7 +163,9 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     paper, caption = paper_table(summary), caption_of(summary)
     (out / "table.tex").write_text(to_latex(paper, caption))
     (out / "table.md").write_text(f"{to_markdown(paper)}\n\n{caption}\n")
-    results = [draw(runs, out, width=width) for draw in FIGURES]
+    results = [*(draw(runs, out, width=width) for draw in FIGURES),
+               *(draw(runs, out, kit, width=width) for draw in METHODS.figures()),
+               *(draw(runs, out, width=width) for draw in CLOSING)]
     md = [f"# prunex-bench report: {Path(results_dir)}", "",
           f"{len(runs)} runs. Every number below comes from these run folders.", "",
           *[f"{line}." for line in apart], *([""] if apart else []),

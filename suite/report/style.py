@@ -20,6 +20,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import matplotlib.text
+import pandas as pd
 from matplotlib import ticker
 from matplotlib.transforms import ScaledTranslation
 from tueplots import axes as tue_axes
@@ -336,3 +337,70 @@ def dodge(ax, points: list[tuple[list, float, float]], near: float = 4.0,
     offsets = _spread(_clusters(where, near), where, spacing)
     _shift_markers(ax, points, offsets)
     return offsets
+
+
+def draws_data(ax) -> bool:
+    """Whether a panel drew anything: a line or marker with points, a bar, a collection
+    (error bars, bands) with members, an image."""
+    return (any(len(line.get_xdata()) for line in ax.lines) or bool(ax.patches)
+            or any(len(c.get_paths()) for c in ax.collections) or bool(ax.images))
+
+
+def hide_if_empty(ax) -> bool:
+    """Hide a panel that drew nothing, rather than show empty axes; True if hidden."""
+    if draws_data(ax):
+        return False
+    ax.set_visible(False)
+    return True
+
+
+def bars_in_range(ax, ends, axis: str = "x") -> None:
+    """Limits that hold every bar and its error bar (``ends``: where each ends, error
+    included), on linear axes from 0 and on log axes from below the smallest."""
+    ends = [e for e in ends if e is not None and math.isfinite(e)]
+    if not ends:
+        return
+    scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+    high = max(ends) * (1.5 if scale == "log" else 1.05)
+    low = min(e for e in ends if e > 0) / 2 if scale == "log" and any(e > 0 for e in ends) else 0
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(low, high)
+
+
+def spread(ax, lines: list[list], spacing: float = 2.5) -> None:
+    """Lines that share points (every scaling line starts at speedup 1) moved sideways by
+    ``spacing`` points each, symmetrically, so no marker hides another."""
+    for rank, artists in enumerate(lines):
+        offset = (rank - (len(lines) - 1) / 2) * spacing
+        if offset:
+            shift = ScaledTranslation(offset / 72, 0, ax.figure.dpi_scale_trans)
+            for artist in artists:
+                artist.set_transform(ax.transData + shift)
+
+
+def pareto_marker(ax, point, x: str, look: dict) -> list:
+    """One configuration's marker: a plain marker for one run (no interval to draw), the
+    mean with its 95 % interval for repeats; returns its artists."""
+    common = {"ms": 4, "color": look["color"], "marker": look["marker"],
+              "fillstyle": look["fillstyle"], "ls": "none", "label": point.label}
+    if point.repeats > 1 and not pd.isna(point.accuracy_pct_ci95):
+        bars = ax.errorbar(point[x], point.accuracy_pct, yerr=accuracy_bar(point), capsize=2,
+                           lw=0.8, **common)
+        return [bars.lines[0], *bars.lines[1], *bars.lines[2]]
+    return ax.plot([point[x]], [point.accuracy_pct], **common)
+
+
+def box_look(look: dict) -> dict:
+    """A box's patch keywords for a ``series_styles`` look: the method's colour, filled for
+    the look's first fill, hatched for the others, so a keep reads the same as its markers'
+    fill."""
+    hatches = {"full": "", "none": "", "left": "////", "bottom": "...."}
+    filled = look["fillstyle"] == "full"
+    return {"facecolor": look["color"] if filled else "white", "edgecolor": look["color"],
+            "alpha": 0.6 if filled else 1.0, "hatch": hatches[look["fillstyle"]]}
+
+
+def accuracy_bar(point) -> list[list[float]]:
+    """The 95 % interval of a mean accuracy (%) as error-bar lengths, cut to 0-100 %: with
+    two seeds t(0.975, 1) = 12.7 makes intervals wider than the scale."""
+    half = 0.0 if pd.isna(point.accuracy_pct_ci95) else point.accuracy_pct_ci95
+    return [[min(half, point.accuracy_pct)], [min(half, 100 - point.accuracy_pct)]]

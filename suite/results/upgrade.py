@@ -55,10 +55,20 @@ def upgrade_table(name: str, frame: pd.DataFrame, version: int) -> pd.DataFrame:
 
 
 # -- version 1 -> 2 ----------------------------------------------------------------------------
+#: the methods whose all-reduce ran inside local_compute (DDP's comm hooks) when version-1
+#: folders were written without saying so (their manifests lack ``overlapped_phases``): a fact
+#: of those folders, not a rule of today's methods, which declare it themselves
+FORMAT_1_OVERLAPPING = frozenset({"ddp", "ddp-bf16", "ddp-fp16", "powersgd"})
+#: the phase they overlapped (suite.cluster.phases.ALLREDUCE's name; tests/results check it)
+FORMAT_1_OVERLAPPED = "allreduce"
+
+
 def _update_to_2(summary: dict, manifest: dict) -> None:
     """Version 2 declared every key and records the runner's load: a version-1 summary killed
     before its identity was written takes it from the manifest; a recipe without a schedule
-    trained at a constant rate; the runner's load is unknown (time is judged as before)."""
+    trained at a constant rate; the runner's load is unknown (time is judged as before); the
+    phases a version-1 run overlapped with local_compute are its method's then
+    (``FORMAT_1_OVERLAPPING``)."""
     if summary.get(schema.METHOD) is None and manifest:
         known = identity_from_manifest(manifest)
         summary.update({k: v for k, v in known.items() if summary.get(k) is None})
@@ -68,6 +78,10 @@ def _update_to_2(summary: dict, manifest: dict) -> None:
         recipe.setdefault(schema.WARMUP_EPOCHS, 0)
     if manifest:
         manifest.setdefault(schema.RUNNER_LOAD, None)
+        method = summary.get(schema.METHOD) or (manifest.get(schema.CONFIG) or {}).get(
+            schema.METHOD)
+        manifest.setdefault(schema.OVERLAPPED_PHASES, [FORMAT_1_OVERLAPPED] if (
+            method in FORMAT_1_OVERLAPPING) else [])
         manifest[schema.FORMAT_VERSION_KEY] = 2
     summary[schema.FORMAT_VERSION_KEY] = 2
 

@@ -41,61 +41,99 @@ def rank_main(plan_json: str, run_dir: str | None = None) -> None:
     detach_from_fork_server()
     if run_dir is not None:  # its launcher said which plugins it skipped, once
         quiet_plugin_warnings()
+    plan, device = join_group(plan_json, run_dir)
+    run_rank(plan, device, run_dir, stop)
+    dist.destroy_process_group()
+
+
+def join_group(plan_json: str, run_dir: str | None):
+    """Before the group formed: the plan resolved again, the kernels made deterministic
+    (before the rank touches CUDA) and the process group joined. A refusal here is this
+    rank's own to say (``errors/rank*.txt``): no collective can gather it yet.
+
+    Returns:
+        (the plan, the rank's device).
+    """
     try:
         plan = RunPlan.from_json(plan_json)
         config = plan.config
-        if config.deterministic:  # before the rank touches CUDA
+        if config.deterministic:
             make_kernels_deterministic()
         device = join_process_group(config.device, config.collective_timeout,
                                     shared_gpus_ok=config.launcher == "local")
-    except BenchError as exc:  # before the group formed: this rank says why on its own
+    except BenchError as exc:
         if run_dir is not None:
             errors = RunFolder(run_dir).errors
             errors.mkdir(parents=True, exist_ok=True)
             (errors / f"rank{int(os.environ.get('RANK', '0')):05d}.txt").write_text(f"{exc}\n")
         raise
+    return plan, device
+
+
+def resolved_folder(plan: RunPlan, run_dir: str | None) -> tuple[RunPlan, RunFolder]:
+    """The run's folder: the launcher's, or in a standalone job (no ``run_dir``) rank 0's
+    run id, which every rank takes."""
+    if run_dir is not None:
+        return plan, RunFolder(run_dir)
+    ident = [plan.run_id]
+    dist.broadcast_object_list(ident, src=0)
+    plan = plan.restarted(run_id=ident[0])
+    return plan, RunFolder(Path(plan.config.results_dir) / ident[0])
+
+
+def prepare_folder(plan: RunPlan, folder: RunFolder, rank: int, standalone: bool) -> None:
+    """Rank 0 creates the folder (a standalone job's rank 0 holds its lock, no launcher
+    does) and prepares the attempt; every rank waits for it."""
+    config = plan.config
+    if rank == 0:
+        if standalone:  # no launcher holds the folder for this job's ranks
+            acquire(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr))
+        if standalone and config.overwrite and restart_count() == 0:
+            folder.empty()
+        folder.create()
+        prepare_attempt(folder, config.resume)
+    dist.barrier()
+
+
+def run_rank(plan: RunPlan, device, run_dir: str | None, stop: StopRequest) -> None:
+    """After the group formed: the folder, the recorder and the watchdog, then training; on
+    any failure what was recorded is kept and the reason said (``on_failure``)."""
     rank = dist.get_rank()
     standalone = run_dir is None  # no parent launcher to mark the folder on failure
-    folder = None
-    recorder = None
-    watchdog = None
+    folder = recorder = watchdog = None
     try:
-        if run_dir is None:
-            ident = [plan.run_id]
-            dist.broadcast_object_list(ident, src=0)
-            plan = plan.restarted(run_id=ident[0])
-            run_dir = str(Path(config.results_dir) / ident[0])
-        folder = RunFolder(run_dir)
-        if rank == 0:
-            if standalone:  # no launcher holds the folder for this job's ranks
-                acquire(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr))
-            if standalone and config.overwrite and restart_count() == 0:
-                folder.empty()
-            folder.create()
-            prepare_attempt(folder, plan.config.resume)
-        dist.barrier()
+        plan, folder = resolved_folder(plan, run_dir)
+        prepare_folder(plan, folder, rank, standalone)
         recorder = Recorder(rank, device)
         report = stall_reporter(folder, recorder, rank, stop)
-        watchdog = Watchdog(rank, dist.get_world_size(), POSITION, config.collective_timeout,
+        watchdog = Watchdog(rank, dist.get_world_size(), POSITION, plan.config.collective_timeout,
                             on_stall=report).start()
         train(plan, device, folder, recorder, stop)
     except BaseException as exc:
-        lost = None
-        if watchdog is not None:
-            watchdog.stop(failed=True)  # one writer of this rank's rows and errors file
-            if may_be_knock_on(exc):
-                lost = lost_hosts_of(watchdog)
-        if folder is not None:
-            record_failure(folder, recorder, rank, exc, stop, standalone=standalone, lost=lost)
-        if may_be_knock_on(exc):
-            let_a_dead_peer_be_reported_first()
+        on_failure(exc, watchdog, folder, recorder, rank, stop, standalone)
         raise  # without destroying the process group: that waits on peers that may be gone
     finally:
         if watchdog is not None:
             watchdog.stop()
         if standalone and rank == 0 and folder is not None:
             release(folder.path)
-    dist.destroy_process_group()
+
+
+def on_failure(exc: BaseException, watchdog: Watchdog | None, folder: RunFolder | None,
+               recorder: Recorder | None, rank: int, stop: StopRequest,
+               standalone: bool) -> None:
+    """A failed rank's last words: its watchdog stopped (one writer of its rows and errors
+    file), the hosts lost with every rank on them named where the error may be a peer's
+    death, the failure recorded, and a moment for a dead peer to be reported first."""
+    lost = None
+    if watchdog is not None:
+        watchdog.stop(failed=True)
+        if may_be_knock_on(exc):
+            lost = lost_hosts_of(watchdog)
+    if folder is not None:
+        record_failure(folder, recorder, rank, exc, stop, standalone=standalone, lost=lost)
+    if may_be_knock_on(exc):
+        let_a_dead_peer_be_reported_first()
 
 
 #: how long a rank that failed, perhaps because a peer died, waits before it exits

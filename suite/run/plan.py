@@ -23,7 +23,7 @@ from typing import Any
 
 from suite.cluster.netemu import parse_rate
 from suite.cluster.topology import check_layout
-from suite.config import RunConfig
+from suite.config import RunConfig, flag_of
 from suite.data.datasets import dataset_spec, split_sizes
 from suite.data.workload import DatasetSpec, Recipe, Workload
 from suite.errors import BenchError
@@ -293,14 +293,14 @@ def check_config(config: RunConfig) -> None:
     for name in (schema.GPUS, schema.GPUS_PER_NODE, schema.SEED):
         value = getattr(config, name)
         if value is not None:
-            check_value("--" + name.replace("_", "-"), value, RECIPE_CHECKS[name])
+            check_value(flag_of(name), value, RECIPE_CHECKS[name])
     if config.gpus_per_node is not None:
         check_layout(config.gpus, config.gpus_per_node)
     _check_network(config)
     for name, check in RECIPE_CHECKS.items():
         value = getattr(config, name)
         if value is not None:
-            check_value("--" + name.replace("_", "-"), value, check)
+            check_value(flag_of(name), value, check)
 
 
 def _check_run_id(run_id: str | None) -> None:

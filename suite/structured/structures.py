@@ -16,6 +16,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from suite.config import flag_of
 from suite.errors import BenchError
 from suite.structured.groups import Ungroupable, trace_channel_groups
 from suite.structured.masks import CONV_KEEPS, conv_shapes, keep_count
@@ -51,7 +52,7 @@ def check_structure(settings, model: nn.Module, example: torch.Tensor, workload:
                 continue
         if units is None:
             units = describable_units(model, example)
-        flag = "--" + keep.replace("_", "-")
+        flag = flag_of(keep)
         raise BenchError(
             f"{flag} {value:g} prunes nothing in {workload}: {describe(shapes, units, keep)}"
         )
@@ -94,6 +95,6 @@ def describe(shapes: dict[str, torch.Size], units: list[UnitGroup], keep: str) -
             options.append(option)
         elif keep == f"{'head' if kind == 'head' else 'mlp'}_keep":
             found.append(f"no {'attention heads' if kind == 'head' else 'MLP neurons'}")
-    applicable = [o for o in options if o != "--" + keep.replace("_", "-")]
+    applicable = [o for o in options if o != flag_of(keep)]
     use = f"; use {', '.join(applicable)}" if applicable else ""
     return "; ".join(found) + use

@@ -23,9 +23,11 @@ from suite.api import (
     broadcast_initial_state,
     crosses_nodes_every_round,
     declare_phase,
+    figure_reads,
     flatten,
     option,
     phases,
+    schema,
     unflatten_into,
 )
 
@@ -78,12 +80,35 @@ class ScaledSGD(Method):
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+@figure_reads(iterations=(schema.ITERATION, schema.LOSS))  # the columns it draws
+def loss_per_iteration(runs, out, kit, width=None):
+    """A figure of the plugin's own, drawn by `bench report` after the suite's: the training
+    loss of every scaled-SGD run per iteration (``kit``: the report's figure and style)."""
+    name, title = "scaled_sgd_loss", "Scaled SGD: training loss per iteration"
+    rows = runs.table(schema.ITERATIONS_TABLE)
+    mine = runs.runs[schema.METHOD].to_numpy()[rows[kit.RUN_INDEX].to_numpy()] == "scaled-sgd"
+    rows = rows[mine]
+    if rows.empty:
+        return kit.Skipped(name, title, "no scaled-sgd run")
+    loss = rows.groupby([kit.RUN_INDEX, schema.ITERATION])[schema.LOSS].mean().reset_index()
+    loss.insert(0, schema.RUN_ID, runs.runs[schema.RUN_ID].to_numpy()[loss.pop(kit.RUN_INDEX)])
+    run_ids = sorted(loss[schema.RUN_ID].unique())
+    with kit.paper_figure(width or "one") as (fig, axes):
+        for _, line in loss.groupby(schema.RUN_ID):
+            axes[0, 0].plot(line[schema.ITERATION], line[schema.LOSS], marker=".")
+        axes[0, 0].set_xlabel("iteration")
+        axes[0, 0].set_ylabel("training loss (mean over ranks)")
+        files, context = kit.finish(fig, runs, run_ids, out, name, title)
+    return kit.Figure(name, title, files, loss, run_ids, context=context)
+
+
 @METHODS.register(
     "scaled-sgd",
     "Synchronous SGD with scaled averaged gradients (a plugin)",
     settings=ScaledSGDSettings,
     look=Look("Scaled SGD", "#117733", "d"),
     activity=crosses_nodes_every_round,  # `bench compare` fails a run that never sent
+    figures=(loss_per_iteration,),  # `bench report` draws it after the suite's figures
 )
 def make_scaled_sgd(ctx: RunContext) -> ScaledSGD:
     return ScaledSGD(ctx)

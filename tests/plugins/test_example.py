@@ -48,3 +48,11 @@ def test_the_documented_example_plugin_runs_as_written(tmp_path):
                      env=env)
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "scaled-sgd did its job" in compared.stdout
+    report = tmp_path / "report"
+    reported = bench("report", results, "-o", report, env=env)
+    assert reported.returncode == 0, reported.stderr
+    page = (report / "report.md").read_text()
+    assert "## Scaled SGD: training loss per iteration" in page  # the plugin's own figure
+    assert (report / "scaled_sgd_loss.png").is_file()
+    table = (report / "scaled_sgd_loss.csv").read_text().splitlines()
+    assert table[0] == "run_id,iteration,loss" and len(table) == 1 + 3  # the mean over ranks

@@ -9,7 +9,11 @@ from pathlib import Path
 
 from suite.results import schema
 
-SUITE = Path(__file__).resolve().parents[2] / "suite"
+REPO = Path(__file__).resolve().parents[2]
+SUITE = REPO / "suite"
+#: the plugins and the measurements, which read and write the same format through
+#: ``suite.api.schema``
+PLUGIN_FOLDERS = ("methods", "baselines", "workloads", "benchmarks")
 
 #: where a string in a key's position is not a run folder's key, though it spells one: the
 #: command line's keyword arguments are named after options (``kwargs["gpus"]`` is --gpus)
@@ -30,7 +34,38 @@ ALLOWED = {
     ("suite/config.py", "accuracy_from"),  # the --accuracy-from option
     ("suite/run/build.py", "steps_per_iteration"),  # the Method attribute's name
     ("suite/report/labels.py", "budget"),  # a label's part: the budget in words
-    ("suite/report/figures.py", "budget"),
+    ("suite/report/figure_data.py", "budget"),
+    # checkpoint state (a resumed run loads these keys), not the run folder's
+    ("methods/prunex/method.py", "rho1"),
+    ("methods/prunex/method.py", "rho2"),
+    ("methods/prunex/freeze.py", "frozen"),
+    ("methods/prunex/freeze.py", "warnings"),
+    ("tests/plugin_example/benchplugin.py", "model"),
+    ("methods/prunex/method.py", "weight_decay"),  # torch's optimizer param groups
+    ("baselines/powersgd.py", "error"),
+    ("baselines/powersgd.py", "parameters"),
+    # a benchmark's --smoke options and its own table's columns, named after the flags
+    ("benchmarks/emulated_comm.py", "gpus_per_node"),
+    ("benchmarks/fair_comparison.py", "gpus_per_node"),
+    ("benchmarks/families.py", "gpus_per_node"),
+    ("benchmarks/frontier.py", "gpus_per_node"),
+    ("benchmarks/instrumentation_tax.py", "gpus_per_node"),
+    ("benchmarks/resume_equality.py", "gpus_per_node"),
+    ("benchmarks/capacity_control.py", "accuracy"),  # its table: final accuracy in %
+    ("benchmarks/capacity_control.py", "density"),  # the last round's, as its table says
+    ("benchmarks/checkpoint_cost.py", "model"),  # the workload's name
+    ("benchmarks/emulated_comm.py", "gpus"),
+    ("benchmarks/emulated_comm.py", "iterations"),  # steady iterations measured
+    ("benchmarks/gpu_steps.py", "iterations"),
+    ("benchmarks/gpu_steps.py", "layout"),
+    ("benchmarks/instrumentation_tax.py", "gpus"),
+    ("benchmarks/instrumentation_tax.py", "dataset"),
+    ("benchmarks/live_weights.py", "model"),  # the --models name
+    ("benchmarks/resume_equality.py", "iterations"),  # --iterations per kind of method
+    ("benchmarks/resume_equality.py", "gpus"),
+    ("benchmarks/runs.py", "accuracy"),  # its run table: final accuracy in %
+    ("benchmarks/validate_sim.py", "iteration"),  # the whole iteration's time, its own key
+    ("benchmarks/validate_sim.py", "layout"),  # a cell's layout string (2x1)
 }
 #: modules of other formats whose keys spell some of the run folder's: a hardware profile and
 #: its calibration plan (suite.sim), the command line's option names
@@ -46,12 +81,16 @@ def declared_keys() -> set[str]:
 
 
 def reads_run_folders(path: Path, tree: ast.Module) -> bool:
-    """The run-folder format's own rooms, and every module that imports from them."""
+    """The run-folder format's own rooms, every module that imports from them, and every
+    plugin or benchmark that takes the schema's names from ``suite.api``."""
     if path.parent.name in ("results", "gate"):
         return True
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and (
                 node.module.startswith(("suite.results", "suite.gate"))):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "suite.api" and any(
+                alias.name == "schema" for alias in node.names):
             return True
     return False
 
@@ -94,12 +133,21 @@ def key_literals(tree: ast.Module, distinctive: set[str] = frozenset()) -> list[
     return found
 
 
+def checked_files() -> list[Path]:
+    """The framework's modules and the plugins' and benchmarks' (the example plugin's too)."""
+    files = sorted(SUITE.rglob("*.py"))
+    for folder in (*PLUGIN_FOLDERS, "tests/plugin_example"):
+        files += sorted((REPO / folder).glob("**/*.py"))
+    return files
+
+
 def test_no_result_key_is_spelled_out_in_suite():
+    """Nor in methods/, baselines/, workloads/, benchmarks/ (through ``suite.api.schema``)."""
     keys = declared_keys()
     distinctive = {key for key in keys if "_" in key}
     spelled = []
-    for path in sorted(SUITE.rglob("*.py")):
-        module = str(path.relative_to(SUITE.parent))
+    for path in checked_files():
+        module = str(path.relative_to(REPO))
         if path == SUITE / "results" / "schema.py" or module in OTHER_FORMATS:
             continue
         tree = ast.parse(path.read_text())
