@@ -108,6 +108,19 @@ def problems(table: pd.DataFrame, methods: list[str], layout: str) -> list[str]:
     return found
 
 
+def check_recorded(root: Path, methods: list[str], layout: str) -> None:
+    """The part's checks on a sweep already recorded in ``root`` (a part's table re-judged,
+    or a planted fault shown to fail): its rows, then exit 1 with the findings."""
+    if layout not in ("nccl", "shared"):
+        raise SystemExit("--check-results judges one layout: --layout nccl or shared")
+    table = describe(root)
+    print(table.to_markdown(index=False, floatfmt=".4g") if len(table) else "no run")
+    found = problems(table, methods, layout)
+    if found:
+        raise SystemExit(f"{len(found)} check(s) failed: {'; '.join(found)}")
+    print("every method ran and ended ok, as the layout says")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="resnet18-cifar10")
@@ -118,9 +131,21 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="prunex and localsgd-hier, 2 iterations on small synthetic data, "
                         "one rank per GPU")
+    parser.add_argument("--check-results", metavar="DIR", default=None,
+                        help="no measuring: the checks of --layout (nccl or shared) on the "
+                        "runs already in DIR (exit 1 on any finding)")
     args = parser.parse_args()
     if args.smoke:
         smoke_defaults(args, SMOKE)
+    if args.check_results:
+        check_recorded(Path(args.check_results), args.methods.split(","), args.layout)
+    else:
+        measure(args)
+
+
+def measure(args) -> None:
+    """Every method of ``args.methods`` in each layout asked for, on this machine's GPUs:
+    the tables, their checks and PruneX's overhead ratio (exit 1 on any finding)."""
     gpus = torch.cuda.device_count()
     if not gpus:
         raise SystemExit("no CUDA device: this measurement is for a GPU machine")

@@ -96,7 +96,8 @@ INTEGERS = {
     "SLURM_LOCALID": 0, "SLURM_RESTART_COUNT": 0, "OMP_NUM_THREADS": 1,
 }
 #: the number variables, and whether they must be above 0 (else at least 0)
-NUMBERS = {"PRUNEX_FLUSH_SECONDS": False, "PRUNEX_AGREE_SECONDS": True}
+NUMBERS = {"PRUNEX_FLUSH_SECONDS": False, "PRUNEX_AGREE_SECONDS": True,
+           "PRUNEX_HOST_MEMORY_BANDWIDTH": True}
 FLAGS = ("PRUNEX_STRICT_PLUGINS", "PRUNEX_PROGRESS")
 
 

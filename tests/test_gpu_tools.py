@@ -212,3 +212,25 @@ def test_prepare_reports_a_carry_with_fashion_mnist_under_the_limit(tmp_path):
     line = next(line for line in proc.stdout.splitlines() if line.startswith("the carry:"))
     assert "Fashion-MNIST 29.4 MiB" in line and line.endswith("(limit 64 MiB)")
     assert len(list((tmp_path / "data" / "fashion-mnist").glob("*.gz"))) == 4
+
+
+def test_a_recorded_sweep_with_a_failed_cell_fails_the_parts_check(tmp_path, capsys):
+    """`benchmarks/gpu_steps.py --check-results DIR`: the part's checks on runs already
+    recorded (here the portable reference's, CPU ranks on gloo as the shared layout runs)."""
+    import shutil
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_steps
+
+    for method in ("ddp", "powersgd", "prunex"):
+        run = next((REPO / "reference" / "cpu-gloo-portable-t1").glob(f"{method}-cnn-*"))
+        shutil.copytree(run, tmp_path / run.name)
+    methods = ["ddp", "powersgd", "prunex"]
+    gpu_steps.check_recorded(tmp_path, methods, "shared")  # every check passes
+    with pytest.raises(SystemExit, match="ddp: ran on gloo, not NCCL"):
+        gpu_steps.check_recorded(tmp_path, methods, "nccl")  # the NCCL layout's backend
+    summary = next(tmp_path.glob("prunex-*")) / "summary.json"
+    planted = {**json.loads(summary.read_text()), "status": "failed", "error": "rank 2: boom"}
+    summary.write_text(json.dumps(planted))
+    with pytest.raises(SystemExit, match=r"1 check\(s\) failed: prunex: failed: rank 2: boom"):
+        gpu_steps.check_recorded(tmp_path, methods, "shared")

@@ -17,6 +17,7 @@ import torch
 
 from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
+from suite.environment import env_float
 from suite.errors import BenchError
 from suite.results import schema
 from suite.results.folder import RunFolder
@@ -37,6 +38,15 @@ from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable,
 
 
 @single_threaded  # the checks' model traces too: a second thread only slows them here
+def host_memory_bandwidth() -> float:
+    """This host's memory bandwidth in bytes/s, which scales the replay's host-timed phases
+    to the profile's machine: measured (a few hundred ms), or PRUNEX_HOST_MEMORY_BANDWIDTH
+    where set, so that simulations made apart (two ``bench sim`` calls, on a loaded runner)
+    price those phases alike."""
+    fixed = env_float("PRUNEX_HOST_MEMORY_BANDWIDTH", 0.0, minimum=0.0)
+    return fixed if fixed > 0 else memory_bandwidth(torch.device("cpu"))
+
+
 def run_simulations(
     methods: list[str],
     gpus: list[int],
@@ -154,7 +164,7 @@ def _simulate_cells(plans: list, cells: list, *, loaded, replay: int, accuracy, 
     Returns:
         The run folders, in the order of ``plans``.
     """
-    host_bandwidth = memory_bandwidth(torch.device("cpu"))  # once, so the cells are alike
+    host_bandwidth = host_memory_bandwidth()  # once, so the cells are alike
     paths = []
     for number, (plan, cell) in enumerate(zip(plans, cells), 1):
         config = plan.config

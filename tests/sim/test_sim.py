@@ -388,10 +388,13 @@ def simulated_runs(out) -> dict:
     return runs
 
 
-def test_a_cut_last_round_is_priced_as_its_own_replay(tmp_path):
+def test_a_cut_last_round_is_priced_as_its_own_replay(tmp_path, monkeypatch):
     """A budget that cuts PruneX's last round (39 steps in rounds of 4: the last of 3): the
     simulation replaying one iteration prices training as the one replaying every iteration
-    (within 2 %: host-timed phases vary), and every simulation prices the samples it trains."""
+    (within 2 %: host-timed phases vary; the host's bandwidth that scales them is fixed, as
+    two simulations made apart on a loaded runner would otherwise measure it apart), and
+    every simulation prices the samples it trains."""
+    monkeypatch.setenv("PRUNEX_HOST_MEMORY_BANDWIDTH", "2e10")
     profile = write_profile(tmp_path, 1e8)
     found = {}
     for replay in ("1", "1000"):
@@ -408,6 +411,7 @@ def test_a_cut_last_round_is_priced_as_its_own_replay(tmp_path):
         assert short["train_seconds"] == pytest.approx(full["train_seconds"], rel=0.02)
         replayed = manifest["simulation"]["replayed_iterations"]
         assert 1 < replayed < full_manifest["simulation"]["replayed_iterations"], method
+        assert manifest["simulation"]["host_memory_bandwidth_Bps"] == 2e10
     prunex_rows = found["1"]["prunex"][1]
     assert prunex_rows.samples.iloc[-1] < prunex_rows.samples.iloc[0]  # the cut round
 
