@@ -228,28 +228,36 @@ class Registry:
         """
 
         def decorate(factory):
-            if name in self._entries and self._entries[name].factory is not factory:
-                raise BenchError(f"{self.kind} {name!r} is registered twice "
-                                 f"({describe(self._entries[name].factory)} and "
-                                 f"{describe(factory)})")
-            options = options_of(settings)  # a malformed declaration fails at import
-            for opt in options:
-                self._check_option(name, opt)
-            check_round_options(name, settings, options)
-            if look is not None:
-                look.check(name)
-            figure_list = tuple(figures)
-            for figure in figure_list:
-                if not callable(figure):
-                    raise BenchError(f"{self.kind} {name!r}: figures= takes functions "
-                                     f"fn(runs, out, kit, width=None), got {figure!r}")
-            self._entries[name] = Entry(
-                name, description, factory, settings, not_simulable, look, activity,
-                plugin=third_party(self._loading), figures=figure_list,
-            )
+            shown = (figures,) if callable(figures) else tuple(figures)  # one figure, or several
+            entry = Entry(name, description, factory, settings, not_simulable, look, activity,
+                          plugin=third_party(self._loading), figures=shown)
+            self._check_entry(entry)
+            self._entries[name] = entry
             return factory
 
         return decorate
+
+    def _check_entry(self, entry: Entry) -> None:
+        """Refuse, in one line, what ``register`` refuses (its docstring lists it).
+
+        Raises:
+            BenchError: naming the entry and what is wrong with it.
+        """
+        name, factory = entry.name, entry.factory
+        if name in self._entries and self._entries[name].factory is not factory:
+            raise BenchError(f"{self.kind} {name!r} is registered twice "
+                             f"({describe(self._entries[name].factory)} and "
+                             f"{describe(factory)})")
+        options = options_of(entry.settings)  # a malformed declaration fails at import
+        for opt in options:
+            self._check_option(name, opt)
+        check_round_options(name, entry.settings, options)
+        if entry.look is not None:
+            entry.look.check(name)
+        for figure in entry.figures:
+            if not callable(figure):
+                raise BenchError(f"{self.kind} {name!r}: figures= takes functions "
+                                 f"fn(runs, out, kit, width=None), got {figure!r}")
 
     def register_family(self, prefix: str, description: str):
         """Decorator on a factory of names: entries ``PREFIX:NAME`` for any NAME the factory

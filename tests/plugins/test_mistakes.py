@@ -15,7 +15,16 @@ from typing import Literal
 import pytest
 import torch
 
-from suite.api import AT_LEAST_1, FRACTION, POSITIVE, Check, Look, RoundSettings, option
+from suite.api import (
+    AT_LEAST_1,
+    FRACTION,
+    POSITIVE,
+    Check,
+    Look,
+    RoundSettings,
+    figure_reads,
+    option,
+)
 from suite.cluster.recorder import Recorder
 from suite.errors import BenchError
 from suite.plugins.registry import Registry
@@ -74,6 +83,22 @@ def test_a_look_is_one_matplotlib_can_draw():
     with pytest.raises(BenchError, match="marker 'star' is not a matplotlib marker"):
         fresh().register("b", "x", look=Look("B", "#D55E00", "star"))(factory)
     fresh().register("c", "x", look=Look("C", "tab:blue", "d"))(factory)
+
+
+def test_a_declared_figure_is_a_function_of_known_tables():
+    with pytest.raises(BenchError, match="figures= takes functions fn\\(runs, out, kit"):
+        fresh().register("a", "x", figures=("fig10_residuals",))(factory)
+    with pytest.raises(BenchError, match="figure_reads: no table layer; the tables are "
+                       "iterations, evals, layers"):
+        figure_reads(layer=("rho1",))
+
+    def panel(runs, out, kit, width=None):
+        return kit.Skipped("p", "P", "nothing")
+
+    registry = fresh()
+    registry.register("b", "x", figures=panel)(factory)  # one figure without a tuple
+    registry.register("c", "x", figures=(panel,))(factory)
+    assert registry.figures() == [panel]  # drawn once, however many declare it
 
 
 def test_a_settings_field_without_option_is_refused():
