@@ -70,6 +70,40 @@ def paired_gap(table: pd.DataFrame, arm: str, baseline: str) -> tuple[float, flo
     return mean_ci((a - b).dropna())
 
 
+def family_section(root: Path, workload: str, arms: list[str]) -> str:
+    """One family's part of ``families.md`` from the runs recorded so far: each arm's final
+    accuracy over its seeds ("-" where none finished), then the paired gaps with the verdict
+    on the first, so a partial measurement still reads.
+
+    Args:
+        root: the results folder, one ``<workload>/<arm slug>`` folder per cell.
+        workload: the family's workload.
+        arms: the arm labels asked for, in order.
+    """
+    tables = [run_table(root / workload / slug(arm)).assign(arm=arm) for arm in arms
+              if (root / workload / slug(arm)).is_dir()]
+    table = pd.concat(tables) if tables else pd.DataFrame()
+    rows = []
+    for arm in arms:
+        runs = table[table.arm == arm] if len(table) else table
+        mean, half, n = mean_ci(runs.accuracy) if len(runs) else (float("nan"),) * 2 + (0,)
+        rows.append({"arm": arm, "seeds": n, "final accuracy %": mean_pm(mean, half, 2),
+                     "inter-node MB/epoch": round(runs.inter_MB_per_epoch.mean(), 2)
+                     if len(runs) else "-",
+                     "exchange (intra / inter)": ", ".join(sorted(set(runs.exchange)))
+                     if len(runs) else "-"})
+    lines = [f"### {workload}", "", pd.DataFrame(rows).to_markdown(index=False), ""]
+    for arm, baseline in GAPS:
+        if arm in arms and baseline in arms and len(table):
+            mean, half, n = paired_gap(table, arm, baseline)
+            verdict = ""
+            if (arm, baseline) == GAPS[0] and n:
+                verdict = f" ({verdict_words(mean)})"
+            lines.append(f"- {arm} - {baseline}: {mean_pm(mean, half, 2)} points over "
+                         f"{n} seed(s){verdict}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=FAMILIES)
@@ -103,28 +137,7 @@ def main() -> None:
 
     sections = []
     for workload in workloads:
-        tables = [run_table(root / workload / slug(arm)).assign(arm=arm) for arm in arms
-                  if (root / workload / slug(arm)).is_dir()]
-        table = pd.concat(tables) if tables else pd.DataFrame()
-        rows = []
-        for arm in arms:
-            runs = table[table.arm == arm] if len(table) else table
-            mean, half, n = mean_ci(runs.accuracy) if len(runs) else (float("nan"),) * 2 + (0,)
-            rows.append({"arm": arm, "seeds": n, "final accuracy %": mean_pm(mean, half, 2),
-                         "inter-node MB/epoch": round(runs.inter_MB_per_epoch.mean(), 2)
-                         if len(runs) else "-",
-                         "exchange (intra / inter)": ", ".join(sorted(set(runs.exchange)))
-                         if len(runs) else "-"})
-        lines = [f"### {workload}", "", pd.DataFrame(rows).to_markdown(index=False), ""]
-        for arm, baseline in GAPS:
-            if arm in arms and baseline in arms and len(table):
-                mean, half, n = paired_gap(table, arm, baseline)
-                verdict = ""
-                if (arm, baseline) == GAPS[0] and n:
-                    verdict = f" ({verdict_words(mean)})"
-                lines.append(f"- {arm} - {baseline}: {mean_pm(mean, half, 2)} points over "
-                             f"{n} seed(s){verdict}")
-        sections.append("\n".join(lines))
+        sections.append(family_section(root, workload, arms))
     text = (f"Final accuracy on {args.gpus} ranks ({args.gpus_per_node} per node), "
             f"{args.epochs} epoch, seeds {args.seeds}; mean +- 95 % interval.\n\n"
             + "\n\n".join(sections) + "\n")

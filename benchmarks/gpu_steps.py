@@ -143,13 +143,11 @@ def main() -> None:
         measure(args)
 
 
-def measure(args) -> None:
-    """Every method of ``args.methods`` in each layout asked for, on this machine's GPUs:
-    the tables, their checks and PruneX's overhead ratio (exit 1 on any finding)."""
-    gpus = torch.cuda.device_count()
-    if not gpus:
-        raise SystemExit("no CUDA device: this measurement is for a GPU machine")
-    common = [
+def common_flags(args) -> list[str]:
+    """The ``bench sweep`` flags every layout shares: synthetic data on CUDA, no evaluation
+    inside the short run, and PowerSGD compressing early enough to be measured (the smoke
+    run's small data added under ``--smoke``)."""
+    return [
         "--workload",
         args.workload,
         "--dataset",
@@ -167,12 +165,28 @@ def measure(args) -> None:
         "2",
         *(SMOKE_DATA if args.smoke else []),
     ]
+
+
+def layout_flags(layout: str, gpus: int) -> dict[str, list[str]]:
+    """{section title: its ``--gpus`` flags} of each layout ``--layout`` asks for, NCCL
+    first: the order the sections are measured and written in."""
     layouts = {}
-    if args.layout in ("nccl", "both"):
+    if layout in ("nccl", "both"):
         layouts[f"{gpus} rank(s), one per GPU (NCCL)"] = ["--gpus", str(gpus)]
-    if args.layout in ("shared", "both"):
+    if layout in ("shared", "both"):
         layouts["2 nodes x 2 ranks sharing the GPUs (gloo)"] = ["--gpus", "4", "--gpus-per-node",
                                                                 "2"]
+    return layouts
+
+
+def measure(args) -> None:
+    """Every method of ``args.methods`` in each layout asked for, on this machine's GPUs:
+    the tables, their checks and PruneX's overhead ratio (exit 1 on any finding)."""
+    gpus = torch.cuda.device_count()
+    if not gpus:
+        raise SystemExit("no CUDA device: this measurement is for a GPU machine")
+    common = common_flags(args)
+    layouts = layout_flags(args.layout, gpus)
     name = torch.cuda.get_device_name(0)
     sections = [f"# Every method on {name} x {gpus}", "",
                 f"`{' '.join(common)}`; seconds are means over ranks and iterations "

@@ -77,6 +77,40 @@ def one_offs(run: Path) -> str:
                      sorted(seconds.items(), key=lambda kv: -kv[1]) if value >= 0.0005) or "-"
 
 
+def measure_repeat(tmp: Path, repeat: int, common: list[str], prunex_args: str) -> dict:
+    """One sitting's pair: PruneX, then localsgd-hier, each run once with the same flags, and
+    the table's row of their ratios; the pair runs back to back so a drift of the machine
+    falls on both.
+
+    Args:
+        tmp: where each run's results folder goes (``<method>-<repeat>``).
+        repeat: this pair's index, the row's ``repeat``.
+        common: the flags both ``bench run`` commands get.
+        prunex_args: ``--prunex-args``, the flags PruneX's run alone gets (shell-split).
+    """
+    runs = {}
+    for method in ("prunex", "localsgd-hier"):
+        out = tmp / f"{method}-{repeat}"
+        own = shlex.split(prunex_args) if method == "prunex" else []
+        bench("run", "--method", method, *common, *own, "--results-dir", str(out))
+        runs[method] = only_run(out)
+    work = seconds_per_local_step(runs["prunex"], PRUNEX_WORK)
+    local = (phases.LOCAL_COMPUTE,)
+    dense = seconds_per_local_step(runs["localsgd-hier"], local)
+    own_local = seconds_per_local_step(runs["prunex"], local)
+    trained = {m: summary(r)[schema.TRAIN_SECONDS] for m, r in runs.items()}
+    return {
+        "repeat": repeat,
+        "prunex s/step (work)": work,
+        "prunex s/step (local compute)": own_local,
+        "localsgd-hier s/step (local compute)": dense,
+        "ratio": work / dense,
+        "H-SADMM phases / localsgd-hier step": (work - own_local) / dense,
+        "prunex one-offs (s)": one_offs(runs["prunex"]),
+        "training time ratio": trained["prunex"] / trained["localsgd-hier"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="cnn-fmnist")
@@ -100,27 +134,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            runs = {}
-            for method in ("prunex", "localsgd-hier"):
-                out = Path(tmp) / f"{method}-{repeat}"
-                own = shlex.split(args.prunex_args) if method == "prunex" else []
-                bench("run", "--method", method, *common, *own, "--results-dir", str(out))
-                runs[method] = only_run(out)
-            work = seconds_per_local_step(runs["prunex"], PRUNEX_WORK)
-            local = (phases.LOCAL_COMPUTE,)
-            dense = seconds_per_local_step(runs["localsgd-hier"], local)
-            own_local = seconds_per_local_step(runs["prunex"], local)
-            trained = {m: summary(r)[schema.TRAIN_SECONDS] for m, r in runs.items()}
-            rows.append({
-                "repeat": repeat,
-                "prunex s/step (work)": work,
-                "prunex s/step (local compute)": own_local,
-                "localsgd-hier s/step (local compute)": dense,
-                "ratio": work / dense,
-                "H-SADMM phases / localsgd-hier step": (work - own_local) / dense,
-                "prunex one-offs (s)": one_offs(runs["prunex"]),
-                "training time ratio": trained["prunex"] / trained["localsgd-hier"],
-            })
+            rows.append(measure_repeat(Path(tmp), repeat, common, args.prunex_args))
             print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     text = "\n".join([

@@ -194,25 +194,11 @@ def run_module_in_cluster(
     Any node failing stops the others; stopped ranks get ``shutdown_seconds`` to checkpoint.
     Launcher output goes to ``logs/node<i>.log``."""
     logs.mkdir(parents=True, exist_ok=True)
-    env = {
-        "GLOO_SOCKET_IFNAME": INTERFACE,  # else gloo resolves the hostname to 127.0.0.1
-        "OMP_NUM_THREADS": "1",
-        "TORCH_CPP_LOG_LEVEL": os.environ.get(
-            "TORCH_CPP_LOG_LEVEL", "ERROR"
-        ),  # no hostname warnings
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
+    env = _agent_env()
     procs, files, ranks = [], [], set()
     try:
         for node in range(cluster.num_nodes):
-            argv = [
-                sys.executable, "-m", "torch.distributed.run",
-                "--nnodes", str(cluster.num_nodes), "--node-rank", str(node),
-                "--nproc-per-node", str(gpus_per_node),
-                "--master-addr", cluster.address(0), "--master-port", str(MASTER_PORT),
-                "--shutdown-timeout", str(shutdown_seconds),
-                "-m", module, *args,
-            ]
+            argv = _agent_argv(cluster, node, gpus_per_node, module, args, shutdown_seconds)
             log = open(logs / f"node{node}.log", "w")
             files.append(log)
             procs.append(
@@ -243,6 +229,44 @@ def run_module_in_cluster(
         _stop(procs, ranks, shutdown_seconds)
         for log in files:
             log.close()
+
+
+def _agent_env() -> dict[str, str]:
+    """What every node's agent and ranks get added to their environment: gloo bound to the
+    emulated link, one thread per rank, torch's C++ log quiet unless asked, and this
+    process's import path (so the module resolves inside the namespaces as it does here)."""
+    return {
+        "GLOO_SOCKET_IFNAME": INTERFACE,  # else gloo resolves the hostname to 127.0.0.1
+        "OMP_NUM_THREADS": "1",
+        # no hostname warnings
+        "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+
+
+def _agent_argv(
+    cluster: EmulatedCluster,
+    node: int,
+    gpus_per_node: int,
+    module: str,
+    args: list[str],
+    shutdown_seconds: int,
+) -> list[str]:
+    """The torchrun agent command of one emulated node: a static rendezvous on node 0's
+    address, so every node's agent finds the others without a shared store.
+
+    Args:
+        node: the node's index, its torchrun node rank.
+        shutdown_seconds: how long a stopped rank has to checkpoint before SIGKILL.
+    """
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(cluster.num_nodes), "--node-rank", str(node),
+        "--nproc-per-node", str(gpus_per_node),
+        "--master-addr", cluster.address(0), "--master-port", str(MASTER_PORT),
+        "--shutdown-timeout", str(shutdown_seconds),
+        "-m", module, *args,
+    ]
 
 
 def _stop(procs: list[subprocess.Popen], ranks: set[int], grace: float) -> None:

@@ -145,6 +145,21 @@ def calibrate_to_file(flags: dict, *, echo) -> Path:
     )
     output.write_text(json.dumps(profile, indent=2) + "\n")
     raw_path.unlink()
+    _echo_headline(profile, gpus, echo=echo)
+    echo(f"profile: {output}")
+    return output
+
+
+def _echo_headline(profile: dict, gpus: int, *, echo) -> None:
+    """Print a fitted profile's headline numbers (links, step times, memory bandwidth and the
+    world all-reduce measured against the model), so a calibration's result can be judged
+    at a glance before the profile is used.
+
+    Args:
+        profile: the profile JSON just written.
+        gpus: the world size the world all-reduce was measured over.
+        echo: where each line goes.
+    """
     for link in ("intra", "inter"):
         entry = profile["links"][link]
         echo(
@@ -159,5 +174,3 @@ def calibrate_to_file(flags: dict, *, echo) -> Path:
             f"world all-reduce {size:>9} B: measured {measured * 1e3:8.2f} ms, "
             f"model {predicted * 1e3:8.2f} ms"
         )
-    echo(f"profile: {output}")
-    return output

@@ -64,20 +64,38 @@ def block_statistics(block_steps: list[int], repeats: int, seconds: list[list[fl
     )
 
 
-def build_profile(
-    raw: dict,
-    plan: dict,
-    *,
-    name: str,
-    description: str,
-    command: str,
-    links_from: dict | None = None,
-) -> dict:
-    """The profile JSON from the ranks' raw measurements; links that cannot be measured with
-    this layout (one node, or one rank per node) are taken from ``links_from``."""
-    stamp = time.strftime("%Y-%m-%d")
-    device = raw.get("device_name") or plan["device"]
-    where = f"`{command}` on {raw['hostname']} ({device}, torch {raw.get('torch', '?')}), {stamp}"
+def _measured_link(link_name: str, entry: dict, plan: dict, where: str) -> dict:
+    """One link's profile entry fitted from its all-reduce timings; split out of
+    :func:`build_profile` so the provenance text of a shaped link sits beside its fit.
+
+    Args:
+        link_name: ``"intra"`` or ``"inter"``; only the inter-node link is shaped.
+        entry: the ranks' raw timings of that link (``n`` ranks, ``times``).
+        plan: the calibration plan (its network names the shapers' qdisc).
+        where: the command, host and date every source line ends with.
+    """
+    burst = shaped_burst(plan) if link_name == "inter" else 0
+    link, worst = fit_ring(entry["times"], entry["n"], burst)
+    fitted = {
+        "alpha_s": link.alpha,
+        "bandwidth_Bps": link.bandwidth,
+        "source": f"measured: fit of all-reduce times over {entry['n']} ranks, worst "
+        f"relative residual {worst:.1%}; {where}",
+        "measurements": entry["times"],
+    }
+    if burst:
+        fitted["burst_bytes"] = burst
+        fitted["source"] += (
+            f"; burst_bytes: the shapers' token bucket ({plan['network']['qdisc']}), "
+            "each collective timed after it refilled"
+        )
+    return fitted
+
+
+def _profile_links(raw: dict, plan: dict, where: str, links_from: dict | None) -> dict:
+    """The intra- and inter-node links, fitted where this layout measured them and taken
+    from ``links_from`` where it could not (one node, or one rank per node); raises
+    :class:`BenchError` when a link is unmeasured and no profile was given to borrow from."""
     links = {}
     for link_name in ("intra", "inter"):
         entry = raw["links"][link_name]
@@ -93,21 +111,14 @@ def build_profile(
                 f"from profile {links_from['name']!r}: " + links[link_name]["source"]
             )
             continue
-        burst = shaped_burst(plan) if link_name == "inter" else 0
-        link, worst = fit_ring(entry["times"], entry["n"], burst)
-        links[link_name] = {
-            "alpha_s": link.alpha,
-            "bandwidth_Bps": link.bandwidth,
-            "source": f"measured: fit of all-reduce times over {entry['n']} ranks, worst "
-            f"relative residual {worst:.1%}; {where}",
-            "measurements": entry["times"],
-        }
-        if burst:
-            links[link_name]["burst_bytes"] = burst
-            links[link_name]["source"] += (
-                f"; burst_bytes: the shapers' token bucket ({plan['network']['qdisc']}), "
-                "each collective timed after it refilled"
-            )
+        links[link_name] = _measured_link(link_name, entry, plan, where)
+    return links
+
+
+def _profile_steps(raw: dict, plan: dict, where: str) -> tuple[dict, list, list]:
+    """Each workload's step entry, with the backward share of every workload and the
+    overlap measured where an all-reduce was timed (``comm`` is NaN where it was not);
+    the two lists feed the profile's compute means, in workload order."""
     steps = {}
     backward, overlap = [], []
     for workload, (fwd, bwd, opt, comm, together, jitter) in raw["compute"].items():
@@ -134,6 +145,25 @@ def build_profile(
             f"sync_wait_s: mean (slowest - mean rank) per block size; inputs: "
             f"{raw.get('data', {}).get(workload, 'random stand-in inputs')}; {where}",
         }
+    return steps, backward, overlap
+
+
+def build_profile(
+    raw: dict,
+    plan: dict,
+    *,
+    name: str,
+    description: str,
+    command: str,
+    links_from: dict | None = None,
+) -> dict:
+    """The profile JSON from the ranks' raw measurements; links that cannot be measured with
+    this layout (one node, or one rank per node) are taken from ``links_from``."""
+    stamp = time.strftime("%Y-%m-%d")
+    device = raw.get("device_name") or plan["device"]
+    where = f"`{command}` on {raw['hostname']} ({device}, torch {raw.get('torch', '?')}), {stamp}"
+    links = _profile_links(raw, plan, where, links_from)
+    steps, backward, overlap = _profile_steps(raw, plan, where)
     return {
         "name": name,
         "description": description,

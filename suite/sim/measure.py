@@ -258,26 +258,45 @@ def calibration_rank(plan_json: str, out_path: str) -> None:
             result["compute"][workload] = mine.tolist()
             result["blocks"][workload] = blocks
         result["memory_bandwidth"] = memory_bandwidth(device)
-        for name in ("intra", "inter", "world"):
-            group = {"intra": topo.intra, "inter": topo.inter, "world": topo.world}[name]
-            if plan["compute_only"]:  # links come from --links-from
-                result["links"][name] = {"n": 0, "times": []}
-                continue
-            rows = []
-            for size in plan["sizes"]:
-                dist.barrier()
-                seconds = float("nan")
-                if group is not None and group.size > 1:
-                    seconds = time_allreduce(
-                        group.pg, size, device, plan["repeats"], idle_s=refill_seconds(plan)
-                    )
-                rows.append([size, seconds])
-            result["links"][name] = {"n": group.size if group else 0, "times": rows}
+        result["links"] = link_timings(plan, topo, device)
         if topo.rank == 0:
             Path(out_path).write_text(json.dumps(result))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def link_timings(plan: dict, topo, device: torch.device) -> dict:
+    """All-reduce seconds per buffer size over the intra-node, leaders' and world groups, in
+    that order on every rank (each size after a barrier, so the ranks issue the same
+    collectives in step); NaN where this rank's group has one member, and no times at all
+    under ``--compute-only`` (the links come from ``--links-from``).
+
+    Args:
+        plan: the calibration plan (sizes, repeats, and the network a shaped link refills on).
+        topo: this rank's topology, whose groups are timed.
+        device: where the buffers live.
+
+    Returns:
+        {name: {"n": ranks in the group, "times": [[size, seconds], ...]}}.
+    """
+    links = {}
+    for name in ("intra", "inter", "world"):
+        group = {"intra": topo.intra, "inter": topo.inter, "world": topo.world}[name]
+        if plan["compute_only"]:  # links come from --links-from
+            links[name] = {"n": 0, "times": []}
+            continue
+        rows = []
+        for size in plan["sizes"]:
+            dist.barrier()
+            seconds = float("nan")
+            if group is not None and group.size > 1:
+                seconds = time_allreduce(
+                    group.pg, size, device, plan["repeats"], idle_s=refill_seconds(plan)
+                )
+            rows.append([size, seconds])
+        links[name] = {"n": group.size if group else 0, "times": rows}
+    return links
 
 
 def shaped_burst(plan: dict) -> int:

@@ -104,28 +104,11 @@ def simulate_run(
     config, recipe = plan.config, plan.recipe
     say = progress or (lambda line: None)
     check_simulable(config.method)
-    gpn = config.gpus_per_node
     step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
     host_bw = host_memory_bandwidth or memory_bandwidth(torch.device("cpu"))
 
-    ensure_single_process_group()
     device = torch.device("cpu")
-    topology = sim_topology(config.gpus, gpn, rank=0, pg=dist.group.WORLD)
-    loader = SimLoader(plan.spec, plan.train_samples, config.gpus, recipe.batch_size,
-                       config.seed)
-    recorder = SimRecorder(
-        0,
-        device,
-        loader,
-        step_seconds=step_seconds,
-        backward_fraction=profile.backward_fraction,
-        overlap_efficiency=profile.overlap_efficiency,
-        host_scale=host_bw / profile.memory_bandwidth,
-        sync_wait=lambda steps: profile.sync_wait(
-            config.workload, recipe.batch_size, steps, config.gpus
-        ),
-    )
-    comm = SimCommunicator(topology, recorder, device, profile)
+    topology, loader, recorder, comm = _sim_stack(plan, profile, device, step_seconds, host_bw)
     ctx, method, iterations, steps = build_method(
         plan, topology=topology, comm=comm, recorder=recorder, loader=loader, device=device,
     )
@@ -159,6 +142,64 @@ def simulate_run(
         },
     )
     folder.write_manifest(manifest)
+    _write_tables_and_finish(
+        folder, config, manifest, method, rows=rows, recorder=recorder,
+        iterations=iterations, accuracy=accuracy,
+    )
+    return folder.path
+
+
+def _sim_stack(
+    plan: RunPlan, profile: Profile, device: torch.device, step_seconds: float, host_bw: float
+):
+    """The simulated job underneath the method, in the order a real run builds its own: the
+    single-process group, rank 0's topology, the stand-in loader, the pricing recorder and
+    the pricing communicator; split out of :func:`simulate_run` to keep the run's outline
+    readable.
+
+    Args:
+        device: where the stand-in tensors live (the CPU).
+        step_seconds: the profile's compute seconds per local step of this workload.
+        host_bw: this host's memory bandwidth, which scales the host-timed phases.
+
+    Returns:
+        (topology, loader, recorder, communicator).
+    """
+    config, recipe = plan.config, plan.recipe
+    ensure_single_process_group()
+    topology = sim_topology(config.gpus, config.gpus_per_node, rank=0, pg=dist.group.WORLD)
+    loader = SimLoader(plan.spec, plan.train_samples, config.gpus, recipe.batch_size,
+                       config.seed)
+    recorder = SimRecorder(
+        0,
+        device,
+        loader,
+        step_seconds=step_seconds,
+        backward_fraction=profile.backward_fraction,
+        overlap_efficiency=profile.overlap_efficiency,
+        host_scale=host_bw / profile.memory_bandwidth,
+        sync_wait=lambda steps: profile.sync_wait(
+            config.workload, recipe.batch_size, steps, config.gpus
+        ),
+    )
+    comm = SimCommunicator(topology, recorder, device, profile)
+    return topology, loader, recorder, comm
+
+
+def _write_tables_and_finish(
+    folder: RunFolder,
+    config,
+    manifest: dict,
+    method,
+    *,
+    rows: list[dict],
+    recorder: SimRecorder,
+    iterations: int,
+    accuracy: Borrowed | None,
+) -> None:
+    """Write the simulated run's tables and its summary once the manifest is written; the
+    run's wall time is the sum of its priced iterations (the slowest rank of each), and its
+    accuracy, where any, is borrowed from the real run named by ``--accuracy-from``."""
     frame = _frame(rows)
     write_table(folder.path / "iterations.parquet", frame)
     if recorder.layers:
@@ -182,7 +223,6 @@ def simulate_run(
         extra=extra,
         evaluated=False,
     )
-    return folder.path
 
 
 def _replay_iterations(
