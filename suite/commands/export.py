@@ -101,12 +101,7 @@ def export_run(
     run_dir = Path(run_dir)
     manifest, model, masks, groups = load_run_model(run_dir)
     config = manifest[schema.CONFIG]
-    _, test, spec = load_data(
-        config[schema.DATASET],
-        data_dir=data_dir or config.get("data_dir"),
-        seed=config.get(schema.SEED, 0),
-        synthetic_size=tuple(config.get("synthetic_size") or (4096, 1024)),
-    )
+    test = load_test_split(config, data_dir)
     check = test.images[:CHECK_SAMPLES]
     try:
         masked, exported, live = export_model(model, masks, check, groups)
@@ -115,27 +110,14 @@ def export_run(
     diff = max_abs_diff(exported, masked, check)  # fp32, as the model runs
     diff64 = max_abs_diff(exported, masked, check, dtype=torch.float64)  # what is judged
     sample = test.images[:1]
-
-    def measure(net: nn.Module) -> dict:
-        return {
-            schema.PARAMETERS: count_parameters(net),
-            "flops": flops_per_image(net, sample),
-            **{
-                f"latency_ms_b{b}": latency_ms(net, sample, b, repeats, max_seconds)
-                for b in LATENCY_BATCHES
-            },
-        }
-
     threads = torch.get_num_threads()
     echo(f"measuring {config[schema.WORKLOAD]}: dense, then exported ({threads} threads)")
-    dense_stats, exported_stats = measure(model), measure(exported)
+    dense_stats, exported_stats = (measure(model, sample, repeats, max_seconds),
+                                   measure(exported, sample, repeats, max_seconds))
     exported_stats["test_accuracy"] = accuracy(exported, test.images, test.labels)
     path = Path(output) if output is not None else run_dir / "exported.pt"
     write_torch(path, exported)
-    try:
-        summary = RunFolder(run_dir).summary() or {}
-    except (OSError, ValueError):  # a damaged summary: the record says what it can
-        summary = {}
+    summary = readable_summary(run_dir)
     record = {
         schema.RUN_ID: manifest.get(schema.RUN_ID, run_dir.name),
         schema.METHOD: config[schema.METHOD],
@@ -154,11 +136,57 @@ def export_run(
         "threads": torch.get_num_threads(),
         "dense": dense_stats,
         "exported": exported_stats,
-        "ratios": {
-            key: exported_stats[key] / dense_stats[key]
-            for key in dense_stats
-            if dense_stats[key] and not math.isnan(dense_stats[key])
-        },
+        "ratios": ratios(dense_stats, exported_stats),
     }
     write_json(run_dir / "export.json", record)
     return record
+
+
+def load_test_split(config: dict, data_dir: str | None):
+    """The run's test split, loaded as the run loaded it (its seed and synthetic size; the
+    data folder given here, else the run's own)."""
+    _, test, _ = load_data(
+        config[schema.DATASET],
+        data_dir=data_dir or config.get("data_dir"),
+        seed=config.get(schema.SEED, 0),
+        synthetic_size=tuple(config.get("synthetic_size") or (4096, 1024)),
+    )
+    return test
+
+
+def measure(net: nn.Module, sample: torch.Tensor, repeats: int, max_seconds: float) -> dict:
+    """What the export compares between the dense and the exported model: parameters,
+    FLOPs per image and the latency at each of ``LATENCY_BATCHES``.
+
+    Args:
+        net: the model, in eval mode.
+        sample: a batch of one test image, what every number is measured on.
+        repeats: timed runs per batch size.
+        max_seconds: the most one batch size's timing may take.
+    """
+    return {
+        schema.PARAMETERS: count_parameters(net),
+        "flops": flops_per_image(net, sample),
+        **{
+            f"latency_ms_b{b}": latency_ms(net, sample, b, repeats, max_seconds)
+            for b in LATENCY_BATCHES
+        },
+    }
+
+
+def readable_summary(run_dir: Path) -> dict:
+    """The run's summary.json, or {} where there is none or it is damaged: the record says
+    what it can without it."""
+    try:
+        return RunFolder(run_dir).summary() or {}
+    except (OSError, ValueError):  # a damaged summary: the record says what it can
+        return {}
+
+
+def ratios(dense: dict, exported: dict) -> dict:
+    """Exported over dense for each number the dense model has (not zero, not NaN)."""
+    return {
+        key: exported[key] / dense[key]
+        for key in dense
+        if dense[key] and not math.isnan(dense[key])
+    }

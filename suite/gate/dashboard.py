@@ -257,27 +257,8 @@ def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
         meta = {schema.METHOD: method, "metric": metric}
         references = [_number((row or {}).get(metric)) for row in series[REFERENCE]]
         bands = [(row or {}).get(metric) for row in series[BAND]]
-        if any(b for b in bands):
-            low = [None if not b else b[0] * scale for b in bands]
-            high = [None if not b else b[1] * scale for b in bands]
-            xs, low = stepped(times, low)
-            _, high = stepped(times, high)
-            figure.add_trace(go.Scatter(x=xs, y=low, mode="lines", line={"width": 0,
-                                                                         "shape": "hv"},
-                                        hoverinfo="skip", showlegend=False,
-                                        meta={**meta, "kind": "band"}), row=1, col=column)
-            figure.add_trace(go.Scatter(x=xs, y=high, mode="lines", line={"width": 0,
-                                                                          "shape": "hv"},
-                                        fill="tonexty", fillcolor="rgba(27,127,59,0.15)",
-                                        hoverinfo="skip", showlegend=False,
-                                        meta={**meta, "kind": "band"}), row=1, col=column)
-        if any(r is not None for r in references):
-            xs, levels = stepped(times, [None if r is None else r * scale for r in references])
-            figure.add_trace(go.Scatter(
-                x=xs, y=levels, mode="lines",
-                line={"dash": "dash", "color": "#1b7f3b", "width": 1, "shape": "hv"},
-                name="reference", hoverinfo="skip", showlegend=False,
-                meta={**meta, "kind": "reference"}), row=1, col=column)
+        add_band(figure, column, times, bands, scale, meta)
+        add_reference(figure, column, times, references, scale, meta)
         failed = [str(d).startswith(Verdict.REGRESSION.value) for d in verdicts]
         judged = [not str(d).startswith(Verdict.NOT_JUDGED.value) for d in verdicts]
         colours = ["#b00020" if bad else "#1f4e99" for bad in failed]
@@ -290,15 +271,8 @@ def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
                                     hoverinfo="text", showlegend=False,
                                     meta={**meta, "kind": "series", "judged": judged}),
                          row=1, col=column)
-        steps = [c for c in changes if c.metric == metric]
-        if steps:
-            whens = list(series[WHEN])
-            at = [whens.index(c.when) for c in steps if c.when in whens]
-            figure.add_trace(go.Scatter(
-                x=[times[i] for i in at], y=[shown[i] for i in at], mode="markers",
-                marker={"symbol": "x", "size": 14, "color": "#b00020"},
-                hovertext=[c.line() for c in steps if c.when in whens], hoverinfo="text",
-                showlegend=False, meta={**meta, "kind": "change"}), row=1, col=column)
+        add_changes(figure, column, [c for c in changes if c.metric == metric], series, times,
+                    shown, meta)
     figure.update_layout(height=300, margin={"l": 50, "r": 20, "t": 50, "b": 50},
                          template="plotly_white", hovermode="closest")
     figure.update_annotations(font={"size": 13})  # the panels' titles
@@ -306,6 +280,80 @@ def series_figure(key: dict, series: pd.DataFrame, changes: list[ChangePoint]):
                         automargin=True)
     figure.update_yaxes(tickfont={"size": 10}, automargin=True, nticks=6)
     return figure
+
+
+def add_band(figure, column: int, times: list[str], bands: list, scale: float,
+             meta: dict) -> None:
+    """The reference's band as a shaded step between its low and high edges (two traces,
+    the second filled to the first); nothing where no night has a band.
+
+    Args:
+        figure: the dashboard's row of panels.
+        column: the metric's panel, from 1.
+        times: the nights as the date axis reads them.
+        bands: each night's ``(low, high)`` in the metric's own unit, or None.
+        scale: what the panel multiplies the metric by.
+        meta: the trace's method and metric.
+    """
+    import plotly.graph_objects as go  # lazy, as in series_figure
+
+    if not any(b for b in bands):
+        return
+    low = [None if not b else b[0] * scale for b in bands]
+    high = [None if not b else b[1] * scale for b in bands]
+    xs, low = stepped(times, low)
+    _, high = stepped(times, high)
+    figure.add_trace(go.Scatter(x=xs, y=low, mode="lines", line={"width": 0, "shape": "hv"},
+                                hoverinfo="skip", showlegend=False,
+                                meta={**meta, "kind": "band"}), row=1, col=column)
+    figure.add_trace(go.Scatter(x=xs, y=high, mode="lines", line={"width": 0, "shape": "hv"},
+                                fill="tonexty", fillcolor="rgba(27,127,59,0.15)",
+                                hoverinfo="skip", showlegend=False,
+                                meta={**meta, "kind": "band"}), row=1, col=column)
+
+
+def add_reference(figure, column: int, times: list[str], references: list, scale: float,
+                  meta: dict) -> None:
+    """The reference as a dashed step across the nights; nothing where no night has one
+    (``references`` in the metric's unit, None for a night without; the rest as in
+    ``add_band``)."""
+    import plotly.graph_objects as go  # lazy, as in series_figure
+
+    if not any(r is not None for r in references):
+        return
+    xs, levels = stepped(times, [None if r is None else r * scale for r in references])
+    figure.add_trace(go.Scatter(
+        x=xs, y=levels, mode="lines",
+        line={"dash": "dash", "color": "#1b7f3b", "width": 1, "shape": "hv"},
+        name="reference", hoverinfo="skip", showlegend=False,
+        meta={**meta, "kind": "reference"}), row=1, col=column)
+
+
+def add_changes(figure, column: int, steps: list[ChangePoint], series: pd.DataFrame,
+                times: list[str], shown: list, meta: dict) -> None:
+    """A cross on the series at each of the metric's change points whose night is in the
+    series, its line as the hover; nothing without change points.
+
+    Args:
+        figure: the dashboard's row of panels.
+        column: the metric's panel, from 1.
+        steps: the metric's change points.
+        series: the class's nights (their ``when`` is what a change point names its night by).
+        times: the nights as the date axis reads them.
+        shown: the series' values as the panel draws them.
+        meta: the trace's method and metric.
+    """
+    import plotly.graph_objects as go  # lazy, as in series_figure
+
+    if not steps:
+        return
+    whens = list(series[WHEN])
+    at = [whens.index(c.when) for c in steps if c.when in whens]
+    figure.add_trace(go.Scatter(
+        x=[times[i] for i in at], y=[shown[i] for i in at], mode="markers",
+        marker={"symbol": "x", "size": 14, "color": "#b00020"},
+        hovertext=[c.line() for c in steps if c.when in whens], hoverinfo="text",
+        showlegend=False, meta={**meta, "kind": "change"}), row=1, col=column)
 
 
 def index_page(classes: list, source: str) -> str:

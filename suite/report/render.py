@@ -156,13 +156,7 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     apart = kept_apart(runs)
     for line in apart:
         echo(line)
-    per_run = run_table(runs)
-    summary = summary_table(per_run)
-    summary.to_csv(out / "summary.csv", index=False)
-    per_run.to_csv(out / "runs.csv", index=False)
-    paper, caption = paper_table(summary), caption_of(summary)
-    (out / "table.tex").write_text(to_latex(paper, caption))
-    (out / "table.md").write_text(f"{to_markdown(paper)}\n\n{caption}\n")
+    summary, paper, caption = write_tables(runs, out)
     results = [*(draw(runs, out, width=width) for draw in FIGURES),
                *(draw(runs, out, kit, width=width) for draw in METHODS.figures()),
                *(draw(runs, out, width=width) for draw in CLOSING)]
@@ -181,24 +175,7 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
             *[f"<p>{html.escape(line)}.</p>" for line in apart],
             "<h2>Summary</h2>", in_percent(summary).to_html(index=False, float_format="%.4g")]
     for result in results:
-        if isinstance(result, Skipped):
-            line = f"Skipped: {result.title} ({result.name}): {result.reason}"
-            echo(line)
-            md += [f"## {result.title}", "", line, ""]
-            page += [f"<h2>{html.escape(result.title)}</h2>", f"<p>{html.escape(line)}</p>"]
-            continue
-        result.table.to_csv(out / f"{result.name}.csv", index=False)
-        runs_line = "Runs: " + ", ".join(result.run_ids)
-        md += [f"## {result.title}", "", f"![{result.title}]({result.files[0].name})", "",
-               runs_line + (f". {result.note}." if result.note else ""), "",
-               f"Data: [{result.name}.csv]({result.name}.csv)", "",
-               _markdown(in_percent(result.table.head(40))), ""]
-        png = base64.b64encode(result.files[0].read_bytes()).decode()
-        caption = html.escape(runs_line + (f". {result.note}." if result.note else ""))
-        page += [f"<h2>{html.escape(result.title)}</h2>",
-                 f'<img alt="{result.name}" src="data:image/png;base64,{png}">',
-                 f"<p>{caption}</p>",
-                 in_percent(result.table.head(40)).to_html(index=False, float_format="%.4g")]
+        add_figure_section(result, out, md, page, echo)
     if skipped_runs:
         md += ["## Runs not included", "", *[f"- {line}" for line in skipped_runs], ""]
     damaged = runs.unreadable
@@ -207,6 +184,62 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     if damaged:
         md += ["## Files left out (unreadable)", "", *[f"- {line}" for line in damaged], ""]
     (out / "report.md").write_text("\n".join(md))
+    write_html(out, page)
+    return out / "report.md"
+
+
+def write_tables(runs: ResultSet, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The report's tables as files: ``summary.csv`` (a row per configuration), ``runs.csv``
+    (a row per run) and the paper table as ``table.tex`` and ``table.md``.
+
+    Returns:
+        The summary, the paper table and its caption, which report.md shows too.
+    """
+    per_run = run_table(runs)
+    summary = summary_table(per_run)
+    summary.to_csv(out / "summary.csv", index=False)
+    per_run.to_csv(out / "runs.csv", index=False)
+    paper, caption = paper_table(summary), caption_of(summary)
+    (out / "table.tex").write_text(to_latex(paper, caption))
+    (out / "table.md").write_text(f"{to_markdown(paper)}\n\n{caption}\n")
+    return summary, paper, caption
+
+
+def add_figure_section(result, out: Path, md: list[str], page: list[str], echo) -> None:
+    """One figure's section of report.md and report.html, appended to ``md`` and ``page``:
+    the figure, its runs, its table (also written as ``<name>.csv``); a figure skipped for
+    want of data gets a line that says why, echoed too.
+
+    Args:
+        result: what a figure's draw returned (a drawn figure or ``Skipped``).
+        out: the report's folder.
+        md: report.md's lines so far.
+        page: report.html's parts so far.
+        echo: where the skipped line is printed.
+    """
+    if isinstance(result, Skipped):
+        line = f"Skipped: {result.title} ({result.name}): {result.reason}"
+        echo(line)
+        md.extend([f"## {result.title}", "", line, ""])
+        page.extend([f"<h2>{html.escape(result.title)}</h2>", f"<p>{html.escape(line)}</p>"])
+        return
+    result.table.to_csv(out / f"{result.name}.csv", index=False)
+    runs_line = "Runs: " + ", ".join(result.run_ids)
+    md.extend([f"## {result.title}", "", f"![{result.title}]({result.files[0].name})", "",
+               runs_line + (f". {result.note}." if result.note else ""), "",
+               f"Data: [{result.name}.csv]({result.name}.csv)", "",
+               _markdown(in_percent(result.table.head(40))), ""])
+    png = base64.b64encode(result.files[0].read_bytes()).decode()
+    caption = html.escape(runs_line + (f". {result.note}." if result.note else ""))
+    page.extend([f"<h2>{html.escape(result.title)}</h2>",
+                 f'<img alt="{result.name}" src="data:image/png;base64,{png}">',
+                 f"<p>{caption}</p>",
+                 in_percent(result.table.head(40)).to_html(index=False, float_format="%.4g")])
+
+
+def write_html(out: Path, page: list[str]) -> None:
+    """report.html: the page's parts in one self-contained file (figures inlined), styled
+    for a browser."""
     style = (
         "body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:100%}"
         "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
@@ -215,4 +248,3 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
         f"<!doctype html><html><head><meta charset='utf-8'><title>prunex-bench report</title>"
         f"<style>{style}</style></head><body>{''.join(page)}</body></html>"
     )
-    return out / "report.md"

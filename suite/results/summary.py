@@ -122,32 +122,50 @@ def summarize(
         schema.SIMULATED: bool(manifest.get(schema.SIMULATED, False)),
     }
     if iterations is not None and len(iterations):
-        per_iter = iterations.groupby(schema.ITERATION)
-        slowest = per_iter[schema.T_ITERATION].max()
-        inter = float(iterations[schema.BYTES_INTER].sum())
-        summary.update({
-            schema.INTER_NODE_BYTES_TOTAL: inter,
-            schema.INTRA_NODE_BYTES_TOTAL: float(iterations[schema.BYTES_INTRA].sum()),
-            schema.INTER_NODE_BYTES_PER_ITERATION: inter / iterations_done,
-            schema.TRAIN_SECONDS: float(slowest.sum()),
-            # over the steady iterations: one-off costs (suite.results.schema.ONE_OFF) out
-            schema.ITERATION_SECONDS: float(
-                steady(iterations).groupby(schema.ITERATION)[schema.T_ITERATION].max().mean()),
-            # the first of this attempt, after the untimed warm-up (suite.run.warmup)
-            schema.FIRST_ITERATION_SECONDS: float(
-                slowest.get(attempt_start, slowest.iloc[0]) if attempt_start is not None
-                else slowest.iloc[0]),
-            schema.PHASE_SECONDS: phase_means(iterations),
-            schema.ONE_OFF_SECONDS: one_off_seconds(iterations),
-            schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
-        })
-        if schema.WIRE_TX_BYTES in iterations.columns:  # emulated links, hosts: what crossed
-            wire = float(iterations[schema.WIRE_TX_BYTES].sum())
-            summary.update({
-                schema.WIRE_INTER_BYTES_TOTAL: wire,
-                schema.WIRE_TO_ALGORITHMIC_RATIO: wire / inter if inter else None,
-            })
+        summary.update(iteration_numbers(iterations, iterations_done, attempt_start))
     if evals is not None and len(evals):
         summary[schema.FINAL_ACCURACY] = float(evals[schema.ACCURACY].iloc[-1])
         summary[schema.BEST_ACCURACY] = float(evals[schema.ACCURACY].max())
     return summary
+
+
+def iteration_numbers(iterations: pd.DataFrame, iterations_done: int,
+                      attempt_start: int | None) -> dict:
+    """The summary's numbers read off the iterations table (not empty): bytes, train and
+    per-iteration seconds, phases, one-off costs, the final loss and, where the links were
+    emulated or real hosts, the bytes that crossed the wire.
+
+    Args:
+        iterations: the run's merged iterations table, at least one row.
+        iterations_done: the iterations the run finished (bytes per iteration divide by it).
+        attempt_start: the first iteration of the attempt that finished, or None.
+
+    Returns:
+        The keys in the order ``summarize`` writes them.
+    """
+    per_iter = iterations.groupby(schema.ITERATION)
+    slowest = per_iter[schema.T_ITERATION].max()
+    inter = float(iterations[schema.BYTES_INTER].sum())
+    numbers = {
+        schema.INTER_NODE_BYTES_TOTAL: inter,
+        schema.INTRA_NODE_BYTES_TOTAL: float(iterations[schema.BYTES_INTRA].sum()),
+        schema.INTER_NODE_BYTES_PER_ITERATION: inter / iterations_done,
+        schema.TRAIN_SECONDS: float(slowest.sum()),
+        # over the steady iterations: one-off costs (suite.results.schema.ONE_OFF) out
+        schema.ITERATION_SECONDS: float(
+            steady(iterations).groupby(schema.ITERATION)[schema.T_ITERATION].max().mean()),
+        # the first of this attempt, after the untimed warm-up (suite.run.warmup)
+        schema.FIRST_ITERATION_SECONDS: float(
+            slowest.get(attempt_start, slowest.iloc[0]) if attempt_start is not None
+            else slowest.iloc[0]),
+        schema.PHASE_SECONDS: phase_means(iterations),
+        schema.ONE_OFF_SECONDS: one_off_seconds(iterations),
+        schema.FINAL_TRAIN_LOSS: final_train_loss(iterations),
+    }
+    if schema.WIRE_TX_BYTES in iterations.columns:  # emulated links, hosts: what crossed
+        wire = float(iterations[schema.WIRE_TX_BYTES].sum())
+        numbers.update({
+            schema.WIRE_INTER_BYTES_TOTAL: wire,
+            schema.WIRE_TO_ALGORITHMIC_RATIO: wire / inter if inter else None,
+        })
+    return numbers

@@ -131,23 +131,9 @@ def setup(
     a ``running`` summary."""
     started = time.perf_counter()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    topology = build_topology(plan.config.gpus_per_node)
-    if world_size != plan.config.gpus:
-        raise BenchError(f"the run was planned for {plan.config.gpus} ranks but {world_size} "
-                         "joined")
-    if plan.config.gpus_per_node != topology.gpus_per_node:  # discovered by the job
-        plan = plan.restarted(gpus_per_node=topology.gpus_per_node)
+    plan, topology = joined_plan(plan, world_size)
     config = plan.config
-    train_data, test_data, _ = load_data_once(
-        partial(load_data, plan.dataset, data_dir=config.data_dir, seed=config.seed,
-                synthetic_size=config.synthetic_size),
-        download=config.download, key=config.run_id,
-    )
-    check_planned_data(plan, len(train_data), len(test_data))
-    resident = device if device.type == "cuda" else None  # the shard lives on the GPU
-    loader = ShardedLoader(
-        train_data, rank, world_size, plan.recipe.batch_size, config.seed, device=resident
-    )
+    train_data, test_data, loader = load_shard(plan, rank, world_size, device)
     comm = Communicator(topology, recorder, device)
     # the collectives of a method's construction are watched where they are issued (DDP's
     # constructor: ctx.comm.watching; broadcast_initial_state), not its whole build, which
@@ -155,11 +141,7 @@ def setup(
     ctx, method, iterations, steps = build_method(
         plan, topology=topology, comm=comm, recorder=recorder, loader=loader, device=device,
     )
-    groups = run_groups(topology, method)
-    fabric = host_interface() if spans_hosts(topology) else None
-    AUDIT.reset(topology.node_of)
-    for name, pg in groups.items():
-        AUDIT.watch(pg, name)
+    groups, fabric = audited_groups(topology, method)
     connect = connect_groups(list(groups.values()), device)
     warmup = warm_up(ctx.model, train_data, loader, plan.recipe, groups, device)
     manifest = make_manifest(
@@ -172,27 +154,11 @@ def setup(
         hardware=hardware(), simulated=False,
         network=network_description(folder, config, topology, fabric),
     )
-    processes: list = [None] * world_size
-    with watched("all_gather_object", "world (the ranks' processes)"):
-        dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
+    processes = gather_processes(world_size)
     runner_start = sample(own_pids(processes)) if rank == 0 else None
     if rank == 0:
-        manifest[schema.HOSTS_PER_ATTEMPT] = hosts_per_attempt(folder, topology)
-        folder.write_manifest(manifest)
-        folder.write_summary(
-            {
-                **(folder.summary() or {}),
-                **identity_summary(config),
-                schema.DATASET: plan.dataset,
-                schema.NODES: topology.num_nodes,
-                schema.STATUS: Status.RUNNING,
-                schema.PROCESSES: processes,
-                schema.RESTARTS: restart_count(),
-            }
-        )
-    wire = None
-    if topology.local_rank == 0 and (config.network == "emulated" or fabric):
-        wire = WireCounters(INTERFACE if config.network == "emulated" else fabric)
+        write_running(plan, folder, topology, manifest, processes)
+    wire = wire_counters(config, topology, fabric)
     return Run(
         plan,
         device,
@@ -217,6 +183,99 @@ def setup(
         steps_per_iteration=steps,
         runner_start=runner_start,
     )
+
+
+def joined_plan(plan: RunPlan, world_size: int) -> tuple[RunPlan, Topology]:
+    """The plan as the ranks that joined run it, and their topology: a world of another size
+    than planned is an error; the job's own ranks per node (discovered) replace the plan's.
+
+    Args:
+        plan: the run's plan.
+        world_size: how many ranks joined.
+
+    Returns:
+        The plan (restarted with the discovered ranks per node where they differ) and the
+        topology built for it.
+    """
+    topology = build_topology(plan.config.gpus_per_node)
+    if world_size != plan.config.gpus:
+        raise BenchError(f"the run was planned for {plan.config.gpus} ranks but {world_size} "
+                         "joined")
+    if plan.config.gpus_per_node != topology.gpus_per_node:  # discovered by the job
+        plan = plan.restarted(gpus_per_node=topology.gpus_per_node)
+    return plan, topology
+
+
+def load_shard(
+    plan: RunPlan, rank: int, world_size: int, device: torch.device,
+) -> tuple:
+    """The train and test data, loaded once per rank and checked against the plan's sizes,
+    and this rank's shard of the train data (on the GPU for a CUDA run, where it stays).
+
+    Returns:
+        ``(train_data, test_data, loader)``.
+    """
+    config = plan.config
+    train_data, test_data, _ = load_data_once(
+        partial(load_data, plan.dataset, data_dir=config.data_dir, seed=config.seed,
+                synthetic_size=config.synthetic_size),
+        download=config.download, key=config.run_id,
+    )
+    check_planned_data(plan, len(train_data), len(test_data))
+    resident = device if device.type == "cuda" else None  # the shard lives on the GPU
+    loader = ShardedLoader(
+        train_data, rank, world_size, plan.recipe.batch_size, config.seed, device=resident
+    )
+    return train_data, test_data, loader
+
+
+def audited_groups(topology: Topology, method: Method) -> tuple[dict, str | None]:
+    """The run's process groups, each watched by the collective audit (reset to this
+    topology first), and the hosts' fabric interface where the run spans hosts (else None):
+    what the network description and the wire counters read."""
+    groups = run_groups(topology, method)
+    fabric = host_interface() if spans_hosts(topology) else None
+    AUDIT.reset(topology.node_of)
+    for name, pg in groups.items():
+        AUDIT.watch(pg, name)
+    return groups, fabric
+
+
+def gather_processes(world_size: int) -> list:
+    """Every rank's ``[host, pid]``, in rank order, on every rank (a watched collective):
+    the summary lists them, and rank 0 samples the counters of the processes on its host."""
+    processes: list = [None] * world_size
+    with watched("all_gather_object", "world (the ranks' processes)"):
+        dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
+    return processes
+
+
+def write_running(plan: RunPlan, folder: RunFolder, topology: Topology, manifest: dict,
+                  processes: list) -> None:
+    """Rank 0's part of the start: the manifest (with the hosts of every start so far) and a
+    ``running`` summary over whatever summary an earlier start left."""
+    manifest[schema.HOSTS_PER_ATTEMPT] = hosts_per_attempt(folder, topology)
+    folder.write_manifest(manifest)
+    folder.write_summary(
+        {
+            **(folder.summary() or {}),
+            **identity_summary(plan.config),
+            schema.DATASET: plan.dataset,
+            schema.NODES: topology.num_nodes,
+            schema.STATUS: Status.RUNNING,
+            schema.PROCESSES: processes,
+            schema.RESTARTS: restart_count(),
+        }
+    )
+
+
+def wire_counters(config: RunConfig, topology: Topology,
+                  fabric: str | None) -> WireCounters | None:
+    """The counters of the interface whose bytes are the run's inter-node traffic (the
+    emulated one, or the hosts' fabric), read on each node's local rank 0; None elsewhere."""
+    if topology.local_rank == 0 and (config.network == "emulated" or fabric):
+        return WireCounters(INTERFACE if config.network == "emulated" else fabric)
+    return None
 
 
 def check_planned_data(plan: RunPlan, train: int, test: int) -> None:

@@ -246,11 +246,25 @@ def project(
         z_i, mask = project(candidate, channel_keep=0.5)
         ```
     """
+    mask = _chosen_groups(weight, filter_keep, channel_keep, shape_keep)
+    out = weight if in_place else weight.clone()
+    _zero_pruned(out, mask, filter_keep, channel_keep, shape_keep)
+    return out, mask
+
+
+def _chosen_groups(
+    weight: torch.Tensor,
+    filter_keep: float | None,
+    channel_keep: float | None,
+    shape_keep: float | None,
+) -> StructuredMask:
+    """The group bitmaps ``project`` keeps, chosen filter -> channel -> shape, each set's
+    norms taken over the squares the sets before it left (sec. 3.2). A set left out keeps
+    every group: neither its norms nor its zeroing are computed, and the squares are masked
+    only for a set that comes after (the keeps as in ``project``)."""
     c_out, c_in, kh, kw = _conv_shape(weight.shape)
     device = weight.device
     sq = weight.square()
-    # a set left out keeps every group: neither its norms nor its zeroing are computed
-    # and the squares are masked only for a set that comes after
     filters = _all_kept(c_out, device)
     if filter_keep is not None:
         filters = top_groups(sq.sum((1, 2, 3)), filter_keep)
@@ -264,17 +278,24 @@ def project(
     shape = _all_kept((c_in, kh, kw), device)
     if shape_keep is not None:
         shape = top_groups(sq.sum(0), shape_keep)
-    mask = StructuredMask(filters, channels, shape)
-    # zero what the asked sets prune (the sets left out prune nothing): apply_mask's result
-    # without forming the dense mask
-    out = weight if in_place else weight.clone()
+    return StructuredMask(filters, channels, shape)
+
+
+def _zero_pruned(
+    out: torch.Tensor,
+    mask: StructuredMask,
+    filter_keep: float | None,
+    channel_keep: float | None,
+    shape_keep: float | None,
+) -> None:
+    """Zero in ``out`` what the asked sets prune (the sets left out prune nothing):
+    ``apply_mask``'s result without forming the dense mask."""
     if filter_keep is not None:
-        out.masked_fill_(~filters[:, None, None, None], 0)
+        out.masked_fill_(~mask.filters[:, None, None, None], 0)
     if channel_keep is not None:
-        out.masked_fill_(~channels[None, :, None, None], 0)
+        out.masked_fill_(~mask.channels[None, :, None, None], 0)
     if shape_keep is not None:
-        out.masked_fill_(~shape[None], 0)
-    return out, mask
+        out.masked_fill_(~mask.shape[None], 0)
 
 
 def _all_kept(size, device) -> torch.Tensor:
