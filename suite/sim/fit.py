@@ -66,7 +66,7 @@ def block_statistics(block_steps: list[int], repeats: int, seconds: list[list[fl
 
 def _measured_link(link_name: str, entry: dict, plan: dict, where: str) -> dict:
     """One link's profile entry fitted from its all-reduce timings; split out of
-    :func:`build_profile` so the provenance text of a shaped link sits beside its fit.
+    ``build_profile`` so the provenance text of a shaped link sits beside its fit.
 
     Args:
         link_name: ``"intra"`` or ``"inter"``; only the inter-node link is shaped.
@@ -95,7 +95,7 @@ def _measured_link(link_name: str, entry: dict, plan: dict, where: str) -> dict:
 def _profile_links(raw: dict, plan: dict, where: str, links_from: dict | None) -> dict:
     """The intra- and inter-node links, fitted where this layout measured them and taken
     from ``links_from`` where it could not (one node, or one rank per node); raises
-    :class:`BenchError` when a link is unmeasured and no profile was given to borrow from."""
+    ``BenchError`` when a link is unmeasured and no profile was given to borrow from."""
     links = {}
     for link_name in ("intra", "inter"):
         entry = raw["links"][link_name]

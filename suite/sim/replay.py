@@ -154,7 +154,7 @@ def _sim_stack(
 ):
     """The simulated job underneath the method, in the order a real run builds its own: the
     single-process group, rank 0's topology, the stand-in loader, the pricing recorder and
-    the pricing communicator; split out of :func:`simulate_run` to keep the run's outline
+    the pricing communicator; split out of ``simulate_run`` to keep the run's outline
     readable.
 
     Args:
