@@ -206,8 +206,9 @@ def test_prepare_reports_a_carry_with_fashion_mnist_under_the_limit(tmp_path):
     if not (Path("/usr/share/datasets/fashion-mnist")).is_dir():
         pytest.skip("needs Debian's dataset-fashion-mnist")
     proc = subprocess.run([sys.executable, "tools/gpu/prepare", "--data-only", "-o",
-                           str(tmp_path / "wheels")], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=120)
+                           str(tmp_path / "wheels"), "--data-dir",
+                           str(tmp_path / "data" / "fashion-mnist")], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("the carry:"))
     assert "Fashion-MNIST 29.4 MiB" in line and line.endswith("(limit 64 MiB)")

@@ -35,7 +35,7 @@ from suite.results.catalogue import (
     BY_ALIAS,
     CATALOGUE,
     DENSE_METHOD,
-    RUN_IDENTITY,
+    GATE_KEY,
     TIME_RATIO,
     TWIN_KEY,
     directions,
@@ -62,8 +62,8 @@ UNCOUNTED = "uncounted"
 METRICS = directions()
 #: what ``--metric`` calls each metric
 ALIASES = {alias: metric.name for alias, metric in BY_ALIAS.items()}
-#: a comparison's key: the run identity (suite.results.catalogue)
-KEY = list(RUN_IDENTITY)
+#: a comparison's key: the run identity, class first (suite.results.catalogue)
+KEY = list(GATE_KEY)
 #: the timing metrics, which may get a threshold of their own (--max-time-regression)
 TIME_METRICS = tuple(metric.name for metric in CATALOGUE if metric.timing)
 #: what a run and its DDP twin (the dense reference of time ratios and activity checks) share

@@ -310,11 +310,13 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None,
 
 
 def version_differences(folder: Path, here: dict) -> list[str]:
-    """``torch: recorded 2.11.0, here 2.12.0``: each version a class's reference recorded
+    """``torch: recorded 2.11.0, here 2.12.0``: each version a GPU class's reference recorded
     (its ``CLASS_FILE``) that this runner's ``here`` (suite.results.folder.versions) does
-    not share; empty for a reference recorded before classes kept their versions."""
+    not share; empty for a reference recorded before classes kept their versions, and for a
+    CPU class, which any CPU runner joins whatever its torch build or driver (the portable
+    class); its class.json says what it was recorded under all the same."""
     path = Path(folder) / CLASS_FILE
-    if not path.is_file():
+    if not path.is_file() or not Path(folder).name.startswith("cuda-"):
         return []
     recorded = json.loads(path.read_text()).get(schema.VERSIONS) or {}
     return [f"{name}: recorded {recorded[name]}, here {here.get(name)}"

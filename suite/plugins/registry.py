@@ -160,6 +160,20 @@ def figure_reads(**tables: tuple[str, ...]):
     return decorate
 
 
+def figure_tuple(kind: str, name: str, figures) -> tuple:
+    """``figures=`` as a tuple: one function, or a tuple or list of them.
+
+    Raises:
+        BenchError: anything else, in one line naming the entry.
+    """
+    if callable(figures):
+        return (figures,)
+    if isinstance(figures, (tuple, list)):
+        return tuple(figures)
+    raise BenchError(f"{kind} {name!r}: figures= takes functions fn(runs, out, kit, "
+                     f"width=None), got {figures!r}")
+
+
 class Registry:
     """Name -> entry registry of one kind of plugin (``METHODS``, ``WORKLOADS``), loaded from
     its entry-point group on first use.
@@ -228,7 +242,7 @@ class Registry:
         """
 
         def decorate(factory):
-            shown = (figures,) if callable(figures) else tuple(figures)  # one figure, or several
+            shown = figure_tuple(self.kind, name, figures)
             entry = Entry(name, description, factory, settings, not_simulable, look, activity,
                           plugin=third_party(self._loading), figures=shown)
             self._check_entry(entry)
@@ -368,9 +382,10 @@ class Registry:
 
     def figures(self) -> list[Callable[..., Any]]:
         """The figures the registered entries declare (``figures=``), each once, in the order
-        they register them (a method and its ablation may declare the same panels)."""
+        the entries registered (a method and its ablation may declare the same panels)."""
+        self._load_plugins()
         found: dict[Callable[..., Any], None] = {}
-        for entry in self.entries():
+        for entry in self._entries.values():
             found.update(dict.fromkeys(entry.figures))
         return list(found)
 

@@ -16,13 +16,16 @@ from suite.results.resultset import MACHINE_CLASS, SETTING
 RUN_IDENTITY = (schema.METHOD, schema.WORKLOAD, schema.DATASET, schema.GPUS, schema.OPTIONS,
                 SETTING, MACHINE_CLASS, schema.BATCH_SIZE, schema.LR, schema.LR_SCHEDULE,
                 schema.EPOCHS)
+#: the identity in the gate's order, machine class first: a comparison's table and a
+#: history's series read class by class
+GATE_KEY = (MACHINE_CLASS, *(key for key in RUN_IDENTITY if key != MACHINE_CLASS))
 #: what a method chooses for itself: its name, its options and its optimizer's schedule
 METHOD_CHOICES = (schema.METHOD, schema.OPTIONS, schema.LR, schema.LR_SCHEDULE)
 #: what a run shares with its DDP twin (the dense reference of time ratios and activity
 #: checks): the identity without the method's own choices
-TWIN_KEY = tuple(key for key in RUN_IDENTITY if key not in METHOD_CHOICES)
+TWIN_KEY = tuple(key for key in GATE_KEY if key not in METHOD_CHOICES)
 #: a nightly history's series: the identity without the recipe and budget the nightly fixes
-SERIES_KEY = tuple(key for key in RUN_IDENTITY if key not in (
+SERIES_KEY = tuple(key for key in GATE_KEY if key not in (
     schema.BATCH_SIZE, schema.LR, schema.LR_SCHEDULE, schema.EPOCHS))
 
 #: the dense method every other is measured against: time ratios divide by its twin's time,

@@ -78,20 +78,26 @@ def test_recording_never_replaces_a_reference_by_accident(tmp_path):
     assert kernels_repeat(target) and reference_seeds(target) == (0,)
 
 
-def test_a_reference_recorded_under_other_software_is_not_judged_against(tmp_path):
-    """A re-imaged machine (another torch, CUDA or driver) would be judged against numbers it
-    cannot repeat: the nightly refuses in one line before it runs."""
-    here = this_machine_class(4)
-    folder = tmp_path / here
-    for method in ("ddp", "prunex"):
-        run = next(REFERENCE.glob(f"{method}-cnn-*"))
-        shutil.copytree(run, folder / run.name)
-    assert plan_nightly(tmp_path, 4).machine_class == here  # no class.json: as recorded before
+def test_a_reference_recorded_under_other_software_is_not_judged_against(tmp_path, monkeypatch):
+    """A re-imaged GPU machine (another torch, CUDA or driver) would be judged against
+    numbers it cannot repeat: the nightly refuses in one line before it runs. A CPU class is
+    one any CPU runner joins (the portable one), whatever its torch build or driver."""
+    import suite.gate.reference as reference
+
     today = versions()
-    (folder / CLASS_FILE).write_text(json.dumps(
-        {"class": here, "versions": {"torch": today["torch"], "cuda_driver": "535.54.03"}}))
-    assert version_differences(folder, today) == [
+    record = {"versions": {"torch": today["torch"], "cuda_driver": "535.54.03"}}
+    for name in ("cuda-gloo-h200-sm90-x4", this_machine_class(4)):
+        folder = tmp_path / name
+        for method in ("ddp", "prunex"):
+            run = next(REFERENCE.glob(f"{method}-cnn-*"))
+            shutil.copytree(run, folder / run.name)
+        (folder / CLASS_FILE).write_text(json.dumps({"class": name, **record}))
+    assert plan_nightly(tmp_path, 4).machine_class == this_machine_class(4)  # CPU: joined
+    gpu = tmp_path / "cuda-gloo-h200-sm90-x4"
+    assert version_differences(gpu, today) == [
         f"cuda_driver: recorded 535.54.03, here {today['cuda_driver']}"]
+    assert version_differences(gpu, {**today, "cuda_driver": "535.54.03"}) == []
+    monkeypatch.setattr(reference, "this_machine_class", lambda gpus, device: gpu.name)
     with pytest.raises(BenchError, match=r"recorded under other software than this runner's "
                        r"\(cuda_driver: recorded 535.54.03.*--replace"):
-        plan_nightly(tmp_path, 4)
+        plan_nightly(tmp_path, 4, device="cuda")

@@ -88,6 +88,8 @@ def test_a_look_is_one_matplotlib_can_draw():
 def test_a_declared_figure_is_a_function_of_known_tables():
     with pytest.raises(BenchError, match="figures= takes functions fn\\(runs, out, kit"):
         fresh().register("a", "x", figures=("fig10_residuals",))(factory)
+    with pytest.raises(BenchError, match="got None"):
+        fresh().register("n", "x", figures=None)(factory)
     with pytest.raises(BenchError, match="figure_reads: no table layer; the tables are "
                        "iterations, evals, layers"):
         figure_reads(layer=("rho1",))
