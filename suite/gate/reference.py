@@ -236,9 +236,10 @@ def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
             f"`nox -s reference` and commit it{hint}")
 
 
-def reference_methods(folder: Path) -> tuple[str, ...]:
-    """The methods a reference holds (finished runs), in the nightly's order."""
-    frame, _ = load_summaries(folder)
+def reference_methods(folder: Path, frame=None) -> tuple[str, ...]:
+    """The methods a reference holds (finished runs), in the nightly's order (``frame``: its
+    summaries, where the caller has read them)."""
+    frame = load_summaries(folder)[0] if frame is None else frame
     held = set(frame.loc[frame[schema.STATUS] == Status.OK, schema.METHOD])
     return tuple([m for m in NIGHTLY_METHODS if m in held] + sorted(held - set(NIGHTLY_METHODS)))
 
@@ -298,7 +299,8 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None,
         raise BenchError(f"{folders[machine]} was recorded under other software than this "
                          f"runner's ({'; '.join(moved)}): its numbers would not repeat here; "
                          "re-record it with `nox -s reference -- --replace`")
-    held = reference_methods(folders[machine])
+    frame, _ = load_summaries(folders[machine])  # read once for its methods and seeds
+    held = reference_methods(folders[machine], frame)
     methods = chosen_methods(requested, held)
     lacking = [m for m in methods if m not in held]
     if lacking:
@@ -306,7 +308,7 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None,
                          f"{', '.join(lacking)} (NIGHTLY_METHODS); record them with "
                          f"NIGHTLY_METHODS={','.join(methods)} nox -s reference")
     return NightlyPlan(machine, folders[machine], methods, env, note,
-                       reference_seeds(folders[machine]))
+                       reference_seeds(folders[machine], frame))
 
 
 def version_differences(folder: Path, here: dict) -> list[str]:
@@ -332,9 +334,10 @@ def kernels_repeat(results: str | Path) -> bool:
     return not any(view.summary.get(schema.NONDETERMINISTIC_OPS) for view in frame[VIEW])
 
 
-def reference_seeds(folder: str | Path) -> tuple[int, ...]:
-    """The seeds a reference's finished runs used: the nightly runs the same."""
-    frame, _ = load_summaries(folder)
+def reference_seeds(folder: str | Path, frame=None) -> tuple[int, ...]:
+    """The seeds a reference's finished runs used: the nightly runs the same (``frame``: its
+    summaries, where the caller has read them)."""
+    frame = load_summaries(folder)[0] if frame is None else frame
     finished = frame.loc[frame[schema.STATUS] == Status.OK, schema.SEED]
     return tuple(sorted({int(seed) for seed in finished})) or (0,)
 

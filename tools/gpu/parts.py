@@ -66,7 +66,7 @@ def environment() -> dict:
     import torch
 
     from suite import compat
-    from suite.results.folder import nccl_version
+    from suite.results.folder import driver_version, nccl_version
 
     facts = {"python": platform.python_version(), "torch": torch.__version__,
              "cuda": torch.version.cuda, "nccl": nccl_version(),
@@ -75,12 +75,7 @@ def environment() -> dict:
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         facts["device"] = f"{torch.cuda.get_device_name(0)} x {count}"
-        try:
-            facts["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30).stdout.split()[0]
-        except (OSError, IndexError, subprocess.TimeoutExpired):
-            pass
+        facts["driver"] = driver_version()
     return facts
 
 
