@@ -282,7 +282,7 @@ def trend_cmd(
 @main.command("dashboard")
 @click.argument("history")
 @click.option("-o", "--output", default="reports/dashboard", show_default=True,
-              help="site folder")
+              type=click.Path(file_okay=False), help="site folder")
 def dashboard_cmd(history, output) -> None:
     """The nightly history (bench trend --add --against) as a static site: a page per machine
     class (per method: final training loss, accuracy, inter-node bytes and time ratio over the
@@ -295,12 +295,16 @@ def dashboard_cmd(history, output) -> None:
         path = write_dashboard(history, output)
     except BenchError as exc:
         fail(exc)
+    except OSError as exc:  # the site folder: under a file, read-only, full
+        fail(BenchError(f"bench dashboard: could not write {exc.filename or output} "
+                        f"({os_reason(exc)}); the history is untouched"))
     click.echo(f"dashboard: {path}")
 
 
 @main.command("report")
 @click.argument("results_dir", callback=result_set_path)
-@click.option("-o", "--output", default="reports/latest", show_default=True, help="report folder")
+@click.option("-o", "--output", default="reports/latest", show_default=True,
+              type=click.Path(file_okay=False), help="report folder")
 @click.option("--width", type=click.Choice(["one", "two"]), default=None,
               help="size every figure for one paper column (3.25 in) or the two-column page "
               "(6.75 in); default: one column for single panels, else two")

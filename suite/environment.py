@@ -42,11 +42,12 @@ def env_int(name: str, default: int, *, minimum: int | None = None,
 
 
 def env_float(name: str, default: float, *, minimum: float | None = None,
-              positive: bool = False) -> float:
+              positive: bool = False, maximum: float | None = None) -> float:
     """``name`` as a number (``default`` where unset).
 
     Raises:
-        BenchError: it is not a finite number at least ``minimum`` (above 0 if ``positive``).
+        BenchError: it is not a finite number at least ``minimum`` (above 0 if ``positive``)
+            and at most ``maximum``.
     """
     text = _value(name)
     if text is None or text == "":
@@ -56,9 +57,11 @@ def env_float(name: str, default: float, *, minimum: float | None = None,
     except ValueError:
         value = float("nan")
     bad = value != value or value in (float("inf"), float("-inf")) or (
-        minimum is not None and value < minimum) or (positive and value <= 0)
+        minimum is not None and value < minimum) or (positive and value <= 0) or (
+        maximum is not None and value > maximum)
     if bad:
-        bounds = " above 0" if positive else describe_bounds(minimum, None)
+        bounds = (f" above 0{describe_bounds(None, maximum).replace(' of', ' and')}"
+                  if positive else describe_bounds(minimum, maximum))
         raise BenchError(f"environment variable {name}={text!r} must be a number{bounds}")
     return value
 
@@ -95,14 +98,28 @@ INTEGERS = {
     "SLURM_NTASKS": 1, "SLURM_NTASKS_PER_NODE": 1, "SLURM_PROCID": 0, "SLURM_NODEID": 0,
     "SLURM_LOCALID": 0, "SLURM_RESTART_COUNT": 0, "OMP_NUM_THREADS": 1,
 }
-#: the number variables, and whether they must be above 0 (else at least 0)
-NUMBERS = {"PRUNEX_FLUSH_SECONDS": False, "PRUNEX_AGREE_SECONDS": True,
-           "PRUNEX_HOST_MEMORY_BANDWIDTH": True}
-FLAGS = ("PRUNEX_STRICT_PLUGINS", "PRUNEX_PROGRESS")
+#: the number variables: (default, least, whether it must be above the least, most)
+NUMBERS = {
+    # seconds between a rank's row flushes (a day at most: a run's rows reach disk while it goes)
+    "PRUNEX_FLUSH_SECONDS": (5.0, 0.0, False, 86_400.0),
+    # seconds of training between the ranks' agreements (an hour at most)
+    "PRUNEX_AGREE_SECONDS": (1.0, 0.0, True, 3_600.0),
+    # bytes per second the simulator scales host-timed phases by (a petabyte/s at most)
+    "PRUNEX_HOST_MEMORY_BANDWIDTH": (0.0, 0.0, True, 1e15),
+}
+FLAGS = ("PRUNEX_STRICT_PLUGINS", "PRUNEX_PROGRESS", "PRUNEX_STRICT_DETERMINISM")
+
+
+def number(name: str) -> float:
+    """A variable of ``NUMBERS``, read now (never at import: ``bench`` checks every variable
+    before a module reads one, and a test may set it after importing)."""
+    default, least, above, most = NUMBERS[name]
+    return env_float(name, default, minimum=least, positive=above, maximum=most)
 
 
 def check_environment() -> None:
-    """Every variable above that is set, read once: the first malformed one is one line.
+    """Every variable above that is set, read once, and the process-group variables together:
+    the first malformed one is one line.
 
     Raises:
         BenchError: naming the variable, its value and what it takes.
@@ -110,7 +127,36 @@ def check_environment() -> None:
     for name, least in INTEGERS.items():
         env_int(name, least, minimum=least)
     env_int("MASTER_PORT", 29500, minimum=1, maximum=65535)
-    for name, positive in NUMBERS.items():
-        env_float(name, 1.0, minimum=0.0, positive=positive)
+    for name in NUMBERS:
+        number(name)
     for name in FLAGS:
         env_flag(name)
+    check_process_group_variables()
+
+
+def check_process_group_variables() -> None:
+    """torchrun's variables as one process group would read them: a rank inside its world,
+    and an address to meet at (without one, the ranks wait 30 s and fail deep in torch).
+
+    Raises:
+        BenchError: naming the variables that disagree.
+    """
+    if _value("RANK") is None or _value("WORLD_SIZE") is None:
+        return
+    rank, world = env_int("RANK", 0, minimum=0), env_int("WORLD_SIZE", 1, minimum=1)
+    if rank >= world:
+        raise BenchError(f"environment variables RANK={rank} and WORLD_SIZE={world}: a rank "
+                         f"is one of 0..{world - 1}")
+    local = _value("LOCAL_RANK")
+    local_world = _value("LOCAL_WORLD_SIZE")
+    if local and local_world and env_int("LOCAL_RANK", 0, minimum=0) >= env_int(
+            "LOCAL_WORLD_SIZE", 1, minimum=1):
+        raise BenchError(f"environment variables LOCAL_RANK={local} and LOCAL_WORLD_SIZE="
+                         f"{local_world}: a local rank is one of 0..{int(local_world) - 1}")
+    if "SLURM_PROCID" in os.environ:
+        return  # a SLURM step: the address is taken from the job (suite.launchers.local)
+    if not _value("MASTER_ADDR"):
+        state = "is empty" if "MASTER_ADDR" in os.environ else "is not set"
+        raise BenchError(f"environment variable RANK is set (a torchrun job) and MASTER_ADDR "
+                         f"{state}: set MASTER_ADDR to rank 0's host (and MASTER_PORT), or "
+                         "unset RANK and WORLD_SIZE to run locally")

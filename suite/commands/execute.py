@@ -4,6 +4,7 @@ launcher's facts, check them all, then dry-run, submit, simulate or launch the p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,8 +116,9 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     if config.network == "emulated" and launcher not in ("auto", "local"):
         raise BenchError("--network emulated runs with --launcher local")
     plan = resolve_run(config)
-    # a rank of a job reads (and with --download fetches) its data once, in setup
-    validate(plan, check_data=plan.config.launcher == "local")
+    # a rank of a job reads (and with --download fetches) its data once, in setup; a dry
+    # run reads none (a folder's data is input, and the plan does not need it)
+    validate(plan, check_data=plan.config.launcher == "local" and not dry_run)
     if launcher == "slurm":
         submit_or_print(plan, request, dry_run=dry_run, echo=echo)
         return
@@ -173,9 +175,13 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     first = {**kwargs, schema.METHOD: methods[0], schema.WORKLOAD: workloads[0]}
     base = RunConfig.from_flags(first, {}, gpus[0])
     cells = expand(base, workloads, methods, gpus, seeds, grid)
+    data_checked: set[tuple] = set()  # each dataset read once here, none on a dry run
     for cell in cells:
         cell.plan = plan_run(local_config(cell.config))
-        validate(cell.plan, existing_folder_ok=True)  # the sweep skips, resumes or moves them
+        data = (cell.plan.dataset, cell.config.data_dir, cell.config.seed)
+        validate(cell.plan, existing_folder_ok=True,  # the sweep skips, resumes or moves them
+                 check_data=not dry_run and data not in data_checked)
+        data_checked.add(data)
         checked_checkpoint(Path(base.results_dir) / cell.run_id)  # one it would resume
     if dry_run:
         for cell in cells:
@@ -198,12 +204,19 @@ def option_values(opt, value) -> list:
     return [opt.convert(v.strip()) for v in str(value).split(",") if v.strip()]
 
 
+def config_defaults() -> dict:
+    """RunConfig's fields at their defaults, as ``bench run``'s keyword arguments."""
+    return {field.name: field.default for field in dataclasses.fields(RunConfig)
+            if field.default is not dataclasses.MISSING}
+
+
 def rerun_arguments(run_dir: str, *, results_dir: str | None, run_id: str | None,
                     dry_run: bool) -> dict:
     """``bench rerun``: the recorded run's configuration (its manifest) as ``bench run``'s
     arguments, into a new folder beside it unless ``results_dir`` says otherwise."""
 
-    kwargs = read_experiment(Path(run_dir) / MANIFEST)
+    # a key an older (or damaged) manifest lacks runs at today's default, as a flag left out
+    kwargs = {**config_defaults(), **read_experiment(Path(run_dir) / MANIFEST)}
     parent = str(Path(run_dir).resolve().parent)
     kwargs.update(results_dir=results_dir or parent, run_id=run_id, dry_run=dry_run)
     kwargs.update(gpus=[kwargs["gpus"]], resume=None, overwrite=False)

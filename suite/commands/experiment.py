@@ -13,11 +13,13 @@ the recorded run id (a run of it again gets a new folder) and with the launcher 
 from __future__ import annotations
 
 import difflib
+import reprlib
 from pathlib import Path
 
 from suite.errors import BenchError
 from suite.results import schema
 from suite.results.folder import MANIFEST
+from suite.results.records import DamagedFile, Manifest, read_text, validate
 from suite.sim.profile import shipped_profiles
 
 #: manifest config keys that record what happened rather than what was asked
@@ -60,6 +62,9 @@ def read_experiment(path: str | Path) -> dict:
         raise BenchError(f"--config {path}: expected a mapping of flag names to values")
     if isinstance(data.get(schema.CONFIG), dict):  # a run folder's manifest
         data = _from_manifest(data, path)
+    elif file.name == MANIFEST:
+        raise BenchError(f"--config {path}: a run's manifest without its {schema.CONFIG} (the "
+                         "run's configuration): damaged, not an experiment")
     return _flatten(data, path)
 
 
@@ -75,17 +80,52 @@ def _load_yaml(file: Path, path: str | Path):
     import yaml
 
     try:
-        return yaml.load(file.read_text(), Loader=unique_key_loader())  # a SafeLoader
-    except OSError as exc:
+        text = read_text(file, what="experiment file", limit=MAX_EXPERIMENT_BYTES)
+        data = yaml.load(text, Loader=unique_key_loader())  # a SafeLoader
+    except FileNotFoundError as exc:
         raise BenchError(f"--config {path}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise BenchError(f"--config {path}: not a text file (an experiment file is YAML or a "
-                         "run's manifest.json)") from None
+    except DamagedFile as exc:
+        problem = ("not a text file (an experiment file is YAML or a run's manifest.json)"
+                   if exc.problem.startswith("not text") else exc.problem)
+        raise BenchError(f"--config {path}: {problem}") from None
+    except RecursionError:
+        raise BenchError(f"--config {path}: nested too deeply to be an experiment") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise BenchError(f"--config {path}: not valid YAML{where} ({what})") from None
+    if expanded_size(data) > MAX_EXPERIMENT_VALUES:
+        raise BenchError(f"--config {path}: expands to more than {MAX_EXPERIMENT_VALUES} "
+                         "values (YAML aliases repeating aliases): not an experiment")
+    return data
+
+
+#: an experiment file's largest size, and the most values it may expand to: a sweep of a few
+#: hundred cells is far below both; YAML aliases of aliases ("billion laughs") are not
+MAX_EXPERIMENT_BYTES = 1 << 20
+MAX_EXPERIMENT_VALUES = 100_000
+
+
+def expanded_size(data) -> int:
+    """How many values ``data`` holds once its YAML aliases are expanded, counted over its
+    distinct objects (an alias is the same object again), so a bomb is measured without
+    expanding it."""
+    sizes: dict[int, int] = {}
+
+    def size(value) -> int:
+        if not isinstance(value, (list, dict)):
+            return 1
+        if id(value) not in sizes:
+            sizes[id(value)] = 0  # a cycle (a recursive alias) counts once
+            children = value.values() if isinstance(value, dict) else value
+            sizes[id(value)] = 1 + sum(size(child) for child in children)
+        return sizes[id(value)]
+
+    try:
+        return size(data)
+    except RecursionError:
+        return MAX_EXPERIMENT_VALUES + 1
 
 
 def _flatten(data: dict, path: str | Path) -> dict:
@@ -121,6 +161,10 @@ def _key(name) -> str:
 
 
 def _from_manifest(manifest: dict, path) -> dict:
+    try:  # a run folder's manifest is a run's record: every field of its kind
+        validate(manifest, Manifest, where=f"--config {path}")
+    except DamagedFile as exc:
+        raise BenchError(str(exc)) from None
     config = {k: v for k, v in manifest[schema.CONFIG].items() if k not in _RECORDED_ONLY}
     if config.get(schema.LAUNCHER) in ("local", "torchrun", "slurm"):
         config[schema.LAUNCHER] = "auto"
@@ -203,7 +247,8 @@ def _checked_defaults(ctx, params: dict, values: dict, list_keys: tuple[str, ...
     for key, value in values.items():
         if isinstance(value, list):
             if key not in list_keys:
-                raise BenchError(f"{source}: {key} takes one value, got the list {value}")
+                raise BenchError(f"{source}: {key} takes one value, got the list "
+                                 f"{reprlib.repr(value)}")
             value = ",".join(str(v) for v in value)
         param = params[key]
         try:

@@ -28,7 +28,7 @@ from suite.structured.export import (
     latency_ms,
     max_abs_diff,
 )
-from suite.structured.masks import conv_shapes, load_masks
+from suite.structured.masks import conv_shapes, load_masks, read_masks_file
 from suite.structured.units import UnitGroup, load_unit_masks, trace_unit_groups
 
 
@@ -78,7 +78,7 @@ def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup
         why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise BenchError(
             f"{run_dir}/model.pt does not fit {config[schema.WORKLOAD]} ({why})") from None
-    saved = torch.load(run_dir / "masks.pt", map_location="cpu", weights_only=True)
+    _, saved = read_masks_file(str(run_dir), "cpu")
     groups = []
     if any("#" in key for key in saved):  # heads or neurons were pruned
         groups = [g for g in trace_unit_groups(model, example_input(spec)) if g.key in saved]

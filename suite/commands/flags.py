@@ -53,8 +53,21 @@ class Fraction(click.ParamType):
             self.fail(f"{value!r} is not a fraction (0.85) or a percentage (85%)", param, ctx)
 
 
+#: the longest error line ``bench`` prints: a message quoting what it was given (a value of
+#: a crafted file, a long path) is cut here, so one bad input is one readable line
+MAX_ERROR_CHARACTERS = 2000
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARACTERS) -> str:
+    """``text`` as one line of at most ``limit`` characters (whitespace runs folded)."""
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit - 40]}... ({len(line) - limit + 40} characters cut)"
+
+
 def fail(exc: BenchError) -> None:
-    click.echo(f"Error: {exc}", err=True)
+    click.echo(f"Error: {bounded(exc)}", err=True)
     sys.exit(1 if isinstance(exc, RunFailed) else 2)
 
 
@@ -79,7 +92,8 @@ class BenchGroup(click.Group):
             sys.exit(startup.INTERRUPTED_EXIT)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "bench"
-            raise OneLineUsageError(f"{exc.format_message()} (see {where} --help)") from None
+            raise OneLineUsageError(bounded(f"{exc.format_message()} (see {where} --help)")
+                                    ) from None
 
     def get_command(self, ctx, name):
         if ctx.params.get("strict_plugins"):  # parsed already; the registry loads next

@@ -17,7 +17,7 @@ import torch
 
 from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
-from suite.environment import env_float
+from suite.environment import number as environment_number
 from suite.errors import BenchError
 from suite.results import schema
 from suite.results.folder import RunFolder
@@ -43,7 +43,7 @@ def host_memory_bandwidth() -> float:
     to the profile's machine: measured (a few hundred ms), or PRUNEX_HOST_MEMORY_BANDWIDTH
     where set, so that simulations made apart (two ``bench sim`` calls, on a loaded runner)
     price those phases alike."""
-    fixed = env_float("PRUNEX_HOST_MEMORY_BANDWIDTH", 0.0, minimum=0.0)
+    fixed = environment_number("PRUNEX_HOST_MEMORY_BANDWIDTH")
     return fixed if fixed > 0 else memory_bandwidth(torch.device("cpu"))
 
 

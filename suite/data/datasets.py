@@ -313,12 +313,34 @@ def _cifar_split(paths: list[Path], augment: bool) -> TensorData:
     )
 
 
+#: the globals a CIFAR-10 batch names: numpy's array reconstruction under its old and new
+#: module names (pickle protocol 2, as the files ship, and 5) and protocol 2's bytes; lists,
+#: dicts, numbers and strings need none
+CIFAR_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+
+class CifarBatchUnpickler(pickle.Unpickler):
+    """pickle's Unpickler that resolves only ``CIFAR_GLOBALS`` (the allow-list of Python's
+    pickle documentation, "Restricting Globals"): a batch file is data a user downloaded or
+    copied, and a pickle naming anything else would run it while loading."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in CIFAR_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"names {module}.{name}, which a CIFAR-10 batch never "
+                                     "holds: refused, nothing of it was run")
+
+
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         raise BenchError(f"CIFAR-10 file {path} is missing; {CIFAR_FIX}")
     try:
-        with path.open("rb") as f:
-            entry = pickle.load(f, encoding="latin1")  # the files were pickled by Python 2
+        with path.open("rb") as f:  # the files were pickled by Python 2: latin1 strings
+            entry = CifarBatchUnpickler(f, encoding="latin1").load()
         data, labels = _field(entry, "data"), np.asarray(_field(entry, "labels"))
     except Exception as exc:  # unpickling garbage can raise almost any exception type
         raise _cifar_corrupt(path, _one_line(exc)) from exc

@@ -109,7 +109,9 @@ def load_summaries(
     runs = read_result_set(root, declared)
     warnings = [f"skipped {line}" for line in runs.skipped]
     if not len(runs):
-        raise BenchError(f"no run folders (summary.json) under {root}")
+        why = f"; skipped {runs.skipped[0]}" if runs.skipped else ""
+        raise BenchError(f"no run folders (summary.json) under {root}{why}")
+    warnings += [f"unreadable {line}" for line in runs.unreadable]  # manifests, read by now
     frame = runs.runs
     warnings += [f"{folder}: still says running; counted as failed "
                  "(`bench recover` finalizes a killed run)"

@@ -19,8 +19,10 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
 import torch
+from pydantic import Field, StringConstraints
 
 from suite.config import flag_of
 from suite.errors import BenchError
@@ -29,6 +31,7 @@ from suite.results import schema
 from suite.results.catalogue import DENSE_METHOD
 from suite.results.folder import hardware, numerics, versions
 from suite.results.machine import CLASS_PATTERN, gpu_class, machine_class, ranks_on_cuda
+from suite.results.records import DamagedFile, Mapping, Name, read_record, record
 from suite.results.resultset import VIEW
 from suite.results.runner import busy
 from suite.results.schema import Status
@@ -146,23 +149,49 @@ GENERIC = Gate(0.05, 1.0, 0.05, 0.05, None, tuple(parse_metrics(())),
                "bench compare's defaults: the baseline is no reference")
 
 
+#: a relative threshold as gate.json writes it: ``"5%"`` or ``0.05``
+Threshold = float | Annotated[str, StringConstraints(max_length=40)]
+#: gate.json: a class's thresholds (any it does not give are ``DEFAULT_GATE``'s)
+GateFile = record("GateFile", {
+    "max_accuracy_drop": Annotated[float, Field(ge=0, le=100)],
+    "max_loss_regression": Threshold, "max_regression": Threshold,
+    "max_time_regression": Threshold, "max_outside_load": Threshold,
+    "metrics": Annotated[list[Name], Field(max_length=64)],
+})
+#: class.json: the software a class's reference was recorded under
+ClassFile = record("ClassFile", {schema.VERSIONS: Mapping})
+
+
 def gate_of(folder: Path) -> Gate:
-    """A class's thresholds: its reference's ``gate.json`` over ``DEFAULT_GATE``."""
+    """A class's thresholds: its reference's ``gate.json`` over ``DEFAULT_GATE``.
+
+    Raises:
+        BenchError: the gate.json is not a valid one (one line naming the field).
+    """
     path = Path(folder) / GATE_FILE
-    measured = json.loads(path.read_text()) if path.is_file() else {}
-    values = {**DEFAULT_GATE, **{k: v for k, v in measured.items() if k in DEFAULT_GATE}}
-    source = (f"{Path(folder).name}/{GATE_FILE}" if path.is_file()
+    try:
+        measured = read_record(path, GateFile, what="gate file")
+    except FileNotFoundError:
+        measured = None
+    except DamagedFile as exc:
+        raise BenchError(str(exc)) from None
+    values = {**DEFAULT_GATE, **{k: v for k, v in (measured or {}).items()
+                                 if k in DEFAULT_GATE and v is not None}}
+    source = (f"{Path(folder).name}/{GATE_FILE}" if measured is not None
               else f"the gate's defaults: {Path(folder).name} has no {GATE_FILE}")
     outside = values["max_outside_load"]
-    return Gate(
-        max_regression=parse_threshold(values["max_regression"]),
-        max_accuracy_drop=float(values["max_accuracy_drop"]),
-        max_time_regression=parse_threshold(values["max_time_regression"]),
-        max_loss_regression=parse_threshold(values["max_loss_regression"]),
-        max_outside_load=None if outside is None else parse_threshold(outside),
-        metrics=tuple(parse_metrics(tuple(values["metrics"]))),
-        source=source,
-    )
+    try:
+        return Gate(
+            max_regression=parse_threshold(values["max_regression"]),
+            max_accuracy_drop=float(values["max_accuracy_drop"]),
+            max_time_regression=parse_threshold(values["max_time_regression"]),
+            max_loss_regression=parse_threshold(values["max_loss_regression"]),
+            max_outside_load=None if outside is None else parse_threshold(outside),
+            metrics=tuple(parse_metrics(tuple(values["metrics"]))),
+            source=source,
+        )
+    except BenchError as exc:
+        raise BenchError(f"{path}: {exc}") from None
 
 
 def class_folders(root: Path) -> dict[str, Path]:
@@ -320,7 +349,10 @@ def version_differences(folder: Path, here: dict) -> list[str]:
     path = Path(folder) / CLASS_FILE
     if not path.is_file() or not Path(folder).name.startswith("cuda-"):
         return []
-    recorded = json.loads(path.read_text()).get(schema.VERSIONS) or {}
+    try:
+        recorded = read_record(path, ClassFile, what="class file").get(schema.VERSIONS) or {}
+    except DamagedFile as exc:
+        raise BenchError(str(exc)) from None
     return [f"{name}: recorded {recorded[name]}, here {here.get(name)}"
             for name in CLASS_VERSIONS if name in recorded and recorded[name] != here.get(name)]
 

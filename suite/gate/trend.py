@@ -22,9 +22,11 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 
 from suite.errors import BenchError
 from suite.gate.compare import KEY, TIME_METRICS, TIME_RATIO, load_summaries
@@ -33,6 +35,17 @@ from suite.gate.reference import GENERIC, Gate, class_folders, gate_of, referenc
 from suite.results import schema
 from suite.results.catalogue import SERIES_KEY as CATALOGUE_SERIES_KEY
 from suite.results.catalogue import directions
+from suite.results.records import (
+    MAX_HISTORY_BYTES,
+    Count,
+    DamagedFile,
+    Name,
+    Number,
+    Text,
+    read_text,
+    record,
+    validate,
+)
 from suite.results.resultset import (
     COMMIT,
     MACHINE_CLASS,
@@ -242,8 +255,14 @@ def add_to_history(
     path.parent.mkdir(parents=True, exist_ok=True)
     added = {line_identity(row) for row in rows}
     kept = []
-    if path.is_file():
-        for text in path.read_text().splitlines():
+    try:
+        existing = read_text(path, what="history", limit=MAX_HISTORY_BYTES)
+    except FileNotFoundError:
+        existing = ""
+    except DamagedFile as exc:
+        raise BenchError(f"history {path} is {exc.problem}: nothing was added") from None
+    if existing:
+        for text in existing.splitlines():
             try:
                 line = json.loads(text)
             except json.JSONDecodeError:
@@ -263,31 +282,63 @@ def line_identity(line: dict) -> tuple:
     return (str(line.get(NIGHT)), *(str(line.get(k)) for k in SERIES_KEY))
 
 
+#: a history line (``history_rows``): its series, its night, its metrics and the verdicts
+#: that judged it
+HistoryLine = record("HistoryLine", {
+    # the series' key as bench compare's table holds it: words ("4" ranks, "-" where unknown)
+    **dict.fromkeys(SERIES_KEY, Text), COMMIT_KEY: Text, WHEN: Text,
+    NIGHT: Text, REPEATS: Count, schema.STATUS: Status, LABEL: Text,
+    **dict.fromkeys(TREND_METRICS, Number),
+    VERDICTS: dict[Name, Text], REFERENCE: dict[Name, Number],
+    BAND: dict[Name, Annotated[list[Number], Field(min_length=2, max_length=2)]],
+    THRESHOLDS: record("Thresholds", {**dict.fromkeys(KEPT_THRESHOLDS, Number),
+                                      "source": Text, "origin": Text},
+                       required=(*KEPT_THRESHOLDS[:-1], "source")),
+}, required=(*SERIES_KEY, WHEN))
+
+
 def read_history(history: str | Path) -> pd.DataFrame:
+    """The history's lines, each a valid ``HistoryLine``.
+
+    Raises:
+        BenchError: one line: the history is missing, not a regular text file, or a line is
+            not JSON or not a history line (naming the line, the field and what it holds).
+    """
     path = Path(history)
-    if not path.is_file():
-        raise BenchError(f"history {path} does not exist (bench trend --add RESULTS {path} "
-                         "starts one)")
     try:
-        content = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise BenchError(f"history {path} is not text (a history is JSON lines, one object "
-                         "per run key: bench trend --add writes it)") from None
-    lines = []
-    for number, text in enumerate(content.splitlines(), 1):
-        if not text.strip():
-            continue
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError:
-            raise BenchError(f"history {path}: line {number} is not JSON") from None
-        if not isinstance(line, dict) or not isinstance(line.get(schema.METHOD), str):
-            raise BenchError(f"history {path}: line {number} is not a history line (a JSON "
-                             "object with a method and its metrics)")
-        lines.append(line)
+        content = read_text(path, what="history", limit=MAX_HISTORY_BYTES)
+    except FileNotFoundError:
+        raise BenchError(f"history {path} does not exist (bench trend --add RESULTS {path} "
+                         "starts one)") from None
+    except DamagedFile as exc:
+        hint = (" (a history is JSON lines, one object per run key: bench trend --add writes "
+                "it)" if exc.problem.startswith("not text") else "")
+        raise BenchError(f"history {path} is {exc.problem}{hint}") from None
+    lines = [history_line(text, f"history {path}: line {number}")
+             for number, text in enumerate(content.splitlines(), 1) if text.strip()]
     if not lines:
         raise BenchError(f"history {path} is empty")
     return pd.DataFrame(lines)
+
+
+def history_line(text: str, where: str) -> dict:
+    """One line of a history, checked as a ``HistoryLine``.
+
+    Raises:
+        BenchError: it is not JSON, not an object with a method, or a field is wrong.
+    """
+    try:
+        line = json.loads(text)
+    except (ValueError, RecursionError):
+        raise BenchError(f"{where} is not JSON") from None
+    if not isinstance(line, dict) or not isinstance(line.get(schema.METHOD), str):
+        raise BenchError(f"{where} is not a history line (a JSON object with a method and its "
+                         "metrics)")
+    try:
+        validate(line, HistoryLine, where=where, text=text)
+    except DamagedFile as exc:
+        raise BenchError(str(exc)) from None
+    return line
 
 
 def noise(values: np.ndarray, floor: float) -> float:

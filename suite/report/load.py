@@ -77,7 +77,8 @@ def load_runs(results_dir: str | Path) -> tuple[ResultSet, list[str]]:
         raise BenchError(f"{root} is not a directory of run folders")
     runs = read_result_set(root, METHODS.defaults, table_columns(), finished_only=True)
     if not len(runs):
-        raise BenchError(f"no finished run folders under {root}")
+        why = f"; skipped {runs.skipped[0]}" if runs.skipped else ""
+        raise BenchError(f"no finished run folders under {root}{why}")
     return with_report_columns(runs), runs.skipped
 
 

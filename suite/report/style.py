@@ -78,6 +78,9 @@ def paper_figure(
         **{key: MIN_POINTS for key in ("legend.fontsize", "xtick.labelsize", "ytick.labelsize")},
         "font.size": 8, "axes.labelsize": 8, "axes.titlesize": 8,
         "legend.title_fontsize": MIN_POINTS, "legend.frameon": False,
+        # labels carry run ids, options and workload names from run folders: text, never
+        # math ("$x^2$" in a run id is drawn as typed, not parsed)
+        "text.parse_math": False,
     }
     stacked = stack and width == "one" and ncols > 1
     rows, cols = (nrows * ncols, 1) if stacked else (nrows, ncols)

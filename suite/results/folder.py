@@ -40,7 +40,8 @@ import pandas as pd
 import torch
 
 from suite import compat
-from suite.results import schema
+from suite.results import records, schema
+from suite.results.records import read_record
 from suite.results.schema import ENDED, Status
 
 TABLES = schema.TABLES
@@ -130,20 +131,6 @@ def os_reason(exc: OSError) -> str:
     if exc.errno is not None:
         return os.strerror(exc.errno).lower()
     return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-
-
-def read_json(path: Path):
-    """The JSON in ``path`` (ValueError, with its reason, for bytes that are not JSON text)."""
-    return json.loads(Path(path).read_bytes().decode("utf-8"))
-
-
-def read_json_object(path: Path) -> dict:
-    """``read_json`` of a file that must hold an object (a summary, a manifest): a list or a
-    number there is a ValueError like any damage."""
-    value = read_json(path)
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
-    return value
 
 
 def write_table(path: Path, rows: list[dict] | pd.DataFrame) -> None:
@@ -363,14 +350,20 @@ class RunFolder:
 
     # -- summary and manifest -------------------------------------------------------------
     def summary(self) -> dict | None:
-        """The summary, None when there is none (a corrupt one raises ValueError)."""
-        path = self.path / SUMMARY
-        return read_json_object(path) if path.exists() else None
+        """The summary, None when there is none; one that is not a valid summary
+        (suite.results.records) raises DamagedFile, a ValueError naming the field."""
+        try:
+            return read_record(self.path / SUMMARY, records.Summary, what="summary")
+        except FileNotFoundError:
+            return None
 
     def manifest(self) -> dict | None:
-        """The manifest, None when there is none (a corrupt one raises ValueError)."""
-        path = self.path / MANIFEST
-        return read_json_object(path) if path.exists() else None
+        """The manifest, None when there is none; one that is not a valid manifest raises
+        DamagedFile, a ValueError naming the field."""
+        try:
+            return read_record(self.path / MANIFEST, records.Manifest, what="manifest")
+        except FileNotFoundError:
+            return None
 
     @property
     def has_manifest(self) -> bool:

@@ -4,7 +4,6 @@ demand, damaged files listed instead of raised), so they agree on what a run is.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -14,8 +13,15 @@ import pyarrow.parquet as pq
 
 from suite.errors import BenchError
 from suite.results import schema
-from suite.results.folder import MANIFEST, SUMMARY, RunFolder, setting_of
+from suite.results.folder import SUMMARY, RunFolder, setting_of
 from suite.results.machine import machine_class
+from suite.results.records import (
+    SUMMARY_REQUIRED,
+    DamagedFile,
+    Export,
+    check_required,
+    read_record,
+)
 from suite.results.summary import final_train_loss
 from suite.results.upgrade import upgrade, upgrade_table
 
@@ -61,16 +67,20 @@ class RunView:
         run = RunFolder(folder)
         try:
             summary = run.summary()
-        except (OSError, ValueError) as exc:
-            raise BenchError(f"{run.path}: unreadable {SUMMARY} ({type(exc).__name__})") from None
+        except DamagedFile as exc:
+            raise BenchError(f"{run.path}: unreadable {SUMMARY}: {exc.problem}") from None
         if summary is None:
             raise BenchError(f"{run.path}: no {SUMMARY}")
         view = cls(run.path, summary)
         try:
             view.manifest = run.manifest() or {}
-        except (OSError, ValueError) as exc:
-            view.unreadable.append(f"{run.path / MANIFEST}: {type(exc).__name__}")
+        except DamagedFile as exc:
+            view.unreadable.append(str(exc))
         view.format_version = upgrade(summary, view.manifest)
+        try:  # a version-1 summary takes its identity from its manifest in the upgrade
+            check_required(summary, SUMMARY_REQUIRED, where=run.path / SUMMARY)
+        except DamagedFile as exc:
+            raise BenchError(f"{run.path}: unreadable {SUMMARY}: {exc.problem}") from None
         return view
 
     # -- identity ---------------------------------------------------------------------------
@@ -203,13 +213,12 @@ class RunView:
     @cached_property
     def export(self) -> dict | None:
         """``export.json`` of ``bench export`` (the physically smaller model), if any."""
-        path = self.folder / "export.json"
-        if not path.exists():
-            return None
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            self.unreadable.append(f"{path}: {type(exc).__name__}: {first_line(exc)}")
+            return read_record(self.folder / "export.json", Export, what="export record")
+        except FileNotFoundError:
+            return None
+        except DamagedFile as exc:
+            self.unreadable.append(str(exc))
             return None
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from suite.cluster.audit import HiddenBytes
 from suite.cluster.watchdog import watched
-from suite.environment import env_float
+from suite.environment import number
 from suite.errors import BenchError
 from suite.results import schema
 
@@ -29,7 +29,6 @@ class NonFiniteLoss(BenchError):
 #: agreement is a synchronization point, which on a GPU costs tens of microseconds but on
 #: oversubscribed CPU ranks a scheduler time slice (6-8 ms per iteration, measured on
 #: cnn-fmnist with 4 ranks on 2 cores, when the ranks agreed every iteration)
-AGREE_SECONDS = env_float("PRUNEX_AGREE_SECONDS", 1.0, positive=True)
 #: the most iterations between two agreements; the interval at most doubles from one to the next
 MAX_AGREE_INTERVAL = 64
 
@@ -64,6 +63,7 @@ class Agreement:
         self.pending: list[tuple[dict, float, HiddenBytes]] = []  # (row, loss, hidden) each
         self.interval = 1
         self.since = time.perf_counter()
+        self.agree_seconds = number("PRUNEX_AGREE_SECONDS")
 
     def add(self, row: dict, loss: float, hidden: HiddenBytes | None = None) -> None:
         self.pending.append((row, loss, hidden or HiddenBytes()))
@@ -91,7 +91,8 @@ class Agreement:
             if nonfinite:
                 where = f"iteration {row[schema.ITERATION]} on {int(nonfinite)} rank(s)"
                 raise NonFiniteLoss(f"non-finite loss at {where}; lower --lr or check the data")
-        wanted = int(AGREE_SECONDS / rank0_seconds) if rank0_seconds > 0 else MAX_AGREE_INTERVAL
+        wanted = (int(self.agree_seconds / rank0_seconds) if rank0_seconds > 0
+                  else MAX_AGREE_INTERVAL)
         self.interval = max(1, min(wanted, 2 * self.interval, MAX_AGREE_INTERVAL))
         self.since = time.perf_counter()
         world = dist.get_world_size()

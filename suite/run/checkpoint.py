@@ -36,6 +36,7 @@ import torch.distributed as dist
 from suite.cluster.watchdog import barrier, watched
 from suite.errors import BenchError
 from suite.results.folder import write_json
+from suite.results.records import LatestCheckpoint, read_record
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
@@ -85,13 +86,13 @@ def checkpoint_root(run_dir: Path) -> Path:
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """(iterations done, folder) of the newest complete checkpoint, or None."""
     root = checkpoint_root(run_dir)
-    try:
-        latest = json.loads((root / LATEST).read_text())
-        folder = root / latest["folder"]
-        if (folder / ".metadata").exists():
-            return int(latest["iterations_done"]), folder
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    try:  # a damaged or crafted latest.json names no checkpoint (DamagedFile: a ValueError)
+        latest = read_record(root / LATEST, LatestCheckpoint, what="checkpoint pointer")
+    except (OSError, ValueError):
+        return None
+    folder = root / latest["folder"]
+    if (folder / ".metadata").is_file():
+        return int(latest["iterations_done"]), folder
     return None
 
 
@@ -204,14 +205,59 @@ def read_metadata(folder: Path):
         raise BenchError(f"checkpoint {path} names {exc}, which DCP's metadata never holds: "
                          "refused, nothing of it was run (a run folder is input; resume from "
                          "a checkpoint you wrote)") from None
-    except (OSError, EOFError, ValueError, TypeError, AttributeError, IndexError,
-            pickle.UnpicklingError) as exc:
+    except Exception as exc:  # an allowed global called on crafted arguments
+        # (``_get_layout("x")`` raises KeyError) or garbage can raise almost anything
         raise BenchError(f"checkpoint {path} is unreadable ({type(exc).__name__}: "
-                         f"{str(exc)[:120]})") from None
-    if not isinstance(metadata, Metadata):
+                         f"{' '.join(str(exc).split())[:120]})") from None
+    if type(metadata) is not Metadata:
         raise BenchError(f"checkpoint {path} holds a {type(metadata).__name__}, not DCP's "
                          "Metadata")
+    check_tensors_only(metadata, path)
     return metadata
+
+
+def check_tensors_only(metadata, path: Path) -> None:
+    """Every entry of a checkpoint of this suite is a tensor stored in a file of its folder.
+
+    DCP reads an entry recorded as bytes with ``torch.load(weights_only=False)``
+    (``DefaultLoadPlanner.load_bytes``), which runs whatever pickle it holds, and its reader
+    opens whatever path an entry's storage names: an entry of any other kind, or a storage
+    outside the folder, is refused before DCP reads anything.
+
+    Raises:
+        BenchError: naming the first entry that is not a tensor, or a storage path that
+            leaves the folder.
+    """
+    # lazy: torch.distributed.checkpoint costs ~0.7 s to import; only this path needs it
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    entries = metadata.state_dict_metadata
+    if not isinstance(entries, dict):
+        raise BenchError(f"checkpoint {path} is unreadable (its entries are not a mapping)")
+    for key, entry in entries.items():
+        kind = type(entry).__name__
+        fine = (type(entry) is TensorStorageMetadata and isinstance(key, str)
+                and isinstance(getattr(entry, "properties", None), TensorProperties)
+                and isinstance(entry.properties.dtype, torch.dtype)
+                and isinstance(entry.size, torch.Size)
+                and isinstance(entry.chunks, list)
+                and all(type(chunk) is ChunkStorageMetadata for chunk in entry.chunks))
+        if not fine:
+            shown = str(key)[:80]
+            raise BenchError(f"checkpoint {path} holds {shown!r} as a {kind}, not a tensor: "
+                             "a checkpoint of this suite holds tensors only; refused, nothing "
+                             "of it was read")
+    storage = getattr(metadata, "storage_data", None) or {}
+    for info in storage.values() if isinstance(storage, dict) else [None]:
+        name = getattr(info, "relative_path", None)
+        if not (isinstance(name, str) and name and "/" not in name and "\\" not in name
+                and name not in (".", "..")):
+            raise BenchError(f"checkpoint {path} stores a tensor at {str(name)[:80]!r}, "
+                             "outside its folder: refused, nothing of it was read")
 
 
 def safe_reader(folder: Path):
@@ -229,6 +275,21 @@ def safe_reader(folder: Path):
             return metadata
 
     return SafeReader(folder)
+
+
+def tensors_only_planner():
+    """DCP's default load planner that refuses to unpickle: ``read_metadata`` already
+    refuses a non-tensor entry, and this keeps ``load_bytes`` (``torch.load`` with
+    ``weights_only=False``) unreachable whatever a later torch reads as bytes."""
+    # lazy: torch.distributed.checkpoint costs ~0.7 s to import; only this path needs it
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class TensorsOnly(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            raise BenchError(f"checkpoint entry {read_item.dest_index.fqn!r} is not a tensor: "
+                             "refused, nothing of it was read")
+
+    return TensorsOnly()
 
 
 def load_checkpoint(folder: Path, *, node: int) -> dict:
@@ -249,5 +310,6 @@ def load_checkpoint(folder: Path, *, node: int) -> dict:
         if key.startswith(prefixes):
             wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with watched("load", "world (torch.distributed.checkpoint)"):
-        dcp.load(wanted, checkpoint_id=folder, storage_reader=reader)
+        dcp.load(wanted, checkpoint_id=folder, storage_reader=reader,
+                 planner=tensors_only_planner())
     return join_state(skeleton, {k[k.index("/") :]: t for k, t in wanted.items()})

@@ -17,6 +17,8 @@ import warnings
 
 import torch
 
+from suite.environment import env_flag
+
 #: cuBLAS's documented setting for reproducible results (a fixed workspace per stream)
 CUBLAS_WORKSPACE = ":4096:8"
 #: set to 1: an op without a deterministic kernel ends the run (a test's strict mode)
@@ -55,7 +57,7 @@ NONDETERMINISTIC = NondeterministicOps()
 
 
 def strict() -> bool:
-    return os.environ.get(STRICT_VARIABLE) == "1"
+    return env_flag(STRICT_VARIABLE)
 
 
 def make_kernels_deterministic() -> None:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from suite.cluster.audit import AUDIT
 from suite.cluster.watchdog import barrier, store_client, watched
-from suite.environment import env_flag, env_float, env_int
+from suite.environment import env_flag, env_int, number
 from suite.errors import BenchError
 from suite.plugins.method import StepResult
 from suite.results import schema
@@ -69,14 +69,20 @@ HIDDEN_SHARE = 0.01
 #: and in bytes over the run, below which nothing is said
 HIDDEN_FLOOR_BYTES = 4096
 
-#: a rank writes its new rows to the run folder at the end of an iteration once this many
-#: seconds have passed since its last write (``PRUNEX_FLUSH_SECONDS`` overrides): a SIGKILL
-#: loses at most these last seconds of rows
-FLUSH_SECONDS = env_float("PRUNEX_FLUSH_SECONDS", 5.0, minimum=0.0)
-#: fault injection for tests of resume: every rank stops after this iteration count as if a
-#: SIGTERM had reached it (checkpointing first when checkpointing is on), at no race with
-#: how fast the run goes (``PRUNEX_STOP_AFTER_ITERATION``; unset: never)
-STOP_AFTER_ITERATION = env_int("PRUNEX_STOP_AFTER_ITERATION", 0, minimum=0) or None
+
+
+def flush_seconds() -> float:
+    """A rank writes its new rows to the run folder at the end of an iteration once this
+    many seconds have passed since its last write (5; ``PRUNEX_FLUSH_SECONDS``): a SIGKILL
+    loses at most these last seconds of rows."""
+    return number("PRUNEX_FLUSH_SECONDS")
+
+
+def stop_after_iteration() -> int | None:
+    """Fault injection for tests of resume: every rank stops after this iteration count as
+    if a SIGTERM had reached it (checkpointing first when checkpointing is on), at no race
+    with how fast the run goes (``PRUNEX_STOP_AFTER_ITERATION``; unset: never)."""
+    return env_int("PRUNEX_STOP_AFTER_ITERATION", 0, minimum=0) or None
 
 
 @dataclass
@@ -164,6 +170,7 @@ class TrainingLoop:
         self.last_checkpoint = time.monotonic()
         self.accuracy: float | None = None
         self.hidden_groups: set[str] = set()  # this rank's groups with hidden collectives
+        self.flush_seconds, self.stop_after = flush_seconds(), stop_after_iteration()
 
     def __call__(self) -> None:
         try:
@@ -215,7 +222,7 @@ class TrainingLoop:
             finished=result.converged or result.done == run.iterations,
             evaluating=result.done in run.eval_points or result.converged,
             scheduled_checkpoint=every is not None and result.done % every == 0,
-            agreement_due=self.agreement.due or result.done == STOP_AFTER_ITERATION,
+            agreement_due=self.agreement.due or result.done == self.stop_after,
         )
 
     # -- what follows an agreement ------------------------------------------------------------
@@ -285,7 +292,7 @@ class TrainingLoop:
 
     @property
     def stop_requested(self) -> bool:
-        injected = STOP_AFTER_ITERATION is not None and self.result.done >= STOP_AFTER_ITERATION
+        injected = self.stop_after is not None and self.result.done >= self.stop_after
         return self.run.stop.requested or injected
 
     @property
@@ -303,7 +310,7 @@ class TrainingLoop:
             self.flush_if_due()
 
     def flush_if_due(self) -> None:
-        if self.run.recorder.flush_due(FLUSH_SECONDS):
+        if self.run.recorder.flush_due(self.flush_seconds):
             with self.run.stop.held():
                 self.run.folder.flush_rows(self.run.recorder)
 
@@ -379,7 +386,7 @@ def live_logging(run: Run) -> bool:
 def interruption_message(run: Run, result: LoopResult, checkpointed: bool) -> str:
     if run.stop.requested:
         how = f"interrupted by {run.stop.name}"
-    elif STOP_AFTER_ITERATION is not None and result.done >= STOP_AFTER_ITERATION:
+    elif (stop := stop_after_iteration()) is not None and result.done >= stop:
         how = "interrupted by PRUNEX_STOP_AFTER_ITERATION"
     else:
         how = "interrupted by a peer"

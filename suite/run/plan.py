@@ -19,6 +19,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from suite.cluster.netemu import parse_rate
@@ -51,6 +52,12 @@ SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_ITERATIONS = 10**9
 #: the seeds torch's generators take
 MAX_SEED = 2**63 - 1
+#: a year: the longest wait or interval a run may be given
+MAX_SECONDS = 365 * 24 * 3600
+#: the longest run id (a folder name; its files' names are the file system's, <= 255 bytes)
+MAX_RUN_ID = 200
+#: the longest --results-dir, so a run's deepest file stays under the system's path limit
+MAX_RESULTS_DIR = 3000
 #: RunConfig field -> its range (ranks, seed, run length, recipe overrides, reliability)
 RECIPE_CHECKS = {
     schema.GPUS: AT_LEAST_1,
@@ -64,7 +71,13 @@ RECIPE_CHECKS = {
     schema.MOMENTUM: Check(lambda v: 0 <= v < 1, "in [0, 1)"),
     schema.WEIGHT_DECAY: Check(lambda v: v >= 0, "at least 0"),
     schema.WARMUP_EPOCHS: Check(lambda v: v >= 0, "at least 0"),
-    **dict.fromkeys(("checkpoint_every", "checkpoint_minutes", "collective_timeout"), POSITIVE),
+    "checkpoint_every": POSITIVE,
+    # a timed checkpoint at most every second, a collective given at least a second (and both
+    # within a year): a smaller number is a typo, not a run
+    "checkpoint_minutes": Check(lambda v: 1 / 60 <= v <= MAX_SECONDS / 60,
+                                f"at least 1/60 (a second) and at most {MAX_SECONDS // 60}"),
+    "collective_timeout": Check(lambda v: 1 <= v <= MAX_SECONDS,
+                                f"in [1, {MAX_SECONDS}] seconds"),
     "max_restarts": Check(lambda v: v >= 0, "at least 0"),
     "bn_recalibrate": Check(lambda v: v >= 0, "at least 0"),
 }
@@ -281,6 +294,11 @@ def schedule_of(config: RunConfig, settings, recipe: Recipe, train_samples: int)
     steps_per_epoch = shard // batch
     round_steps = (settings.steps_per_round(steps_per_epoch)
                    if isinstance(settings, RoundSettings) else None)
+    rounds = config.iterations or 1
+    if round_steps is not None and round_steps * rounds > MAX_ITERATIONS:
+        raise BenchError(f"--local-steps/--local-epochs give rounds of {round_steps} local steps"
+                         f" ({rounds} of them), more than any run takes ({MAX_ITERATIONS:.0e} "
+                         f"local steps per rank); one epoch of a shard is {steps_per_epoch}")
     epochs = None
     if config.iterations is None:
         epochs = config.epochs if config.epochs is not None else recipe.epochs
@@ -290,6 +308,7 @@ def schedule_of(config: RunConfig, settings, recipe: Recipe, train_samples: int)
 def check_config(config: RunConfig) -> None:
     """The configuration's own consistency, before anything is resolved from it."""
     _check_run_id(config.run_id)
+    _check_results_dir(config.results_dir)
     for name in (schema.GPUS, schema.GPUS_PER_NODE, schema.SEED):
         value = getattr(config, name)
         if value is not None:
@@ -312,9 +331,25 @@ def _check_run_id(run_id: str | None) -> None:
     """
     if run_id is not None and (not SAFE_RUN_ID.fullmatch(run_id) or ".." in run_id):
         raise BenchError(
-            f"--run-id {run_id!r} must be one folder name (letters, digits, '.', '_', "
-            "'-'; no '/' or '..')"
+            f"--run-id {run_id[:MAX_RUN_ID]!r} must be one folder name (letters, digits, '.', "
+            "'_', '-'; no '/' or '..')"
         )
+    if run_id is not None and len(run_id) > MAX_RUN_ID:
+        raise BenchError(f"--run-id of {len(run_id)} characters: at most {MAX_RUN_ID} (it "
+                         "names a folder)")
+
+
+def _check_results_dir(results_dir: str) -> None:
+    """``--results-dir`` fits the file system's limits with the run's files under it.
+
+    Raises:
+        BenchError: the path, or one of its names, is too long.
+    """
+    path = str(results_dir)
+    longest = max((len(part.encode()) for part in Path(path).parts), default=0)
+    if len(path) > MAX_RESULTS_DIR or longest > 255:
+        raise BenchError(f"--results-dir of {len(path)} characters (a name of {longest} "
+                         f"bytes): at most {MAX_RESULTS_DIR} characters, names of 255 bytes")
 
 
 def _check_network(config: RunConfig) -> None:

@@ -25,18 +25,20 @@ machine) or a published spec (document, table). Keys:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from statistics import NormalDist
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from suite.data.datasets import dataset_spec
 from suite.errors import BenchError
 from suite.plugins.registry import WORKLOADS
+from suite.results.records import DamagedFile, Name, Ranks, Text, read_record, record
 from suite.sim.costmodel import Link
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -156,6 +158,31 @@ def expected_max_of_normals(n: int, points: int = 4001) -> float:
     return sum(x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1) * step for x in xs)
 
 
+Bandwidth = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Latency = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Share = Annotated[float, Field(ge=0, le=1)]
+Curve = Annotated[list[Annotated[list[float], Field(min_length=2, max_length=2)]],
+                  Field(max_length=10_000)]
+LinkEntry = record("LinkEntry", {"alpha_s": Latency, "bandwidth_Bps": Bandwidth,
+                                 "burst_bytes": Latency, "rails": Ranks},
+                   required=("alpha_s", "bandwidth_Bps"))
+StepEntry = record("StepEntry", {"seconds": Bandwidth, "jitter_s": Latency,
+                                 "sync_wait_s": Curve, "sync_wait_ranks": Ranks},
+                   required=("seconds",))
+#: a profile file: what ``Profile.from_dict`` reads, each number of its kind and range
+ProfileFile = record("ProfileFile", {
+    "name": Name, "description": Text, "gpus_per_node": Ranks,
+    "links": record("Links", {"intra": LinkEntry, "inter": LinkEntry},
+                    required=("intra", "inter")),
+    "memory_bandwidth": record("MemoryBandwidth", {"bandwidth_Bps": Bandwidth},
+                               required=("bandwidth_Bps",)),
+    "compute": record("Compute", {
+        "backward_fraction": Share, "overlap_efficiency": Share,
+        "achieved_flops": record("AchievedFlops", {"value": Bandwidth}, required=("value",)),
+        "steps": dict[Name, StepEntry]}),
+}, required=("name", "gpus_per_node", "links", "memory_bandwidth"))
+
+
 def link_from(entry: dict) -> Link:
     return Link(
         float(entry["alpha_s"]), float(entry["bandwidth_Bps"]), float(entry.get("burst_bytes", 0))
@@ -171,9 +198,9 @@ def load_profile(name_or_path: str) -> Profile:
         known = ", ".join(shipped_profiles())
         raise BenchError(f"no profile {name_or_path!r}; shipped: {known}, or give a JSON path")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BenchError(f"profile {path} is not readable JSON: {exc}") from None
+        data = read_record(path, ProfileFile, what="profile")
+    except DamagedFile as exc:
+        raise BenchError(f"profile {exc}") from None
     return Profile.from_dict(data)
 
 

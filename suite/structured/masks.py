@@ -125,8 +125,15 @@ class StructuredMask:
 
     @classmethod
     def from_state(cls, state: dict, device=None) -> StructuredMask:
-        """Inverse of ``state``; raises KeyError, TypeError or AttributeError on anything else."""
-        return cls(*(state[k].bool().to(device) for k in ("filters", "channels", "shape")))
+        """Inverse of ``state``; raises KeyError, TypeError or AttributeError on anything
+        else, ValueError on bitmaps that are no conv weight's (a damaged or crafted file)."""
+        filters, channels, shape = (state[k].bool().to(device)
+                                    for k in ("filters", "channels", "shape"))
+        if filters.dim() != 1 or channels.dim() != 1 or shape.dim() != 3 or (
+                channels.numel() != shape.shape[0]):
+            raise ValueError(f"bitmaps of shapes {tuple(filters.shape)}, {tuple(channels.shape)}"
+                             f", {tuple(shape.shape)} are no conv weight's")
+        return cls(filters, channels, shape)
 
     def set_sizes(self) -> tuple[int, int, int]:
         """Group bits of the filter, channel and shape sets."""
@@ -358,7 +365,7 @@ def read_masks_file(path: str, device) -> tuple[Path, dict]:
     except Exception as exc:  # unpickling raises many kinds; all mean "not a masks file"
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BenchError(f"--masks-from {path}: cannot read {file} ({why[:200]})") from None
-    if not isinstance(saved, dict):
+    if not isinstance(saved, dict) or not all(isinstance(key, str) for key in saved):
         raise BenchError(f"--masks-from {file}: not a mapping of layer names to masks")
     return file, saved
 
@@ -374,7 +381,7 @@ def load_masks(path: str, shapes: dict[str, torch.Size], device) -> dict[str, St
             raise BenchError(f"--masks-from {file} has no mask for layer {name}")
         try:
             mask = StructuredMask.from_state(entry)
-        except (TypeError, KeyError, AttributeError, IndexError):
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
             raise BenchError(
                 f"--masks-from {file}: the entry of {name} is not a structured mask "
                 "(filters, channels, shape bitmaps)"

@@ -110,7 +110,10 @@ class UnitMask:
 
     @classmethod
     def from_state(cls, state: dict, device=None) -> UnitMask:
-        return cls(state["units"].bool().to(device))
+        units = state["units"].bool().to(device)
+        if units.dim() != 1:
+            raise ValueError(f"a unit mask is one bit per unit, not {tuple(units.shape)}")
+        return cls(units)
 
     def _check_same_shape(self, other: UnitMask) -> None:
         if self.kept.shape != other.kept.shape:
@@ -258,7 +261,7 @@ def load_unit_masks(path: str, groups: list[UnitGroup], device) -> dict[str, Uni
     for group in groups:
         try:
             mask = UnitMask.from_state(saved[group.key], device)
-        except (TypeError, KeyError, AttributeError, IndexError):
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
             raise BenchError(f"--masks-from {file} has no {group.kind} mask for {group.name}"
                              ) from None
         if mask.kept.numel() != group.units:

@@ -15,8 +15,8 @@ def settle_twelve(rank: int, agree_seconds: float) -> dict:
     """Twelve fast iterations; rank 1 is asked to stop during iteration 5."""
     from suite.run import agreement as batched
 
-    batched.AGREE_SECONDS = agree_seconds
     agreement = batched.Agreement(torch.device("cpu"))
+    agreement.agree_seconds = agree_seconds
     batches, stops = [], []
     for it in range(12):
         row = {"iteration": it, "bytes_inter": 10.0 * (rank + 1), "bytes_intra": 1.0}
