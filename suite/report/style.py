@@ -78,9 +78,6 @@ def paper_figure(
         **{key: MIN_POINTS for key in ("legend.fontsize", "xtick.labelsize", "ytick.labelsize")},
         "font.size": 8, "axes.labelsize": 8, "axes.titlesize": 8,
         "legend.title_fontsize": MIN_POINTS, "legend.frameon": False,
-        # labels carry run ids, options and workload names from run folders: text, never
-        # math ("$x^2$" in a run id is drawn as typed, not parsed)
-        "text.parse_math": False,
     }
     stacked = stack and width == "one" and ncols > 1
     rows, cols = (nrows * ncols, 1) if stacked else (nrows, ncols)
@@ -157,10 +154,25 @@ def overlapping_texts(fig) -> list[tuple[str, str]]:
     return _overlapping_pairs(_text_boxes(fig, drawn + others, renderer))
 
 
+def as_typed(fig) -> None:
+    """Every text of ``fig`` drawn as typed, never parsed as math: titles, labels and
+    legends carry run ids, options and workload names from run folders ("$x^2$" in a run id
+    is its characters). Tick labels and the axes' offset texts keep matplotlib's own math
+    (a log axis writes ``$10^{-2}$``)."""
+    own = {id(axis.offsetText) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)}
+    own |= {id(label) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+            for tick in (*axis.get_major_ticks(), *axis.get_minor_ticks())
+            for label in (tick.label1, tick.label2)}
+    for text in fig.findobj(lambda a: isinstance(a, matplotlib.text.Text)):
+        if id(text) not in own:
+            text.set_parse_math(False)
+
+
 def save(fig, out: Path, name: str) -> list[Path]:
     """PNG (first: what report.md and report.html show), PDF and SVG of ``fig``; which of its
     texts overlap is kept in ``OVERLAPS``."""
     files = [out / f"{name}.png", out / f"{name}.pdf", out / f"{name}.svg"]
+    as_typed(fig)
     OVERLAPS[name] = overlapping_texts(fig)
     fig.savefig(files[0], dpi=300)
     for file in files[1:]:

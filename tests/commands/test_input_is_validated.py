@@ -267,13 +267,13 @@ def test_export_of_damaged_masks_is_one_line(run, damage):
     assert "masks.pt" in line, line
 
 
-def test_math_text_in_a_run_id_is_drawn_as_text(tmp_path):
-    """A run id and a workload with matplotlib's math markers: the report draws them as typed
-    (a bad '$' pair used to end the report in a parse traceback)."""
+def test_math_text_from_a_run_folder_is_drawn_as_text(tmp_path):
+    """A workload and a run id with matplotlib's math markers (a '$' pair around TeX that
+    does not parse): the report draws them as typed, where it ended in a parse traceback."""
     root = tmp_path / "set"
-    for source, name in ((RUN, "a$x^2$b"), (REFERENCE / "ddp-cnn-fmnist-4g-4d0bbca3", "$\\frac")):
+    for source, name in ((RUN, "a$x^2$b"), (REFERENCE / "ddp-cnn-fmnist-4g-4d0bbca3", "c$d")):
         shutil.copytree(source, root / name)
-        edit(root / name, "summary.json", run_id=name)
+        edit(root / name, "summary.json", run_id=name, workload="w$\\frac$")
     result = invoke("report", root, "-o", tmp_path / "r")
     assert result.exit_code == 0, result.output
-    assert "$\\frac" in (tmp_path / "r" / "report.md").read_text()
+    assert "a$x^2$b" in (tmp_path / "r" / "report.md").read_text()
