@@ -125,8 +125,9 @@ def planted_table(**changes):
     (method -> {column: value}) planted."""
     import pandas as pd
 
-    rows = {m: {"method": m, "status": "ok", "backend": "nccl", "bytes min / max": 1.0,
-                "longest phase / iteration": 0.9} for m in ("ddp", "powersgd", "prunex")}
+    rows = {m: {"method": m, "status": "ok", "backend": "nccl", "ranks": 4,
+                "bytes min / max": 1.0, "longest phase / iteration": 0.9}
+            for m in ("ddp", "powersgd", "prunex")}
     rows["powersgd"]["bytes min / max"] = 0.1
     for method, planted in changes.items():
         rows[method] = {**rows[method], **planted}
@@ -139,6 +140,9 @@ def planted_table(**changes):
     ({"ddp": {"backend": "gloo"}}, ["ddp: ran on gloo, not NCCL"]),
     ({"powersgd": {"bytes min / max": 1.0}},
      ["powersgd: never compressed (every iteration moved the dense bytes)"]),
+    ({"powersgd": {"bytes min / max": None}}, ["powersgd: moved no byte on 4 ranks"]),
+    # one rank (part 3 on a one-GPU machine) has no peer: no byte moves, nothing to judge
+    ({m: {"ranks": 1, "bytes min / max": None} for m in ("ddp", "powersgd", "prunex")}, []),
     ({"ddp": {"longest phase / iteration": 1.5}}, ["ddp: a phase lasted 1.50x its iteration"]),
 ])
 def test_a_gpu_measurement_fails_on_a_planted_fault(changes, found):
@@ -235,3 +239,28 @@ def test_a_recorded_sweep_with_a_failed_cell_fails_the_parts_check(tmp_path, cap
     summary.write_text(json.dumps(planted))
     with pytest.raises(SystemExit, match=r"1 check\(s\) failed: prunex: failed: rank 2: boom"):
         gpu_steps.check_recorded(tmp_path, methods, "shared")
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(tmp_path_factory) -> Path:
+    """A real run of PowerSGD on one rank (part 3 on a one-GPU machine: no peer, no byte
+    moves), compressing from its second iteration."""
+    from tests.support.runs import ONE_RANK, TINY, bench
+
+    root = tmp_path_factory.mktemp("one-rank")
+    proc = bench("sweep", "--method", "powersgd", *TINY, *ONE_RANK, "--iterations", "3",
+                 "--start-powersgd-iter", "2", "--results-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def test_a_one_rank_set_that_moved_no_byte_passes_part_3s_checks(one_rank_run, capsys):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_steps
+
+    table = gpu_steps.describe(one_rank_run)
+    assert table["ranks"].tolist() == [1] and table["bytes min / max"].isna().all()
+    gpu_steps.check_recorded(one_rank_run, ["powersgd"], "shared")  # no finding
+    with pytest.raises(SystemExit) as found:  # on NCCL's layout: the backend alone
+        gpu_steps.check_recorded(one_rank_run, ["powersgd"], "nccl")
+    assert str(found.value) == "1 check(s) failed: powersgd: ran on gloo, not NCCL"
