@@ -47,7 +47,7 @@ def imported_modules() -> set[str]:
                     found |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                     found.add(node.module.split(".")[0])
-    local = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
+    local = {p.stem for folder in ("benchmarks", "tools/gpu") for p in (REPO / folder).glob("*.py")}
     return {m for m in found if m not in stdlib and m not in FIRST_PARTY | local | NOT_RUN_THERE
             and not m.startswith("_")}
 
