@@ -150,6 +150,23 @@ def gpu_sharing(device: torch.device, backend: str) -> dict | None:
             schema.BACKEND: backend, schema.TIMINGS_REPRESENTATIVE: _sharing == 1}
 
 
+def rank_threads(device: torch.device, cores: int | None = None) -> int:
+    """The intra-op threads of a rank on ``device``: ``OMP_NUM_THREADS`` where set; else one
+    on CPU ranks (the suite's runs set it per launcher), and on CUDA ranks this machine's
+    cores (``cores``: those this process may use) shared by its ``LOCAL_WORLD_SIZE`` ranks:
+    left to torch, each of 4 ranks would take every core (4 x 16 threads on 16 cores), and
+    their host-side work would contend for them."""
+    given = os.environ.get("OMP_NUM_THREADS")
+    if given:
+        return max(1, int(given))
+    if device.type != "cuda":
+        return 1
+    if cores is None:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def join_process_group(
     preference: str, timeout_seconds: float | None = None, *, shared_gpus_ok: bool = True
 ) -> torch.device:
@@ -159,9 +176,10 @@ def join_process_group(
     cluster job (``shared_gpus_ok`` False) every rank must own its GPU: ranks of one host on
     one device (by UUID, exchanged through the job's store before the process group forms)
     are refused in one line before NCCL would abort on them; how many devices each rank sees
-    does not matter (``srun --gpus-per-task=1`` shows each task one). Collectives of every
-    group, gloo and NCCL alike, time out a margin after ``timeout_seconds`` (the rank's
-    watchdog reports the stall first; default 10 minutes)."""
+    does not matter (``srun --gpus-per-task=1`` shows each task one). CUDA ranks share the
+    cores (``rank_threads``). Collectives of every group, gloo and NCCL alike, time out a
+    margin after ``timeout_seconds`` (the rank's watchdog reports the stall first; default
+    10 minutes)."""
     global _timeout, _sharing
     if timeout_seconds is not None:
         _timeout = backend_timeout(timeout_seconds)
@@ -177,8 +195,7 @@ def join_process_group(
             store = job_store()
             uuid = str(torch.cuda.get_device_properties(device).uuid)
             own_device_or_refuse(store, socket.gethostname(), uuid)
-    else:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.set_num_threads(rank_threads(device))
     backend = backend_for(device, _sharing)
     # Groups torch creates for us without a timeout argument (HierarchicalModelAverager's
     # subgroups) take the module's default, gloo's 30 minutes: make it ours.

@@ -32,14 +32,19 @@ def synchronize(device: torch.device) -> None:
 
 
 class Mark:
-    """A point in time: host wall clock on CPU, a CUDA event on the current stream on CUDA."""
+    """A point in time: host wall clock on CPU; on CUDA an event on ``device``'s current
+    stream, named by the device: a comm hook's callback runs on the thread that completed
+    its future (gloo's worker), whose current device is that thread's, not the rank's (with 4
+    ranks on 2 GPUs, rank 1's end would land on GPU 0, where its begin is not); torch makes
+    the future's stream current on the rank's device there, so the event waits for the
+    collective all the same."""
 
     __slots__ = ("seconds", "event")
 
     def __init__(self, device: torch.device):
         if device.type == "cuda":
             self.event = torch.cuda.Event(enable_timing=True)
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(device))
             self.seconds = None
         else:
             self.event = None

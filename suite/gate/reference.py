@@ -343,9 +343,10 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None,
 def version_differences(folder: Path, here: dict) -> list[str]:
     """``torch: recorded 2.11.0, here 2.12.0``: each version a GPU class's reference recorded
     (its ``CLASS_FILE``) that this runner's ``here`` (suite.results.folder.versions) does
-    not share; empty for a reference recorded before classes kept their versions, and for a
-    CPU class, which any CPU runner joins whatever its torch build or driver (the portable
-    class); its class.json says what it was recorded under all the same."""
+    not share (the driver by its branch: ``compared``); empty for a reference recorded
+    before classes kept their versions, and for a CPU class, which any CPU runner joins
+    whatever its torch build or driver (the portable class); its class.json says what it
+    was recorded under all the same."""
     path = Path(folder) / CLASS_FILE
     if not path.is_file() or not Path(folder).name.startswith("cuda-"):
         return []
@@ -354,7 +355,17 @@ def version_differences(folder: Path, here: dict) -> list[str]:
     except DamagedFile as exc:
         raise BenchError(str(exc)) from None
     return [f"{name}: recorded {recorded[name]}, here {here.get(name)}"
-            for name in CLASS_VERSIONS if name in recorded and recorded[name] != here.get(name)]
+            for name in CLASS_VERSIONS if name in recorded
+            and compared(name, recorded[name]) != compared(name, here.get(name))]
+
+
+def compared(name: str, version: str | None) -> str | None:
+    """What of a recorded version must match: all of it, except the driver's branch alone
+    (``580`` of ``580.159.04``): one kind of lent machine has served 580.159.03 and .04,
+    and cuBLAS, cuDNN and NCCL come with the torch wheel (compared whole), not the driver."""
+    if name == schema.CUDA_DRIVER_VERSION and version:
+        return str(version).split(".")[0]
+    return version
 
 
 def kernels_repeat(results: str | Path) -> bool:

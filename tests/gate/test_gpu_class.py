@@ -97,6 +97,12 @@ def test_a_reference_recorded_under_other_software_is_not_judged_against(tmp_pat
     assert version_differences(gpu, today) == [
         f"cuda_driver: recorded 535.54.03, here {today['cuda_driver']}"]
     assert version_differences(gpu, {**today, "cuda_driver": "535.54.03"}) == []
+    # the driver by its branch: a patch release of 535 joins, 580 does not
+    assert version_differences(gpu, {**today, "cuda_driver": "535.104.05"}) == []
+    assert version_differences(gpu, {**today, "cuda_driver": "580.159.04"}) == [
+        "cuda_driver: recorded 535.54.03, here 580.159.04"]
+    assert version_differences(gpu, {**today, "cuda_driver": "535.1.1", "torch": "0.0.1"}) == [
+        f"torch: recorded {today['torch']}, here 0.0.1"]  # the rest whole
     monkeypatch.setattr(reference, "this_machine_class", lambda gpus, device: gpu.name)
     with pytest.raises(BenchError, match=r"recorded under other software than this runner's "
                        r"\(cuda_driver: recorded 535.54.03.*--replace"):

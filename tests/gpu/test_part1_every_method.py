@@ -8,6 +8,7 @@ Skipped without CUDA (every ordinary test session hides it: see tests/conftest.p
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -40,14 +41,19 @@ def shared_gpu_runs(tmp_path_factory) -> Path:
 
 
 def test_every_method_runs_on_cuda(shared_gpu_runs):
+    """Each run ended ok on CUDA, its 4 ranks sharing the cores (suite.cluster.ranks:
+    rank_threads), not each taking them all."""
     runs = folders(shared_gpu_runs)
     assert set(runs) == set(ALL_METHODS.split(","))
+    threads = (int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS")
+               else max(1, len(os.sched_getaffinity(0)) // 4))
     for method, run in runs.items():
         done = summary(run)
         assert done["status"] == "ok", (method, done.get("error"))
         manifest = json.loads((run / "manifest.json").read_text())
         assert manifest["numerics"]["device"].startswith("cuda")
         assert manifest["numerics"]["device_name"]
+        assert manifest["hardware"]["threads_per_rank"] == threads, method
         rows = pd.read_parquet(run / "iterations.parquet")
         assert (rows["t_local_compute"] > 0).all(), method
 
@@ -162,3 +168,20 @@ def sleep_cycles(seconds: float, device: torch.device) -> int:
     end.record()
     torch.cuda.synchronize(device)
     return int(probe * seconds / (start.elapsed_time(end) / 1000))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs: a rank on the second")
+def test_a_mark_taken_where_another_device_is_current_lands_on_the_ranks():
+    """A comm hook's end mark is taken in its future's callback, on the thread that completed
+    the collective (gloo's worker), whose current device may be GPU 0 for a rank of GPU 1:
+    the mark still goes on the rank's device, where its begin is, so the span can be read."""
+    from suite.cluster.recorder import Recorder
+
+    device = torch.device("cuda", 1)
+    recorder = Recorder(1, device)
+    with torch.cuda.device(device):
+        begin = recorder.mark()
+    with torch.cuda.device(0):  # the callback thread's device
+        end = recorder.mark()
+    torch.cuda.synchronize(device)
+    assert begin.until(end) >= 0

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from suite.cluster.ranks import gpu_sharing, own_device_or_refuse, ranks_sharing
+from suite.cluster.ranks import gpu_sharing, own_device_or_refuse, rank_threads, ranks_sharing
 from suite.errors import BenchError
 from suite.results.machine import backend_for, ranks_per_gpu
 from tests.support.runs import processes_with
@@ -24,6 +24,19 @@ def test_more_ranks_than_gpus_share_them_on_gloo():
     assert backend_for(cuda, ranks_per_gpu(4, 1)) == "gloo"  # NCCL refuses two on one GPU
     assert backend_for(cpu, 1) == "gloo"
     assert gpu_sharing(cpu, "gloo") is None  # nothing to say on CPU ranks
+
+
+def test_cuda_ranks_share_the_cores_cpu_ranks_take_one(monkeypatch):
+    """4 CUDA ranks on 16 cores get 4 threads each (left to torch, each would take all 16);
+    CPU ranks one; OMP_NUM_THREADS, where set, wins for both."""
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert rank_threads(cuda, cores=16) == 4 and rank_threads(cuda, cores=2) == 1
+    assert rank_threads(cuda) == max(1, len(os.sched_getaffinity(0)) // 4)
+    assert rank_threads(cpu, cores=16) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert rank_threads(cuda, cores=16) == 3 and rank_threads(cpu) == 3
 
 
 def cluster_ranks(devices: list[str], monkeypatch) -> list[str | None]:

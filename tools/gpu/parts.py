@@ -21,10 +21,13 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from processes import adopt_orphans, stop_descendants, stop_group  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "suite.cli"]
@@ -93,23 +96,52 @@ def device_slug(facts: dict) -> str:
 def run_logged(command: list[str], log: Path, *, env: dict | None = None,
                timeout: float | None = None) -> int:
     """``command`` with its output shown and appended to ``log``; its exit code (124 when it
-    ran past ``timeout``)."""
+    ran past ``timeout``). The clock is the caller's, not the output's: a command that
+    prints nothing is stopped at ``timeout`` all the same, with its process group and every
+    process it started, in whatever session (tools/gpu/processes.py); so are the processes a
+    command that ended left running. This process must have no other children."""
+    adopt_orphans()
     print(f"$ {' '.join(command)}", flush=True)
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, cwd=REPO)
-        started = time.monotonic()
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            out.write(line)
-            if timeout is not None and time.monotonic() - started > timeout:
-                proc.kill()
-        code = proc.wait()
-    if timeout is not None and time.monotonic() - started > timeout:
-        return 124
-    return code
+                                text=True, env=env, cwd=REPO, start_new_session=True)
+        shown = threading.Thread(target=show, args=(proc.stdout, out), daemon=True)
+        shown.start()
+        code = wait_or_stop(proc, timeout)
+        left = stop_descendants()
+        shown.join(timeout=10)  # the pipe ends with the last process holding it
+        ending = (f"stopped after {timeout:.0f} s" if code is None else f"exit {code}") + (
+            f"; {left} process(es) it left were killed" if left else "")
+        out.write(f"[{ending}]\n")
+    print(f"[{ending}]", flush=True)
+    return 124 if code is None else code
+
+
+def wait_or_stop(proc: subprocess.Popen, timeout: float | None) -> int | None:
+    """``proc``'s exit code, or None when it ran past ``timeout`` and its process group was
+    killed. Its group is a session of its own, which a terminal's Ctrl-C does not reach: on
+    one here the group and whatever it started are stopped before the interrupt goes on."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc.pid)
+        proc.wait()
+        return None
+    except KeyboardInterrupt:
+        stop_group(proc.pid)
+        proc.wait()
+        stop_descendants()
+        raise
+
+
+def show(lines, log) -> None:
+    """Copy a command's output to the terminal and its log, line by line, as it comes."""
+    for line in lines:
+        print(line, end="", flush=True)
+        log.write(line)
+        log.flush()
 
 
 # -- part 0: the smoke ------------------------------------------------------------------------
