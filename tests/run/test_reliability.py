@@ -198,7 +198,7 @@ def test_sigkill_of_the_parent_then_recover(tmp_path):
         (["--momentum", "1.5"], "--momentum must be in [0, 1), got 1.5"),
         (["--weight-decay", "-0.1"], "--weight-decay must be at least 0"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
-        (["--collective-timeout", "0"], "--collective-timeout must be positive"),
+        (["--collective-timeout", "0"], "--collective-timeout must be in [1,"),
         (["--gpus", "4096", "--gpus-per-node", "4", "--synthetic-size", "65536,64"],
          "local CPU ranks need about"),
         (["--gpus", "512", "--gpus-per-node", "4"], "256 training samples cannot fill 512 shards"),
