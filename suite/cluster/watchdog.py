@@ -98,6 +98,28 @@ class Position:
 POSITION = Position()
 
 
+class StoreTally:
+    """The operations this rank sent to the job's store: what the store's host serves per
+    rank, which must not grow with the world (a heartbeat a second; a stall's reads of every
+    rank happen once, on the way out). The loop files each iteration's share in its row
+    (``schema.STORE_OPS``)."""
+
+    def __init__(self):
+        self.total = 0
+        self._taken = 0
+
+    def add(self, operations: int = 1) -> None:
+        self.total += operations
+
+    def take(self) -> int:
+        """Operations since the last ``take``."""
+        taken, self._taken = self.total - self._taken, self.total
+        return taken
+
+
+STORE_TALLY = StoreTally()
+
+
 @contextmanager
 def watched(
     collective: str, group: str, group_ranks: tuple[int, ...] = (), *,
@@ -169,6 +191,7 @@ class Watchdog:
                   "group_ranks": wait and list(wait.group_ranks), "fired": fired,
                   "host": HOST, "pid": os.getpid()}
         try:
+            STORE_TALLY.add()
             self._store.set(KEY.format(rank=self.rank), json.dumps(record))
         except Exception:  # the store's host is gone: the stall check still runs
             self._store = None
@@ -216,6 +239,7 @@ class Watchdog:
         for peer in range(self.world_size):
             key = KEY.format(rank=peer)
             try:
+                STORE_TALLY.add(2)
                 found[peer] = json.loads(self._store.get(key)) if self._store.check([key]) else None
             except Exception:
                 found[peer] = None

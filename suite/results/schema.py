@@ -322,6 +322,9 @@ BYTES_INTER = "bytes_inter"
 ONE_OFF = "one_off"
 #: a phase's seconds are the column ``t_<phase>`` (suite.cluster.phases names them)
 PHASE_PREFIX = "t_"
+#: operations the rank sent to the job's store during the iteration (heartbeats: one a
+#: second, whatever the world's size; suite.cluster.watchdog.StoreTally)
+STORE_OPS = "store_ops"
 #: emulated links: the bytes the leader's interface sent and received in the iteration
 WIRE_TX_BYTES = "wire_tx_bytes"
 WIRE_RX_BYTES = "wire_rx_bytes"
@@ -335,7 +338,8 @@ RHO2_MEAN = "rho2_mean"
 #: iterations.parquet's columns (and a ``t_<phase>`` column per phase)
 ITERATION_COLUMNS = (
     ITERATION, RANK, T_ITERATION, LOSS, SAMPLES, EPOCH, LR, DENSITY, PRUNABLE_DENSITY,
-    BYTES_INTRA, BYTES_INTER, ONE_OFF, WIRE_TX_BYTES, WIRE_RX_BYTES, FROZEN, MASK_DRIFT,
+    BYTES_INTRA, BYTES_INTER, ONE_OFF, STORE_OPS, WIRE_TX_BYTES, WIRE_RX_BYTES, FROZEN,
+    MASK_DRIFT,
     MASK_DRIFT_FRACTION, PACKED_BYTES, RHO1_MEAN, RHO2_MEAN,
 )
 
