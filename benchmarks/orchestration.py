@@ -132,7 +132,8 @@ def framework_shares(folder: Path) -> tuple[float, float, float, float]:
     phases = schema.phase_columns(steady.columns)
     inside = (steady[schema.T_ITERATION] - steady[phases].fillna(0).sum(axis=1)).clip(lower=0)
     ops = rows[schema.STORE_OPS] if schema.STORE_OPS in rows else pd.Series(dtype=float)
-    per_second = ops.sum() / rows[schema.T_ITERATION].sum() if len(ops) else float("nan")
+    ranks = rows[schema.RANK].nunique()
+    per_second = ops.sum() / ranks / summary[schema.WALL_SECONDS] if len(ops) else float("nan")
     return (1e3 * outside / iterations, 1e3 * float(inside.mean()), float(ops.mean()),
             float(per_second))
 
