@@ -65,6 +65,11 @@ def flushed(folder: Path, rank: int) -> int:
     return len(list((folder / "parts").glob(f"iterations-rank{rank:05d}-*.parquet")))
 
 
+def tail(out: Path) -> str:
+    """The end of the run's output."""
+    return (out / "bench.log").read_text(errors="replace")[-600:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=64)
@@ -89,22 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.method.startswith(("prunex", "localsgd", "gmp", "prune")):
         command += ["--local-steps", "2"]
     env = {**os.environ, "PRUNEX_PROGRESS": "0", "PRUNEX_FLUSH_SECONDS": "0"}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    log = (out / "bench.log").open("w+")  # a file, never a pipe: 64 ranks' lines would fill
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     while proc.poll() is None and flushed(folder, args.kill_rank) < args.after:
         time.sleep(0.2)
     if proc.poll() is not None:
-        raise SystemExit(f"the run ended before the kill: {proc.stderr.read()[-400:]}")
+        raise SystemExit(f"the run ended before the kill: {tail(out)}")
     processes = json.loads((folder / "summary.json").read_text())[schema.PROCESSES]
     victim = int(processes[args.kill_rank][1])
     below = descendants(proc.pid)
     killed = time.perf_counter()
     os.kill(victim, signal.SIGKILL)
     try:
-        _, err = proc.communicate(timeout=10 * LIMIT_SECONDS)
+        proc.wait(timeout=10 * LIMIT_SECONDS)
     except subprocess.TimeoutExpired:
         proc.kill()
-        _, err = proc.communicate()
+        proc.wait()
     seconds = time.perf_counter() - killed
     time.sleep(1)
     left = [pid for pid in below + [int(p[1]) for p in processes] if alive(pid)]
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = (summary.get(schema.STATUS) == "failed" and named and not left
           and seconds <= LIMIT_SECONDS and whole >= args.after and proc.returncode == 1)
     if not ok:
-        print(f"stderr: {err.strip()[-600:]}", file=sys.stderr)
+        print(f"output: {tail(out)}", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -122,8 +122,8 @@ def measure(ranks: int, args) -> Measured:
         command += ["--synthetic-size", f"{max(256, 16 * ranks)},64", "--batch-size", "8"]
     env = {**os.environ, "PRUNEX_PROGRESS": "0"}
     started = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    log = (out / "bench.log").open("w+")  # a file, never a pipe: 64 ranks' lines would fill
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     peak, at_peak, samples, rank_max, lowest = 0, (0, 0, 0), 0, 0, available()
     others_peak = 0
     while proc.poll() is None:
@@ -140,8 +140,9 @@ def measure(ranks: int, args) -> Measured:
             others_peak = max(others_peak, others)
         lowest = min(lowest, available())
         time.sleep(args.interval)
-    _, err = proc.communicate()
+    proc.wait()
     wall = time.perf_counter() - started
+    err = (out / "bench.log").read_text(errors="replace")
     try:
         summary = json.loads((only_run(out) / "summary.json").read_text())
         status = summary.get(schema.STATUS, "?")
