@@ -47,12 +47,14 @@ def integration(session):
 
 @nox.session(python=False)
 def cluster(session):
-    """Runs across several hosts on the SLURM of tools/cluster-up (three hosts in namespaces
-    on this machine, brought up and down by the tests; root only): both launch paths, the
-    topology from hostnames, recorded bytes against the links' counters, a lost host. The
-    one-node SLURM of the other sessions is stopped first and left stopped."""
+    """Runs across several hosts on the SLURM of tools/cluster-up (hosts in namespaces on
+    this machine, brought up and down by the tests; root only): on three hosts both launch
+    paths, the topology from hostnames, recorded bytes against the links' counters, a lost
+    host; then 64 ranks on eight hosts. The one-node SLURM of the other sessions is stopped
+    first and left stopped."""
     session.run("python", "-m", "pytest", "-q", "-m", "cluster", "-rs",
-                "tests/launchers/test_multihost.py", *session.posargs)
+                "tests/launchers/test_multihost.py", "tests/launchers/test_multihost_scale.py",
+                *session.posargs)
 
 
 @nox.session(python=False)

@@ -254,6 +254,22 @@ def cuda_session() -> bool:
     return torch.cuda.is_available()
 
 
+def check_rank_memory(out: str, folder: Path) -> None:
+    markdown_header(out, "ranks", "peak ranks' PSS GiB", "PSS per rank MiB (at peak)")
+    (row,) = json.loads((folder / "memory.json").read_text())
+    assert row["status"] == "ok" and row["samples"] > 0 and row["rank_pss_mib_at_peak"] > 10
+
+
+def check_orchestration(out: str, folder: Path) -> None:
+    markdown_header(out, "ranks", "to first iteration s", "store ops per rank per s")
+    text = (folder / "orchestration.md").read_text()
+    assert "| 2 | 2 | ok |" in text and "no row grows faster than linearly" in text
+
+
+def check_rank_kill(out: str, folder: Path) -> None:
+    assert re.search(r"\| 2 \| rank 1 \(pid \d+\) \| [\d.]+ \| failed \| True \| 0 \|", out), out
+
+
 NEEDS_ROOT = None if ROOT_AND_IPROUTE else "emulated nodes need root and iproute2"
 SMOKES: dict[str, Smoke] = {
     "capacity_control.py": Smoke(
@@ -281,13 +297,19 @@ SMOKES: dict[str, Smoke] = {
     "validate_sim.py": Smoke(lambda d, _: ["--smoke", "--out", str(d)], check_validation,
                              skip=NEEDS_ROOT),
     "paper_scaling.sh": Smoke(lambda d, _: [str(d)], check_scaling, env={"BENCH_SMOKE": "1"}),
+    "rank_memory.py": Smoke(lambda d, _: ["--smoke", "--json", str(d / "memory.json")],
+                            check_rank_memory),
+    "orchestration.py": Smoke(lambda d, _: ["--smoke", "--out", str(d / "orchestration.md")],
+                              check_orchestration),
+    "rank_kill.py": Smoke(lambda d, _: ["--smoke"], check_rank_kill),
 }
 #: longest first, so the slowest chains start at once
 ORDER = ["validate_sim.py", "checkpoint_cost.py", "fair_comparison.py", "resume_equality.py",
          "capacity_control.py", "live_weights.py", "model_zoo.py",
          "prunex_overhead.py", "frontier.py",
          "families.py", "report_scale.py", "instrumentation_tax.py", "emulated_comm.py",
-         "paper_scaling.sh", "runs.py", "gpu_steps.py", "recipe_check.py"]
+         "paper_scaling.sh", "runs.py", "gpu_steps.py", "recipe_check.py", "rank_memory.py",
+         "orchestration.py", "rank_kill.py"]
 
 
 def smoke_skip(name: str) -> str | None:

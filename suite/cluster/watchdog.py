@@ -98,6 +98,28 @@ class Position:
 POSITION = Position()
 
 
+class StoreTally:
+    """The operations this rank sent to the job's store: what the store's host serves per
+    rank, which must not grow with the world (a heartbeat a second; a stall's reads of every
+    rank happen once, on the way out). The loop files each iteration's share in its row
+    (``schema.STORE_OPS``)."""
+
+    def __init__(self):
+        self.total = 0
+        self._taken = 0
+
+    def add(self, operations: int = 1) -> None:
+        self.total += operations
+
+    def take(self) -> int:
+        """Operations since the last ``take``."""
+        taken, self._taken = self.total - self._taken, self.total
+        return taken
+
+
+STORE_TALLY = StoreTally()
+
+
 @contextmanager
 def watched(
     collective: str, group: str, group_ranks: tuple[int, ...] = (), *,
@@ -134,7 +156,7 @@ class Watchdog:
         self.timeout = timeout_seconds
         self.on_stall = on_stall
         self._stop = threading.Event()
-        self._store = store_client()
+        self._store = None  # connected by the thread: a slow store never holds up training
         self.frozen_here: int | None = None  # the pid of a silent root rank on this host
         self._thread = threading.Thread(target=self._watch, name="prunex-watchdog", daemon=True)
 
@@ -150,6 +172,7 @@ class Watchdog:
             self._beat(fired=True)
 
     def _watch(self) -> None:
+        self._store = store_client()
         self._beat()  # heard from at once: a rank stopped before its first interval is not
         # "never heard from" but silent since then, with where it was
         while not self._stop.wait(BEAT_SECONDS):
@@ -169,6 +192,7 @@ class Watchdog:
                   "group_ranks": wait and list(wait.group_ranks), "fired": fired,
                   "host": HOST, "pid": os.getpid()}
         try:
+            STORE_TALLY.add()
             self._store.set(KEY.format(rank=self.rank), json.dumps(record))
         except Exception:  # the store's host is gone: the stall check still runs
             self._store = None
@@ -216,6 +240,7 @@ class Watchdog:
         for peer in range(self.world_size):
             key = KEY.format(rank=peer)
             try:
+                STORE_TALLY.add(2)
                 found[peer] = json.loads(self._store.get(key)) if self._store.check([key]) else None
             except Exception:
                 found[peer] = None
@@ -303,17 +328,26 @@ def describe_silent(rank: int, quiet: float, record: dict | None) -> str:
     return f"rank {rank} (silent for {quiet:.0f} s, last at {where})"
 
 
+#: how long a rank may take to connect to the job's store: 64 ranks connecting at once to an
+#: agent on two busy cores took more than 5 s (the watchdog's old single timeout), which left
+#: their heartbeats unpublished and their stalls unexplained (benchmarks/rank_kill.py)
+CONNECT_SECONDS = 120.0
+
+
 def store_client(timeout_seconds: float = 5.0):
     """A connection of the caller's own to the job's store (torchrun's or srun's
-    MASTER_ADDR:MASTER_PORT), under this attempt's prefix; the watchdog's has a short timeout
-    so a frozen host cannot hang it. None where there is none."""
+    MASTER_ADDR:MASTER_PORT), under this attempt's prefix: connected within
+    ``CONNECT_SECONDS`` (a world of ranks connects at once), then each operation within
+    ``timeout_seconds`` (the watchdog's are short, so a frozen host cannot hang it). None
+    where there is none."""
 
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
         return None
     try:
-        timeout = timedelta(seconds=timeout_seconds)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, use_libuv=True)
+        connect = timedelta(seconds=max(timeout_seconds, CONNECT_SECONDS))
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=connect, use_libuv=True)
+        store.set_timeout(timedelta(seconds=timeout_seconds))
     except Exception:
         return None
     return dist.PrefixStore(f"watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",

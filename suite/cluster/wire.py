@@ -27,26 +27,27 @@ class WireCounters:
 
     def __init__(self, interface: str):
         self.interface = interface
-        self._start = (0, 0)
+        self._start = (0, 0, 0)
 
-    def read(self) -> tuple[int, int]:
-        """(tx, rx) bytes of the interface, as the kernel counts them (frames, headers
-        included)."""
+    def read(self) -> tuple[int, int, int]:
+        """(tx bytes, rx bytes, tx frames) of the interface, as the kernel counts them
+        (frames, headers included)."""
         for line in NET_DEV.read_text().splitlines()[2:]:
             name, _, fields = line.partition(":")
             if name.strip() == self.interface:
                 numbers = fields.split()
-                return int(numbers[8]), int(numbers[0])
+                return int(numbers[8]), int(numbers[0]), int(numbers[9])
         raise FileNotFoundError(f"no interface {self.interface} in {NET_DEV}")
 
     def start(self) -> None:
         self._start = self.read()
 
     def stop(self) -> dict[str, float]:
-        tx, rx = self.read()
+        tx, rx, frames = self.read()
         return {
             schema.WIRE_TX_BYTES: float(tx - self._start[0]),
             schema.WIRE_RX_BYTES: float(rx - self._start[1]),
+            schema.WIRE_TX_FRAMES: float(frames - self._start[2]),
         }
 
 

@@ -11,13 +11,23 @@ from pathlib import Path
 
 import torch
 
+from suite.data.datasets import DATASETS
 from suite.errors import BenchError
 from suite.results.machine import ranks_per_gpu
 from suite.run.plan import RunPlan
 
-#: what one CPU rank holds besides its data and model: the interpreter with torch, timm and
-#: gloo loaded (measured: 0.55-0.6 GiB RSS per cnn-fmnist rank before its data)
-RANK_BASE_BYTES = int(0.55 * 2**30)
+#: what one forked CPU rank adds to the machine besides its model's copies, a batch's
+#: activations and its share of the data: its own pages of the interpreter, gloo's buffers,
+#: the run's bookkeeping. The ranks are forked from one server that imported torch, so they
+#: share its pages: this is PSS (a page shared by k processes counts 1/k), measured by
+#: benchmarks/rank_memory.py on cnn-fmnist and Fashion-MNIST at 16 ranks (189.6 MiB per rank
+#: at the run's peak, less its share of the data, the model's copies and the activations
+#: this module charges apart; benchmarks/measured/rank_memory.md). Beyond 16 ranks the PSS
+#: per rank only falls (121.9 MiB at 64), so the charge errs toward refusing. RSS, which
+#: counts every shared page in every rank, is 4-7x more and was what this charged before.
+RANK_BASE_BYTES = 128 * 2**20
+#: the launcher and the fork server of a local run (PSS, measured with the ranks)
+LAUNCHER_BYTES = 1024 * 2**20
 #: copies of the parameters a rank keeps (weights, gradients, momentum; PruneX's z, z_i, u,
 #: v and consensus; the evaluation copy), an upper bound over the methods
 PARAMETER_COPIES = 10
@@ -71,11 +81,36 @@ def parameter_bytes(model) -> int:
     )
 
 
+def data_bytes(plan: RunPlan) -> int:
+    """The run's decoded dataset (train and test, float32)."""
+    return (plan.train_samples + plan.test_samples) * sample_bytes(plan)
+
+
+def shares_data(plan: RunPlan) -> bool:
+    """Whether the ranks of a host map one decoded copy of the data (suite.data.shared):
+    synthetic data and datasets that name their source files; a plugin's dataset without
+    them is loaded by every rank."""
+    if plan.dataset == "synthetic":
+        return True
+    return DATASETS.get(plan.dataset).sources is not None
+
+
 def rank_memory_estimate(plan: RunPlan, model) -> int:
-    """Bytes one CPU rank needs: base, the whole dataset as float32 (every rank loads it and
-    keeps its shard), and the parameter copies."""
-    samples = plan.train_samples + plan.test_samples
-    return RANK_BASE_BYTES + samples * sample_bytes(plan) + parameter_bytes(model)
+    """Bytes one CPU rank adds: its base (``RANK_BASE_BYTES``), the parameter copies, the
+    activations of a batch and their gradients, and its own copy of the data where the
+    dataset is not shared."""
+    batch = plan.recipe.batch_size
+    activations = 2 * activation_bytes(model, plan, batch) if model is not None else 0
+    own_data = 0 if shares_data(plan) else data_bytes(plan)
+    return RANK_BASE_BYTES + parameter_bytes(model) + activations + own_data
+
+
+def local_memory_estimate(plan: RunPlan, model) -> tuple[int, int]:
+    """(bytes the whole local run needs, bytes per rank): the launcher and fork server, the
+    host's one copy of a shared dataset, and every rank's own."""
+    each = rank_memory_estimate(plan, model)
+    shared = data_bytes(plan) if shares_data(plan) else 0
+    return LAUNCHER_BYTES + shared + plan.config.gpus * each, each
 
 
 def check_memory(plan: RunPlan, model) -> None:
@@ -85,13 +120,13 @@ def check_memory(plan: RunPlan, model) -> None:
     if available is None:
         return
     gpus = plan.config.gpus
-    each = rank_memory_estimate(plan, model)
-    need = gpus * each
+    need, each = local_memory_estimate(plan, model)
     if need > 0.9 * available:
         raise BenchError(
             f"{gpus} local CPU ranks need about {need / GIB:.1f} GiB ({each / GIB:.2f} GiB "
-            f"each), this machine has {available / GIB:.1f} GiB available; use fewer --gpus, "
-            "--launcher slurm on a cluster, or --launcher sim to simulate it"
+            f"each, with the launcher and the host's one copy of the data), this machine has "
+            f"{available / GIB:.1f} GiB available; use fewer --gpus, --launcher slurm on a "
+            "cluster, or --launcher sim to simulate it"
         )
 
 

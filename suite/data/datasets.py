@@ -1,8 +1,10 @@
-"""Datasets as whole in-memory tensors, normalized once at load time.
+"""Datasets as whole tensors, normalized once when decoded, held once per host.
 
 The benchmark datasets are small (Fashion-MNIST 190 MB, CIFAR-10 620 MB as float32), so
 holding a split as one tensor lets every rank slice its shard and batches without a
-DataLoader's worker processes, which would compete with the ranks for CPU cores.
+DataLoader's worker processes, which would compete with the ranks for CPU cores. A split is
+decoded once per host and memory-mapped by every rank (suite.data.shared): the host holds one
+copy, not one per rank.
 
 ``fmnist``, ``cifar10`` and ``synthetic`` are built in; a plugin adds its own with
 ``@DATASETS.register(name, spec, sizes)`` on a loader (``suite.api.DATASETS``), in the module
@@ -18,13 +20,14 @@ import pickle
 import tarfile
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
+from suite.data.shared import file_identity, shared_splits
 from suite.data.workload import DatasetSpec, TensorData
 from suite.errors import BenchError
 
@@ -38,14 +41,21 @@ IDX_IMAGES, IDX_LABELS = 2051, 2049  # IDX magic numbers: unsigned bytes, 3 and 
 Loader = Callable[[str | Path | None, bool], tuple[TensorData, TensorData]]
 
 
+#: ``sources(data_dir) -> files``: the files a dataset's splits are decoded from (None where
+#: they are not all there yet): what names its decoded copy in the host's cache
+Sources = Callable[[str | Path | None], "list[Path] | None"]
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A named dataset: its shape, its split sizes (read without loading it, e.g. by the
-    simulator) and how to load it."""
+    simulator), how to load it, and (optionally) the files it is decoded from, which let
+    the ranks of a host share one decoded copy (suite.data.shared)."""
 
     spec: DatasetSpec
     sizes: tuple[int, int]
     load: Loader
+    sources: Sources | None = None
 
 
 class DatasetRegistry:
@@ -55,7 +65,8 @@ class DatasetRegistry:
     def __init__(self):
         self._datasets: dict[str, Dataset] = {}
 
-    def register(self, name: str, spec: DatasetSpec, sizes: tuple[int, int]):
+    def register(self, name: str, spec: DatasetSpec, sizes: tuple[int, int],
+                 sources: Sources | None = None):
         """Decorator on a loader ``load(data_dir, download) -> (train, test)`` of
         ``TensorData`` (images float32, normalized, (N, C, H, W)); errors it raises for
         missing or corrupt data should be one-line ``BenchError`` naming the fix.
@@ -64,6 +75,9 @@ class DatasetRegistry:
             name: the ``--dataset`` name.
             spec: its images' channels and size, and its class count.
             sizes: (train, test) sample counts.
+            sources: the files the splits are decoded from (``sources(data_dir)``, None
+                while missing): given, a host decodes them once and its ranks share the copy
+                (suite.data.shared); else every rank loads its own.
 
         Examples:
             ```python
@@ -76,7 +90,8 @@ class DatasetRegistry:
         def decorate(load: Loader) -> Loader:
             if name in self._datasets or name == "synthetic":
                 raise BenchError(f"dataset {name!r} is registered twice")
-            self._datasets[name] = Dataset(replace(spec, name=name), tuple(sizes), load)
+            self._datasets[name] = Dataset(replace(spec, name=name), tuple(sizes), load,
+                                           sources)
             return load
 
         return decorate
@@ -124,9 +139,17 @@ def load_data(
     if dataset == "synthetic":
         if spec_hint is not None:
             spec = replace(spec_hint, name="synthetic")
-        train, test = _synthetic(spec, seed, synthetic_size)
+        key = {"dataset": "synthetic", "spec": asdict(spec), "seed": seed,
+               "sizes": list(synthetic_size)}
+        train, test = shared_splits(key, lambda: _synthetic(spec, seed, synthetic_size))
+        return train, test, spec
+    entry = DATASETS.get(dataset)
+    files = entry.sources(data_dir) if entry.sources is not None else None
+    if not files:  # unknown or not there yet (a download, a clear error): loaded here
+        train, test = entry.load(data_dir, download)
     else:
-        train, test = DATASETS.get(dataset).load(data_dir, download)
+        key = {"dataset": dataset, "files": file_identity(files)}
+        train, test = shared_splits(key, lambda: entry.load(data_dir, False))
     return train, test, spec
 
 
@@ -177,7 +200,15 @@ def _find_idx(dirs: list[Path], stem: str) -> Path | None:
     return None
 
 
-@DATASETS.register("fmnist", DatasetSpec("fmnist", 1, 28, 10), (60000, 10000))
+def _fmnist_files(data_dir) -> list[Path] | None:
+    """The four IDX files where the loader would find them, None while one is missing."""
+    dirs = _fmnist_dirs(data_dir)
+    found = [_find_idx(dirs, stem) for pair in FMNIST_SPLITS.values() for stem in pair]
+    return None if None in found else found
+
+
+@DATASETS.register("fmnist", DatasetSpec("fmnist", 1, 28, 10), (60000, 10000),
+                   sources=_fmnist_files)
 def _load_fmnist(data_dir, download: bool) -> tuple[TensorData, TensorData]:
     dirs = _fmnist_dirs(data_dir)
     stems = [stem for pair in FMNIST_SPLITS.values() for stem in pair]
@@ -285,7 +316,15 @@ def _cifar10_files_class() -> type:
     return Cifar10Files
 
 
-@DATASETS.register("cifar10", DatasetSpec("cifar10", 3, 32, 10), (50000, 10000))
+def _cifar10_files(data_dir) -> list[Path] | None:
+    """The six batch files where the loader would read them, None while one is missing."""
+    files = _cifar10_files_class()(_root(data_dir))
+    paths = files.batch_paths(train=True) + files.batch_paths(train=False)
+    return paths if all(path.is_file() for path in paths) else None
+
+
+@DATASETS.register("cifar10", DatasetSpec("cifar10", 3, 32, 10), (50000, 10000),
+                   sources=_cifar10_files)
 def _load_cifar10(data_dir, download: bool) -> tuple[TensorData, TensorData]:
     root = _root(data_dir)
     files = _cifar10_files_class()(root)

@@ -152,6 +152,7 @@ SUMMARY_FIELDS: dict[str, Any] = {
     schema.INTER_NODE_BYTES_PER_ITERATION: NonNegative,
     schema.WIRE_INTER_BYTES_TOTAL: NonNegative,
     schema.WIRE_TO_ALGORITHMIC_RATIO: NonNegative,
+    schema.WIRE_PAYLOAD_TO_ALGORITHMIC_RATIO: Number,
     schema.WALL_SECONDS: Seconds,
     schema.TRAIN_SECONDS: Seconds,
     schema.ITERATION_SECONDS: Seconds,

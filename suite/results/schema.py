@@ -91,6 +91,13 @@ HIDDEN_INTER_NODE_BYTES = "hidden_inter_node_bytes"
 HIDDEN_INTRA_NODE_BYTES = "hidden_intra_node_bytes"
 WIRE_INTER_BYTES_TOTAL = "wire_inter_bytes_total"
 WIRE_TO_ALGORITHMIC_RATIO = "wire_to_algorithmic_ratio"
+#: the same with each frame's headers taken off the wire's bytes (``WIRE_FRAME_HEADER_BYTES``
+#: per frame sent, pure acknowledgements included): the payload the sockets carried, which
+#: the communicator's algorithmic count must match whatever the size of the messages (many
+#: ranks split a buffer into small ones, whose framing the raw ratio counts)
+WIRE_PAYLOAD_TO_ALGORITHMIC_RATIO = "wire_payload_to_algorithmic_ratio"
+#: an Ethernet (14), IPv4 (20) and TCP header with timestamps (32): what a frame adds
+WIRE_FRAME_HEADER_BYTES = 66
 WALL_SECONDS = "wall_seconds"
 TRAIN_SECONDS = "train_seconds"
 ITERATION_SECONDS = "iteration_seconds"
@@ -136,6 +143,7 @@ SUMMARY_FILE_KEYS = (
     CONVERGED, SIMULATED, INTER_NODE_BYTES_TOTAL, INTRA_NODE_BYTES_TOTAL, HIDDEN_INTER_NODE_BYTES,
     HIDDEN_INTRA_NODE_BYTES,
     INTER_NODE_BYTES_PER_ITERATION, WIRE_INTER_BYTES_TOTAL, WIRE_TO_ALGORITHMIC_RATIO,
+    WIRE_PAYLOAD_TO_ALGORITHMIC_RATIO,
     WALL_SECONDS, TRAIN_SECONDS, ITERATION_SECONDS, PHASE_SECONDS, ONE_OFF_SECONDS,
     SETUP_SECONDS, CONNECT_SECONDS, WARMUP_SECONDS, FIRST_ITERATION_SECONDS, EVALUATION_SECONDS,
     SAMPLES_PER_SECOND_PER_RANK, WARNINGS, NONDETERMINISTIC_OPS, RESTARTS, RESUMED_AT_ITERATION,
@@ -322,9 +330,14 @@ BYTES_INTER = "bytes_inter"
 ONE_OFF = "one_off"
 #: a phase's seconds are the column ``t_<phase>`` (suite.cluster.phases names them)
 PHASE_PREFIX = "t_"
+#: operations the rank sent to the job's store during the iteration (heartbeats: one a
+#: second, whatever the world's size; suite.cluster.watchdog.StoreTally)
+STORE_OPS = "store_ops"
 #: emulated links: the bytes the leader's interface sent and received in the iteration
 WIRE_TX_BYTES = "wire_tx_bytes"
 WIRE_RX_BYTES = "wire_rx_bytes"
+#: and the frames it sent (each one packet: the links count one frame per packet)
+WIRE_TX_FRAMES = "wire_tx_frames"
 #: PruneX's and the structured baselines' own scalars (a method may add others of its own)
 FROZEN = "frozen"
 MASK_DRIFT = "mask_drift"
@@ -335,7 +348,8 @@ RHO2_MEAN = "rho2_mean"
 #: iterations.parquet's columns (and a ``t_<phase>`` column per phase)
 ITERATION_COLUMNS = (
     ITERATION, RANK, T_ITERATION, LOSS, SAMPLES, EPOCH, LR, DENSITY, PRUNABLE_DENSITY,
-    BYTES_INTRA, BYTES_INTER, ONE_OFF, WIRE_TX_BYTES, WIRE_RX_BYTES, FROZEN, MASK_DRIFT,
+    BYTES_INTRA, BYTES_INTER, ONE_OFF, STORE_OPS, WIRE_TX_BYTES, WIRE_RX_BYTES,
+    WIRE_TX_FRAMES, FROZEN, MASK_DRIFT,
     MASK_DRIFT_FRACTION, PACKED_BYTES, RHO1_MEAN, RHO2_MEAN,
 )
 

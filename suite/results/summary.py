@@ -168,4 +168,8 @@ def iteration_numbers(iterations: pd.DataFrame, iterations_done: int,
             schema.WIRE_INTER_BYTES_TOTAL: wire,
             schema.WIRE_TO_ALGORITHMIC_RATIO: wire / inter if inter else None,
         })
+        if schema.WIRE_TX_FRAMES in iterations.columns and inter:
+            frames = float(iterations[schema.WIRE_TX_FRAMES].sum())
+            payload = wire - schema.WIRE_FRAME_HEADER_BYTES * frames
+            numbers[schema.WIRE_PAYLOAD_TO_ALGORITHMIC_RATIO] = payload / inter
     return numbers

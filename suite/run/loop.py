@@ -22,7 +22,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from suite.cluster.audit import AUDIT
-from suite.cluster.watchdog import barrier, store_client, watched
+from suite.cluster.watchdog import STORE_TALLY, barrier, store_client, watched
 from suite.environment import env_flag, env_int, number
 from suite.errors import BenchError
 from suite.plugins.method import StepResult
@@ -208,6 +208,7 @@ class TrainingLoop:
             schema.SAMPLES: int(done.samples),
             schema.EPOCH: run.loader.step / run.loader.steps_per_epoch,
             schema.ONE_OFF: iteration in self.one_offs or bool(done.one_off),
+            schema.STORE_OPS: STORE_TALLY.take(),
         })
         result.train_seconds += row[schema.T_ITERATION]
         result.done = iteration + 1
@@ -495,6 +496,7 @@ def wait_for_rank0(run: Run) -> None:
     if store is not None:
         key = f"finished/{run.folder.path.name}"
         with watched("wait", "world (rank 0 merges the rows)", timeout=timeout):
+            STORE_TALLY.add()  # after the last row: counted in no iteration's
             if dist.get_rank() == 0:
                 store.set(key, "1")
             else:

@@ -40,8 +40,8 @@ def test_an_uneven_step_is_one_line_and_an_even_one_passes(monkeypatch):
 def test_a_name_on_loopback_has_no_host_interface_and_counters_read_the_namespace():
     assert host_interface("localhost") is None
     assert interface_address("lo") == "127.0.0.1"
-    tx, rx = WireCounters("lo").read()
-    assert tx >= 0 and rx >= 0
+    tx, rx, frames = WireCounters("lo").read()
+    assert tx >= 0 and rx >= 0 and frames >= 0
     with pytest.raises(FileNotFoundError, match="no interface nope0"):
         WireCounters("nope0").read()
 

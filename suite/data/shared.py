@@ -1,0 +1,159 @@
+"""Datasets held once per host: a split is decoded once, written to a cache file, and
+memory-mapped by every rank of the host, so the page cache holds one copy however many ranks
+map it (64 ranks of Fashion-MNIST held 64 float32 copies, 13 GB, where one is 0.2 GB).
+
+A cache entry is named by what it was decoded from (the source files' paths, sizes and
+modification times; a synthetic split's spec, seed and sizes), so a changed file is decoded
+anew, never served stale. The first process of the host to need an entry decodes and writes
+it under a file lock while the others wait; every write goes to a temporary folder renamed
+into place. Entries are mapped copy-on-write (``numpy.memmap`` mode ``c``): a rank that wrote
+to its images would change its own pages, never the file or another rank's. The cache keeps
+at most ``CACHE_LIMIT_BYTES`` (least recently used entries go first). Where the cache cannot
+be written (a read-only home, a full disk), each process decodes its own copy, as before.
+
+``PRUNEX_DATA_CACHE`` names the cache folder (default: ``$XDG_CACHE_HOME/prunex-bench/data``,
+else ``~/.cache/prunex-bench/data``); on a cluster it is per host unless home is shared, in
+which case the hosts share the entries (written atomically all the same).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from suite.data.workload import TensorData
+
+CACHE_VARIABLE = "PRUNEX_DATA_CACHE"
+#: the most the cache keeps on disk; older entries are removed when a new one is written
+CACHE_LIMIT_BYTES = 8 << 30
+#: the layout of an entry (a change makes every entry new)
+FORMAT = 1
+SPLITS = ("train", "test")
+META = "meta.json"
+
+Splits = tuple[TensorData, TensorData]
+
+
+def cache_root() -> Path:
+    """Where the host's decoded datasets live (read when asked, never at import)."""
+    given = os.environ.get(CACHE_VARIABLE)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "prunex-bench" / "data"
+
+
+def file_identity(paths: list[Path]) -> list[list]:
+    """What names a decoded copy of ``paths``: each file's real path, size and modification
+    time (a file replaced or edited is decoded again)."""
+    found = []
+    for path in paths:
+        info = path.stat()
+        found.append([str(path.resolve()), info.st_size, info.st_mtime_ns])
+    return found
+
+
+def shared_splits(key: dict, build: Callable[[], Splits]) -> Splits:
+    """The (train, test) splits ``build`` makes, decoded once per host and memory-mapped.
+
+    Args:
+        key: what the splits are made of (JSON); equal keys mean equal data.
+        build: decodes the splits (normalized float32 images, int64 labels).
+
+    Returns:
+        The splits, their images and labels mapped from the host's cache (or, where the
+        cache cannot be used, ``build()``'s own).
+    """
+    digest = hashlib.sha256(json.dumps({**key, "format": FORMAT}, sort_keys=True).encode())
+    name = digest.hexdigest()[:32]
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f".{name}.lock", "a+")  # noqa: SIM115 -- held below
+    except OSError:  # no cache here: this process keeps its own copy
+        return build()
+    with lock:  # the first process of the host decodes; the others wait, then map its copy
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        entry = root / name
+        mapped = _mapped(entry)
+        if mapped is not None:
+            os.utime(entry)  # recently used: pruned last
+            return mapped
+        splits = build()
+        try:
+            _write(entry, splits)
+        except OSError:  # a full disk: the data is in memory already
+            return splits
+        _prune(root, keep=name)
+        return _mapped(entry) or splits
+
+
+def _write(entry: Path, splits: Splits) -> None:
+    """The splits as raw arrays and their shapes, in a temporary folder renamed into place
+    (a reader sees a whole entry or none)."""
+    staging = entry.with_name(f".{entry.name}.tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        meta = {}
+        for name, data in zip(SPLITS, splits, strict=True):
+            images = data.images.detach().to(torch.float32).contiguous().numpy()
+            labels = data.labels.detach().to(torch.int64).contiguous().numpy()
+            images.tofile(staging / f"{name}-images.f32")
+            labels.tofile(staging / f"{name}-labels.i64")
+            meta[name] = {"shape": list(images.shape), "augment": bool(data.augment)}
+        (staging / META).write_text(json.dumps(meta))
+        shutil.rmtree(entry, ignore_errors=True)  # a damaged entry of the same name
+        os.replace(staging, entry)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _mapped(entry: Path) -> Splits | None:
+    """An entry's splits mapped copy-on-write, or None where it is absent or not whole (its
+    files' sizes disagree with its shapes: decoded again)."""
+    try:
+        meta = json.loads((entry / META).read_text())
+        splits = []
+        for name in SPLITS:
+            shape = tuple(int(d) for d in meta[name]["shape"])
+            count = shape[0]
+            images_file, labels_file = entry / f"{name}-images.f32", entry / f"{name}-labels.i64"
+            if (images_file.stat().st_size != 4 * int(np.prod(shape))
+                    or labels_file.stat().st_size != 8 * count):
+                return None
+            images = np.memmap(images_file, dtype=np.float32, mode="c", shape=shape) \
+                if count else np.zeros(shape, np.float32)
+            labels = np.fromfile(labels_file, dtype=np.int64)
+            splits.append(TensorData(torch.from_numpy(images), torch.from_numpy(labels),
+                                     augment=bool(meta[name]["augment"])))
+        return splits[0], splits[1]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _prune(root: Path, keep: str) -> None:
+    """Remove the least recently used entries beyond ``CACHE_LIMIT_BYTES`` (never ``keep``;
+    a rank that maps a removed entry keeps reading it: the files live until unmapped)."""
+    entries = []
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.name.startswith("."):
+            size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+            entries.append((entry.stat().st_mtime, size, entry))
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries):
+        if total <= CACHE_LIMIT_BYTES:
+            break
+        if entry.name != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+            (root / f".{entry.name}.lock").unlink(missing_ok=True)
+            total -= size
