@@ -14,7 +14,7 @@ import click
 
 from suite import startup
 from suite.commands.experiment import apply_to_command, read_experiment
-from suite.errors import BenchError, RunFailed
+from suite.errors import BenchError, RunFailed, one_line
 from suite.plugins.registry import METHODS, WORKLOADS
 
 
@@ -54,7 +54,9 @@ class Fraction(click.ParamType):
 
 
 def fail(exc: BenchError) -> None:
-    click.echo(f"Error: {exc}", err=True)
+    """``exc`` as ``bench``'s one line on stderr (bounded: a value it quotes may be huge), and
+    its exit code."""
+    click.echo(f"Error: {one_line(exc)}", err=True)
     sys.exit(1 if isinstance(exc, RunFailed) else 2)
 
 
@@ -79,7 +81,8 @@ class BenchGroup(click.Group):
             sys.exit(startup.INTERRUPTED_EXIT)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "bench"
-            raise OneLineUsageError(f"{exc.format_message()} (see {where} --help)") from None
+            raise OneLineUsageError(
+                f"{one_line(exc.format_message())} (see {where} --help)") from None
 
     def get_command(self, ctx, name):
         if ctx.params.get("strict_plugins"):  # parsed already; the registry loads next
