@@ -48,9 +48,10 @@ import pandas as pd
 import torch
 
 from suite import compat
-from suite.errors import BenchError, clipped
+from suite.errors import LINE_LIMIT, BenchError, clipped
 from suite.processes import start_time
 from suite.results import schema
+from suite.results.chunks import REFUSED, chunk_attempt, combined, foreign_line
 from suite.results.schema import ENDED, Status
 
 TABLES = schema.TABLES
@@ -422,15 +423,7 @@ class RunFolder:
 
     def describe_foreign(self, files: list[Path]) -> str:
         """One line about ``files`` (``foreign_parts``): how many, of whose attempt."""
-        history = self.attempts()
-        tokens = sorted({chunk_attempt(file.name) or "none" for file in files})
-        earlier = [t for t in tokens if t in history[:-1]]
-        whose = ("an earlier attempt of this run" if len(earlier) == len(tokens) else
-                 "another run" if not earlier else "earlier attempts and another run")
-        shown = ", ".join(tokens[:3]) + (", ..." if len(tokens) > 3 else "")
-        return (f"{len(files)} chunk file(s) in parts/ hold rows of {whose} (attempt {shown}; "
-                f"this run's latest is {history[-1] if history else 'unknown'}), e.g. "
-                f"{clipped(files[0].name, 120)}")
+        return foreign_line(files, self.attempts())
 
     # -- per-rank parts -----------------------------------------------------------------
     def write_rank_chunk(self, rank: int, chunk: int, tables: dict[str, list[dict]]) -> None:
@@ -575,15 +568,18 @@ class RunFolder:
     def first_rank_error(self) -> str | None:
         """The first line each rank wrote about its ending (``errors/rank*.txt``); a rank's
         own words (a BenchError, an interruption) beat a knock-on ``rank N: ...``. An empty
-        or unreadable file (a rank that could not write: a full disk) says nothing."""
+        or unreadable file (a rank that could not write: a full disk) says nothing; a line is
+        read from the file's start only and bounded (it becomes the run's one error line)."""
         messages = []
         for path in sorted(self.errors.glob("rank*.txt")):
             try:
-                lines = [line for line in path.read_text(errors="replace").splitlines() if line]
+                with path.open("rb") as handle:
+                    head = handle.read(ERROR_HEAD_BYTES).decode(errors="replace")
             except OSError:
                 continue
+            lines = [line for line in head.splitlines() if line.strip()]
             if lines:
-                messages.append(lines[0])
+                messages.append(clipped(lines[0], LINE_LIMIT))
         own = [m for m in messages if not m.startswith("rank ")]
         return (own or messages or [None])[0]
 
@@ -606,38 +602,5 @@ class RunFolder:
         return pd.read_parquet(path) if path.exists() else None
 
 
-#: where chunks of another attempt or run found in ``parts/`` are kept, never merged
-REFUSED = "refused"
-#: a chunk's name: ``<table>-rank<rank>[-a<attempt>]-p<pid>-<chunk>.parquet``
-CHUNK_NAME = re.compile(r"-rank\d+(?:-a([0-9a-f]+))?-p\d+-\d+\.parquet$")
-
-
-def chunk_attempt(name: str) -> str | None:
-    """The attempt token a chunk's file name carries (None: a chunk from before attempts)."""
-    found = CHUNK_NAME.search(name)
-    return found.group(1) if found else None
-
-
-def combined(frames: list[pd.DataFrame], table: str):
-    """One table's frames (the merged rows, then each chunk) as one sorted Arrow table,
-    converted before any table is written, so rows that cannot be one table change nothing.
-
-    Raises:
-        BenchError: they do not fit together (rows of runs of other shapes).
-    """
-    # lazy: pyarrow's own import is pandas' to pay where it writes parquet; here only merges
-    import pyarrow as pa
-
-    try:  # pyarrow's ArrowInvalid and ArrowTypeError are ValueError and TypeError
-        return pa.Table.from_pandas(sort_rows(pd.concat(frames)), preserve_index=False)
-    except (ValueError, TypeError) as exc:
-        raise BenchError(f"the rows of {table} do not fit together ({type(exc).__name__}: "
-                         f"{clipped(str(exc).splitlines()[0] if str(exc) else '', 120)}): "
-                         "left in parts/, nothing merged") from None
-
-
-def sort_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    keys = [k for k in (schema.ITERATION, schema.RANK) if k in frame.columns]
-    if keys:
-        frame = frame.sort_values(keys, kind="stable")
-    return frame.reset_index(drop=True)
+#: how much of a rank's errors file is read for its first line
+ERROR_HEAD_BYTES = 64 * 1024

@@ -100,6 +100,21 @@ def ranks_below(server: int, count: int, timeout: float = 60) -> list[int]:
     raise AssertionError(f"no {count} ranks below {server}")
 
 
+def connected(pid: int) -> bool:
+    """The process holds a socket: a rank past its start, joining its process group."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def running(entry: list) -> bool:
     """A recorded ``[host, pid, start time]`` still runs as itself (not a zombie)."""
     fields = stat_fields(Path(f"/proc/{entry[1]}"))
@@ -138,16 +153,32 @@ def test_a_stranger_named_in_a_copied_folder_survives_a_resume_whose_rank_dies(
 
 def test_a_stranger_named_in_a_copied_folder_survives_a_second_signal(
         stopped, stranger, tmp_path):
-    """SIGTERM twice to a resume before its ranks recorded themselves: the second signal goes
-    to the run's own ranks only, never to the pid the copied folder named."""
+    """SIGTERM twice to a resume whose ranks are forked but not yet recorded (held stopped,
+    so the launcher waits for them): the second signal goes to the run's own ranks only,
+    never to the pid the copied folder named."""
     folder = copy_naming(stopped, tmp_path / "copy", stranger.pid)
     proc = subprocess.Popen([*BENCH, "run", "--resume", str(folder)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
-    fork_server_below(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    if proc.poll() is None:
+    ranks = ranks_below(fork_server_below(proc.pid), 2)
+    deadline = time.monotonic() + 60
+    while not all(map(connected, ranks)):  # started: joining the group, not yet recorded
+        assert time.monotonic() < deadline, "the ranks never connected"
+        time.sleep(0.05)
+    try:
+        for rank in ranks:
+            os.kill(rank, signal.SIGSTOP)
+        assert not {entry[1] for entry in summary(folder)["processes"]} & set(ranks)
         proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None  # waiting for its stopped ranks: the second signal counts
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+    finally:
+        for rank in ranks:
+            try:
+                os.kill(rank, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     code, err = finish(proc)
     assert code == 1, err
     assert stranger.poll() is None, "the stranger was signalled"
