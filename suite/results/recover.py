@@ -77,13 +77,16 @@ def _merge_parts(folder: RunFolder) -> tuple[list[str], str | None]:
 
     Returns:
         (lines about unreadable parts, why the merge failed or None where it did not).
+
+    Raises:
+        BenchError: the rows do not fit one table (another run's rows); nothing changed.
     """
     try:
         unreadable = folder.merge_parts()
     except OSError as exc:
         return [], os_reason(exc)
-    except BenchError as exc:
-        return [], str(exc)
+    except BenchError as exc:  # rows of runs of other shapes: checked before any was written
+        raise BenchError(f"{folder.path}: {exc}; nothing changed") from None
     return unreadable, None
 
 

@@ -133,3 +133,23 @@ def test_recover_of_a_folder_mixing_two_runs_is_one_line(tmp_path):
     assert summary(folder)["status"] == "failed"
     merged = pd.read_parquet(folder / "iterations.parquet")
     assert len(merged) == 2 * len(rows) and not merged.duplicated(["iteration", "rank"]).any()
+
+
+def test_recover_of_an_older_folder_mixing_two_runs_is_one_line(tmp_path):
+    """A folder from before attempts (chunks named without one) holding another run's rows
+    that cannot share a table with its own (a loss column of text): one line, exit 2,
+    nothing changed, where a traceback ended `bench recover` before."""
+    ddp, topk = (next(REFERENCE.glob(f"{m}-cnn-*")) for m in ("ddp", "topk"))
+    folder = tmp_path / "killed"
+    shutil.copytree(ddp, folder)
+    (folder / "summary.json").write_text(json.dumps({**summary(folder), "status": "running"}))
+    (folder / "parts").mkdir()
+    rows = pd.read_parquet(folder / "iterations.parquet")
+    rows.assign(iteration=rows.iteration + 1000).to_parquet(
+        folder / "parts" / "iterations-rank00000-p1-000000.parquet", index=False)
+    pd.read_parquet(topk / "iterations.parquet").assign(loss="x").to_parquet(
+        folder / "parts" / "iterations-rank00000-p2-000000.parquet", index=False)
+    line = one_line(bench_here("recover", folder))
+    assert "do not fit together" in line and "nothing changed" in line, line
+    assert summary(folder)["status"] == "running" and len(list((folder / "parts").iterdir())) == 2
+    assert pd.read_parquet(folder / "iterations.parquet").equals(rows)
