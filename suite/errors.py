@@ -1,5 +1,22 @@
 """The exceptions the CLI prints as one line: what the user gave wrong (exit 2), and a run
-that started and failed (exit 1)."""
+that started and failed (exit 1); and the bound on what a line may quote."""
+
+#: the most characters of a value a line quotes, and of a line the CLI prints
+QUOTE_LIMIT = 120
+LINE_LIMIT = 2000
+
+
+def clipped(text, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out: a value from a
+    file, a folder's name or an exception may be of any length, a line that names it may not.
+    """
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more)"
+
+
+def one_line(text, limit: int = LINE_LIMIT) -> str:
+    """``text`` as one bounded line: line breaks as ``" / "``, cut at ``limit``."""
+    return clipped(" / ".join(part for part in str(text).splitlines() if part.strip()), limit)
 
 
 class BenchError(Exception):

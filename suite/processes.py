@@ -1,11 +1,18 @@
 """Processes of a run: whether a recorded one is still running (run folders and emulated
 namespaces record their owners' pids, so leftovers can be told from live runs), and the rank
-processes below a launcher, so none outlives it."""
+processes below a launcher, so none outlives it.
+
+A process the suite may signal or wait for is recorded by its identity, ``[host, pid, start
+time]`` (``identity``): a pid alone names whatever process the kernel gave that number later,
+a stranger's included, so nothing is signalled whose host and kernel start time
+(``/proc/PID/stat`` field 22) are not the recorded ones (``runs_as_recorded``).
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 
@@ -68,6 +75,60 @@ def start_time(pid: int) -> int | None:
 def alive(process: tuple[int, int]) -> bool:
     """The process (pid, start time) still runs (not a later one with its pid)."""
     return start_time(process[0]) == process[1]
+
+
+def identity(pid: int | None = None) -> list:
+    """``[host, pid, start time]`` of ``pid`` (this process by default): what a run folder
+    records of a process the suite may later signal or wait for."""
+    pid = os.getpid() if pid is None else pid
+    return [socket.gethostname(), pid, start_time(pid)]
+
+
+def recorded_pid(entry) -> tuple[str, int, int | None] | None:
+    """(host, pid, start time or None) of a recorded ``[host, pid(, start time)]`` (a folder
+    written before start times were recorded has none); None for anything else."""
+    if not isinstance(entry, (list, tuple)) or len(entry) not in (2, 3):
+        return None
+    host, pid, *started = entry
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    started = started[0] if started else None
+    if started is not None and (not isinstance(started, int) or isinstance(started, bool)):
+        return None
+    return str(host), pid, started
+
+
+def runs_as_recorded(entry) -> bool:
+    """The process ``entry`` (``identity``) records runs on this host as itself: its pid is
+    alive and started when it was recorded to. An entry without a start time, of another
+    host or malformed never matches: nothing may be signalled on its word."""
+    recorded = recorded_pid(entry)
+    if recorded is None or recorded[0] != socket.gethostname() or recorded[2] is None:
+        return False
+    return start_time(recorded[1]) == recorded[2]
+
+
+def may_still_run(entry) -> bool:
+    """What a writer must wait for: ``runs_as_recorded``, or for an entry recorded without a
+    start time (an older folder), a Python process with its pid on this host (a recycled pid
+    of anything else does not count). Never this process itself."""
+    recorded = recorded_pid(entry)
+    if recorded is None or recorded[0] != socket.gethostname() or recorded[1] == os.getpid():
+        return False
+    if recorded[2] is None:
+        return python_alive(recorded[1])
+    return runs_as_recorded(entry)
+
+
+def signal_recorded(entries, signum: int) -> None:
+    """Send ``signum`` to each recorded process still running as itself (``runs_as_recorded``),
+    this process aside."""
+    for entry in entries:
+        if runs_as_recorded(entry) and entry[1] != os.getpid():
+            try:
+                os.kill(int(entry[1]), signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def kill_all(processes: set[tuple[int, int]]) -> None:

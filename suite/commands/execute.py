@@ -26,7 +26,7 @@ from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.folder import MANIFEST, RunFolder
 from suite.results.lock import check_free
-from suite.run.checkpoint import checked_checkpoint
+from suite.run.checkpoint import checked_checkpoint, unfinished_checkpoints
 from suite.run.plan import RunPlan, plan_run
 
 SIM_FLAGS = LAUNCHER_FLAGS["sim"]
@@ -74,13 +74,15 @@ def resume_arguments(kwargs: dict, given: set[str] = frozenset()) -> dict:
         status = None
     if status == "ok":
         raise BenchError(f"--resume {folder.path}: the run already finished")
-    check_free(folder.path)  # not a run that is still going
+    check_free(folder.path)  # not a run still going, nor a rank of it; no link in it
     found = checked_checkpoint(folder.path)  # its metadata read safely, before any rank
     if found is None:
-        raise BenchError(
-            f"--resume {folder.path}: no complete checkpoint (it ran without "
-            "--checkpoint-every/--checkpoint-minutes); start it again with --overwrite"
-        )
+        unfinished = unfinished_checkpoints(folder.path)
+        why = (f"only an unfinished one, {unfinished[-1].name} (its writing failed: a full "
+               "disk?)" if unfinished else
+               "it ran without --checkpoint-every/--checkpoint-minutes")
+        raise BenchError(f"--resume {folder.path}: no complete checkpoint ({why}); start it "
+                         "again with --overwrite")
     recorded = read_experiment(folder.path / MANIFEST)
     resumed = {k: v for k, v in kwargs.items() if k not in recorded}
     resumed.update(recorded, gpus=[recorded[schema.GPUS]], run_id=folder.path.name,

@@ -5,6 +5,7 @@ run (``exported.pt``, ``export.json``) and printed as a table."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from suite.data.workload import example_input
 from suite.errors import BenchError
 from suite.plugins.registry import WORKLOADS
 from suite.results import schema
-from suite.results.folder import RunFolder, write_json, write_torch
+from suite.results.folder import MANIFEST, RunFolder, write_json, write_torch
+from suite.results.lock import release, take
 from suite.structured.export import (
     CHECK_SAMPLES,
     LATENCY_BATCHES,
@@ -96,9 +98,29 @@ def export_run(
     max_seconds: float = 10.0,
     echo=print,
 ) -> dict:
-    """Export a run's model (see the module docstring); returns what ``export.json`` holds."""
+    """Export a run's model (see the module docstring); returns what ``export.json`` holds.
+    The run folder is taken first (``suite.results.lock.take``: not one in use, nor one
+    holding links) and where the files go checked writable, so a read-only folder is one
+    line before the minutes of work, not an error after them."""
 
     run_dir = Path(run_dir)
+    path = Path(output) if output is not None else run_dir / "exported.pt"
+    if not (run_dir / MANIFEST).is_file():
+        raise BenchError(f"{run_dir} is not a run folder (no manifest.json)")
+    take(run_dir)
+    try:
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise BenchError(f"bench export: {path.parent} is not writable; nothing was done")
+        return exported_record(run_dir, path, data_dir=data_dir, repeats=repeats,
+                               max_seconds=max_seconds, echo=echo)
+    finally:
+        release(run_dir)
+
+
+def exported_record(run_dir: Path, path: Path, *, data_dir: str | None, repeats: int,
+                    max_seconds: float, echo) -> dict:
+    """``export_run``'s work, in a folder it holds: the model exported to ``path``, measured,
+    and the record written to ``export.json``."""
     manifest, model, masks, groups = load_run_model(run_dir)
     config = manifest[schema.CONFIG]
     test = load_test_split(config, data_dir)
@@ -115,7 +137,6 @@ def export_run(
     dense_stats, exported_stats = (measure(model, sample, repeats, max_seconds),
                                    measure(exported, sample, repeats, max_seconds))
     exported_stats["test_accuracy"] = accuracy(exported, test.images, test.labels)
-    path = Path(output) if output is not None else run_dir / "exported.pt"
     write_torch(path, exported)
     summary = readable_summary(run_dir)
     record = {

@@ -14,7 +14,7 @@ import click
 
 from suite import startup
 from suite.commands.experiment import apply_to_command, read_experiment
-from suite.errors import BenchError, RunFailed
+from suite.errors import BenchError, RunFailed, one_line
 from suite.plugins.registry import METHODS, WORKLOADS
 
 
@@ -53,21 +53,10 @@ class Fraction(click.ParamType):
             self.fail(f"{value!r} is not a fraction (0.85) or a percentage (85%)", param, ctx)
 
 
-#: the longest error line ``bench`` prints: a message quoting what it was given (a value of
-#: a crafted file, a long path) is cut here, so one bad input is one readable line
-MAX_ERROR_CHARACTERS = 2000
-
-
-def bounded(text: str, limit: int = MAX_ERROR_CHARACTERS) -> str:
-    """``text`` as one line of at most ``limit`` characters (whitespace runs folded)."""
-    line = " ".join(str(text).split())
-    if len(line) <= limit:
-        return line
-    return f"{line[:limit - 40]}... ({len(line) - limit + 40} characters cut)"
-
-
 def fail(exc: BenchError) -> None:
-    click.echo(f"Error: {bounded(exc)}", err=True)
+    """``exc`` as ``bench``'s one line on stderr (bounded: a value it quotes may be huge), and
+    its exit code."""
+    click.echo(f"Error: {one_line(exc)}", err=True)
     sys.exit(1 if isinstance(exc, RunFailed) else 2)
 
 
@@ -92,8 +81,8 @@ class BenchGroup(click.Group):
             sys.exit(startup.INTERRUPTED_EXIT)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "bench"
-            raise OneLineUsageError(bounded(f"{exc.format_message()} (see {where} --help)")
-                                    ) from None
+            raise OneLineUsageError(
+                f"{one_line(exc.format_message())} (see {where} --help)") from None
 
     def get_command(self, ctx, name):
         if ctx.params.get("strict_plugins"):  # parsed already; the registry loads next

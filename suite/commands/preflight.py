@@ -97,9 +97,11 @@ def check_run_folder(plan: RunPlan, *, existing_ok: bool = False) -> None:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         why = "a file is in the way" if not existing.is_dir() else "no write permission"
         raise BenchError(f"--results-dir {root} is not a writable folder ({why}: {existing})")
-    if existing_ok:
-        return
     folder = root / plan.run_id
+    if existing_ok:  # a sweep skips, resumes or moves its cells' folders, never a live one
+        if folder.is_dir():
+            check_free(folder)
+        return
     in_use = folder.is_dir() and any((folder / name).exists() for name in RUN_FILES)
     if in_use and not (config.resume or config.overwrite):
         raise BenchError(

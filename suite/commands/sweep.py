@@ -6,7 +6,9 @@ option given as a list, except that an option fans out only the methods that dec
 cell). A cell's run id is derived from its full configuration, so re-running the same
 sweep skips cells whose folder says ``ok``, resumes a cell whose folder has a checkpoint, and
 moves any other failed or interrupted cell's folder aside (``<id>.failed-<n>``) and runs it
-again. An interrupted sweep stops, writes ``sweep.json`` and its table, and exits non-zero.
+again. A cell's folder in use (another sweep's live cell, a rank of it still running) is
+never touched: the preflight refuses the sweep, and a cell found in use later fails untouched.
+An interrupted sweep stops, writes ``sweep.json`` and its table, and exits non-zero.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from suite.errors import BenchError, RunInterrupted
 from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.folder import RunFolder, id_part, write_json
+from suite.results.lock import release, take
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.plan import RunPlan
 
@@ -121,10 +124,19 @@ def expand(
 def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
     """True when the cell must run; a finished one is skipped, one with a checkpoint is
     resumed from it, any other broken one moved aside. ``force``: every cell runs afresh,
-    replacing its folder (re-recording a reference set)."""
+    replacing its folder (re-recording a reference set). An existing folder is taken first
+    (``suite.results.lock.take``), and held for the cell's run: one still in use (another
+    sweep's cell, a rank still running) is neither touched nor moved.
+
+    Raises:
+        BenchError: the cell's folder is in use (its run goes on, untouched).
+    """
     folder = RunFolder(results_dir / cell.run_id)
     start(cell, resume=False, overwrite=force)
-    if not folder.path.exists() or force:
+    if not folder.path.exists():
+        return True
+    take(folder.path)
+    if force:
         return True
     summary = None
     try:
@@ -132,6 +144,7 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
     except (OSError, ValueError):
         pass
     if summary and summary.get(schema.STATUS) == "ok":
+        release(folder.path)
         cell.status, cell.reason = "skipped", "already done"
         return False
     if latest_checkpoint(folder.path) is not None and folder.has_manifest:
@@ -140,7 +153,9 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
     n = 1
     while folder.path.with_name(f"{cell.run_id}.failed-{n}").exists():
         n += 1
-    folder.path.rename(folder.path.with_name(f"{cell.run_id}.failed-{n}"))
+    aside = folder.path.with_name(f"{cell.run_id}.failed-{n}")
+    folder.path.rename(aside)
+    release(aside)  # the owner file went with it; the cell's run takes the new folder
     return True
 
 
@@ -160,19 +175,31 @@ def run_cells(cells: list[Cell], results_dir: Path, launch, *, force: bool = Fal
         with tqdm(cells, desc="sweep", unit="cell", dynamic_ncols=True) as bar:
             for cell in bar:
                 bar.set_postfix_str(cell.run_id)
-                if not prepare(cell, results_dir, force=force):
-                    continue
-                try:
-                    launch(cell.plan)
-                    cell.status = "done"
-                except RunInterrupted as exc:  # the sweep stops with it; a rerun resumes
-                    cell.status, cell.reason = "interrupted", str(exc)
-                    raise
-                except BenchError as exc:
-                    cell.status, cell.reason = "failed", str(exc)
+                run_cell(cell, results_dir, launch, force=force)
                 write_record(cells, results_dir)
     finally:
         write_record(cells, results_dir)
+
+
+def run_cell(cell: Cell, results_dir: Path, launch, *, force: bool) -> None:
+    """Prepare and run one cell, its status and reason recorded (a folder in use: failed,
+    left as it is).
+
+    Raises:
+        RunInterrupted: the cell was stopped; the sweep stops with it.
+    """
+    try:
+        if not prepare(cell, results_dir, force=force):
+            return
+        launch(cell.plan)
+        cell.status = "done"
+    except RunInterrupted as exc:  # the sweep stops with it; a rerun resumes
+        cell.status, cell.reason = "interrupted", str(exc)
+        raise
+    except BenchError as exc:
+        cell.status, cell.reason = "failed", str(exc)
+    finally:  # a cell's launch gives its folder up; one refused before it never held it
+        release(results_dir / cell.run_id)
 
 
 def write_record(cells: list[Cell], results_dir: Path) -> None:

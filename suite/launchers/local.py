@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -36,10 +35,10 @@ from suite.cluster.ranks import elastic_launch_config
 from suite.config import RunConfig
 from suite.environment import env_int
 from suite.errors import BenchError, RunFailed, RunInterrupted
-from suite.processes import alive, kill_all, start_time
+from suite.processes import runs_as_recorded, signal_recorded
 from suite.results import schema
-from suite.results.folder import RunFolder, identity_summary, os_reason
-from suite.results.lock import acquire, release
+from suite.results.folder import RunFolder, atomic_write_bytes, identity_summary, os_reason
+from suite.results.lock import release, take
 from suite.results.machine import ranks_on_cuda
 from suite.run.entry import rank_main
 from suite.run.plan import RunPlan
@@ -152,20 +151,31 @@ def job_config(config: RunConfig) -> RunConfig:
 
 
 def open_run_folder(plan: RunPlan) -> RunFolder:
-    """The run's folder, taken for this process (suite.results.lock: a live run of the same
-    folder is refused in one line), emptied first with --overwrite, with the run's identity
-    in its summary before any rank starts (a run killed at any point is still listed as
-    itself)."""
+    """The run's folder, taken for this process (``suite.results.lock.take``: a live run of
+    the same folder, a rank of an earlier attempt still running, a folder holding links are
+    refused in one line), emptied first with --overwrite, opened for a new attempt with the
+    run's identity in its summary before any rank starts (a run killed at any point is still
+    listed as itself; a resume keeps what the interrupted run said, flipped back to running).
+
+    Raises:
+        BenchError: the folder is refused, or cannot be written (a full disk): nothing was
+            started and no owner file is left.
+    """
     config = plan.config
     folder = RunFolder(Path(config.results_dir) / plan.run_id)
-    acquire(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr, flush=True))
-    if config.overwrite:
-        folder.empty()
-    folder.create()
-    if not config.resume:
-        folder.write_summary(identity_summary(config))
-    else:  # keep what the interrupted run said, only flip it back to running
-        folder.write_summary({**(folder.summary() or {}), **identity_summary(config)})
+    take(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr, flush=True))
+    try:
+        if config.overwrite:
+            folder.empty()
+        folder.create()
+        folder.open_attempt(identity_summary(config), keep=config.resume)
+    except OSError as exc:
+        release(folder.path)
+        raise BenchError(f"run folder {folder.path} could not be written ({os_reason(exc)}); "
+                         "nothing was started") from None
+    except BaseException:
+        release(folder.path)
+        raise
     return folder
 
 
@@ -279,34 +289,30 @@ class LauncherSignals:
             name = signal.Signals(signum).name
             raise self.exception(f"Process {os.getpid()} got signal: {name}",
                                  sigval=signal.SIGTERM)
-        for pid in rank_pids(self.folder):  # the ranks decide how soon they can stop
-            try:
-                os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
+        # the ranks decide how soon they can stop; only this attempt's, by identity
+        signal_recorded(rank_processes(self.folder), signum)
 
 
-def rank_pids(folder: RunFolder) -> list[int]:
-    """The pids of the run's processes on this host (its ranks), this one aside."""
+def rank_processes(folder: RunFolder) -> list:
+    """The run's rank processes as this attempt's rank 0 recorded them (``[host, pid, start
+    time]`` each; none until it has: opening the folder cleared an earlier attempt's)."""
     try:
-        processes = (folder.summary() or {}).get(schema.PROCESSES) or []
+        processes = (folder.summary() or {}).get(schema.PROCESSES)
     except (OSError, ValueError):
         return []
-    here = socket.gethostname()
-    return [int(pid) for host, pid in processes if host == here and int(pid) != os.getpid()]
+    return processes if isinstance(processes, list) else []
 
 
 def wait_for_ranks(folder: RunFolder, seconds: float) -> None:
     """Wait until the run's rank processes on this host have ended (their own ending
     recorded: rows flushed, a checkpoint, their reason), at most ``seconds``; those still
-    alive then are killed, so none outlives its launcher. Nothing to wait for where the
-    agent ended them itself."""
-    ranks = {(pid, start_time(pid)) for pid in rank_pids(folder)}
-    ranks = {rank for rank in ranks if rank[1] is not None}
+    running as themselves then are killed, so none outlives its launcher and no other
+    process is. Nothing to wait for where the agent ended them itself."""
+    ranks = [entry for entry in rank_processes(folder) if runs_as_recorded(entry)]
     deadline = time.monotonic() + seconds
-    while any(alive(rank) for rank in ranks) and time.monotonic() < deadline:
+    while any(runs_as_recorded(rank) for rank in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    kill_all(ranks)
+    signal_recorded(ranks, signal.SIGKILL)
 
 
 def shutdown_seconds(config: RunConfig) -> int:
@@ -365,9 +371,9 @@ def run_emulated(plan: RunPlan, folder: RunFolder, nodes: int, rate) -> int:
     """The ranks in their namespaces until they end; their agents' exit code."""
     config = plan.config
     with emulated_cluster(nodes, rate, config.run_id) as cluster:
-        (folder.path / "network.json").write_text(json.dumps(cluster.describe()))
+        atomic_write_bytes(folder.path / "network.json", json.dumps(cluster.describe()).encode())
         config_file = folder.path / "plan.json"  # what every rank receives
-        config_file.write_text(plan.to_json())
+        atomic_write_bytes(config_file, plan.to_json().encode())
         return run_module_in_cluster(
             cluster,
             config.gpus_per_node,

@@ -1,5 +1,7 @@
 """report.md and a self-contained report.html around the figures, with the tables behind
-them (also as CSV) and the run ids each one came from."""
+them (also as CSV) and the run ids each one came from. Text from run folders (run ids,
+labels, notes) reaches report.md as ``markdown_text`` and report.html escaped: shown, never
+markup."""
 
 from __future__ import annotations
 
@@ -15,7 +17,14 @@ from suite.report import kit
 from suite.report.figures import CLOSING, FIGURES, Skipped
 from suite.report.labels import several_of
 from suite.report.load import FINAL_DENSITY, load_runs
-from suite.report.tables import caption_of, in_percent, paper_table, to_latex, to_markdown
+from suite.report.tables import (
+    caption_of,
+    in_percent,
+    markdown_text,
+    paper_table,
+    to_latex,
+    to_markdown,
+)
 from suite.results import schema
 from suite.results.catalogue import RUN_IDENTITY, insert_after
 from suite.results.resultset import (
@@ -134,7 +143,7 @@ def summary_table(per_run: pd.DataFrame) -> pd.DataFrame:
 
 
 def _markdown(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, floatfmt=".4g")
+    return to_markdown(frame, floatfmt=".4g")
 
 
 def kept_apart(runs: ResultSet) -> list[str]:
@@ -160,16 +169,17 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     results = [*(draw(runs, out, width=width) for draw in FIGURES),
                *(draw(runs, out, kit, width=width) for draw in METHODS.figures()),
                *(draw(runs, out, width=width) for draw in CLOSING)]
-    md = [f"# prunex-bench report: {Path(results_dir)}", "",
+    md = [f"# prunex-bench report: {markdown_text(Path(results_dir))}", "",
           f"{len(runs)} runs. Every number below comes from these run folders.", "",
-          *[f"{line}." for line in apart], *([""] if apart else []),
+          *[f"{markdown_text(line)}." for line in apart], *([""] if apart else []),
           "## Summary", "", "One row per configuration: repeats (runs of one machine class, "
           "configuration and budget that differ in the seed) as their mean, `*_ci95` the "
           "95 % t half-width (empty for one repeat); `exchange_steps`: local steps between "
           "exchanges inside a node / across nodes; accuracy in percent here, a fraction in "
           "`summary.csv` and `runs.csv`; each run in `runs.csv`.",
           "", _markdown(in_percent(summary)), "",
-          "## Paper table", "", f"{caption}. Also as LaTeX: [table.tex](table.tex).", "",
+          "## Paper table", "", f"{markdown_text(caption)}. Also as LaTeX: [table.tex](table.tex).",
+          "",
           to_markdown(paper), ""]
     page = [f"<h1>prunex-bench report: {html.escape(str(results_dir))}</h1>",
             *[f"<p>{html.escape(line)}.</p>" for line in apart],
@@ -177,12 +187,14 @@ def render(results_dir: str | Path, out: str | Path, echo=print, width: str | No
     for result in results:
         add_figure_section(result, out, md, page, echo)
     if skipped_runs:
-        md += ["## Runs not included", "", *[f"- {line}" for line in skipped_runs], ""]
+        md += ["## Runs not included", "", *[f"- {markdown_text(line)}" for line in skipped_runs],
+               ""]
     damaged = runs.unreadable
     for line in damaged:
         echo(f"skipped unreadable file {line}")
     if damaged:
-        md += ["## Files left out (unreadable)", "", *[f"- {line}" for line in damaged], ""]
+        md += ["## Files left out (unreadable)", "",
+               *[f"- {markdown_text(line)}" for line in damaged], ""]
     (out / "report.md").write_text("\n".join(md))
     write_html(out, page)
     return out / "report.md"
@@ -201,7 +213,7 @@ def write_tables(runs: ResultSet, out: Path) -> tuple[pd.DataFrame, pd.DataFrame
     per_run.to_csv(out / "runs.csv", index=False)
     paper, caption = paper_table(summary), caption_of(summary)
     (out / "table.tex").write_text(to_latex(paper, caption))
-    (out / "table.md").write_text(f"{to_markdown(paper)}\n\n{caption}\n")
+    (out / "table.md").write_text(f"{to_markdown(paper)}\n\n{markdown_text(caption)}\n")
     return summary, paper, caption
 
 
@@ -220,19 +232,20 @@ def add_figure_section(result, out: Path, md: list[str], page: list[str], echo) 
     if isinstance(result, Skipped):
         line = f"Skipped: {result.title} ({result.name}): {result.reason}"
         echo(line)
-        md.extend([f"## {result.title}", "", line, ""])
+        md.extend([f"## {markdown_text(result.title)}", "", markdown_text(line), ""])
         page.extend([f"<h2>{html.escape(result.title)}</h2>", f"<p>{html.escape(line)}</p>"])
         return
     result.table.to_csv(out / f"{result.name}.csv", index=False)
     runs_line = "Runs: " + ", ".join(result.run_ids)
-    md.extend([f"## {result.title}", "", f"![{result.title}]({result.files[0].name})", "",
-               runs_line + (f". {result.note}." if result.note else ""), "",
+    said = markdown_text(runs_line + (f". {result.note}." if result.note else ""))
+    md.extend([f"## {markdown_text(result.title)}", "",
+               f"![{markdown_text(result.title)}]({result.files[0].name})", "", said, "",
                f"Data: [{result.name}.csv]({result.name}.csv)", "",
                _markdown(in_percent(result.table.head(40))), ""])
     png = base64.b64encode(result.files[0].read_bytes()).decode()
     caption = html.escape(runs_line + (f". {result.note}." if result.note else ""))
     page.extend([f"<h2>{html.escape(result.title)}</h2>",
-                 f'<img alt="{result.name}" src="data:image/png;base64,{png}">',
+                 f'<img alt="{html.escape(result.name)}" src="data:image/png;base64,{png}">',
                  f"<p>{caption}</p>",
                  in_percent(result.table.head(40)).to_html(index=False, float_format="%.4g")])
 

@@ -1,9 +1,17 @@
 """The summary as a table a paper can paste: one row per configuration, mean +- 95 %
 interval over its repeats, human names; LaTeX (booktabs, through pandas' Styler) and
-Markdown from the same cells."""
+Markdown from the same cells.
+
+Every string comes from run folders (a workload, a method or a machine class is whatever a
+folder says), so each reaches LaTeX and Markdown as text only: in LaTeX all ten special
+characters escaped, the caption's too (``latex_text``: a ``\\input{...}`` stays words, an
+``_`` in ``timm:vit_tiny_patch16_224`` cannot break a paper's build); in Markdown no raw HTML
+and no ``|`` or line break that splits a table (``markdown_text``).
+"""
 
 from __future__ import annotations
 
+import html
 import math
 
 import pandas as pd
@@ -92,14 +100,29 @@ def paper_table(summary: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=constant + empty)  # said once in the caption, not in every row
 
 
+#: LaTeX's ten special characters as text writes them (as pandas' Styler escapes cells)
+LATEX_SPECIALS = str.maketrans({
+    "\\": r"\textbackslash ", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde ", "^": r"\textasciicircum ",
+    "\n": " ", "\r": " ",
+})
+
+
+def latex_text(text) -> str:
+    """``text`` as LaTeX typesets it literally: every special character escaped, line breaks
+    as spaces (a blank line would end the table's paragraph)."""
+    return str(text).translate(LATEX_SPECIALS)
+
+
 def to_latex(table: pd.DataFrame, caption: str) -> str:
-    """A booktabs ``table`` environment; cells escaped for LaTeX, ``±`` as ``$\\pm$``."""
-    styler = table.style.hide(axis="index").format(escape="latex")
-    styler = styler.format_index(escape="latex", axis=1)
-    text = styler.to_latex(
+    """A booktabs ``table`` environment; every cell, header and the caption escaped for
+    LaTeX (``latex_text``), ``±`` as ``$\\pm$``."""
+    shown = table.map(lambda value: latex_text(value) if isinstance(value, str) else value)
+    shown.columns = [latex_text(c) for c in table.columns]
+    text = shown.style.hide(axis="index").to_latex(
         hrules=True,
         column_format="".join("l" if c in TEXT else "r" for c in table.columns),
-        caption=caption.replace("%", r"\%"),
+        caption=latex_text(caption),
         position="t",
     )
     return text.replace(PM, r"$\pm$")
@@ -137,5 +160,26 @@ def in_percent(table: pd.DataFrame) -> pd.DataFrame:
                                  if isinstance(c, str) and PCT in c})
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    return table.to_markdown(index=False)
+#: what Markdown would read as markup in a table's text: its own escapes, code, links and
+#: table cells (HTML's ``<``, ``>`` and ``&`` go as entities, line breaks as spaces)
+MARKDOWN_SPECIALS = str.maketrans({
+    "\\": "\\\\", "`": "\\`", "|": "\\|", "[": "\\[", "]": "\\]", "\n": " ", "\r": " ",
+})
+
+
+def markdown_text(text) -> str:
+    """``text`` as Markdown shows it literally: no raw HTML (a run id of ``<img ...>`` is
+    shown, not loaded), no ``|`` or line break that splits a table, no link or code span."""
+    return html.escape(str(text), quote=False).translate(MARKDOWN_SPECIALS)
+
+
+def markdown_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with every string cell and header as ``markdown_text``."""
+    shown = table.map(lambda value: markdown_text(value) if isinstance(value, str) else value)
+    shown.columns = [markdown_text(c) for c in table.columns]
+    return shown
+
+
+def to_markdown(table: pd.DataFrame, **options) -> str:
+    """``table`` as a Markdown table, its text shown literally (``markdown_frame``)."""
+    return markdown_frame(table).to_markdown(index=False, **options)

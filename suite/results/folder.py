@@ -9,13 +9,18 @@ evals.parquet        one row per evaluation: accuracy, elapsed seconds, cumulati
 layers.parquet       (PruneX) per-layer residuals, penalties, density per round
 summary.json         the keys ``bench compare`` and ``bench report`` read
 parts/               per-rank rows streamed while a run is live (a chunk file every few
-                     seconds); merged into the tables and removed at the end
+                     seconds, named with its attempt's token); merged into the tables and
+                     removed at the end
+refused/             chunks of another attempt or run found in parts/: kept, never merged
 errors/              on failure: one file per failing rank, first line = the reason
 checkpoints/         with --checkpoint-every/--checkpoint-minutes: the newest complete
                      checkpoint (suite.run.checkpoint) and latest.json naming it
 ```
 
-Every file is written to a temporary name and renamed, so a reader never sees half a file.
+Every file is written to a temporary name and renamed, so a reader never sees half a file,
+and a link in the folder is replaced, never written through: the one write in place (a summary
+on a disk too full for a second copy) opens the file without following links. A folder
+holding links is refused (``refuse_links``) by whatever would write into it.
 The summary carries the run's identity (method, workload, ranks, options) and ``running``
 from before the ranks start, then ``ok``, ``failed`` or ``interrupted`` (with the reason). A
 run killed too hard to say anything keeps ``running``; ``bench recover`` finalizes it once its
@@ -24,6 +29,7 @@ processes are gone (``suite.results.recover``), and readers treat it as failed.
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import json
 import os
@@ -32,15 +38,20 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from suite import compat
+from suite.errors import LINE_LIMIT, BenchError, clipped
+from suite.processes import start_time
 from suite.results import records, schema
+from suite.results.chunks import REFUSED, chunk_attempt, combined, foreign_line
 from suite.results.records import read_record
 from suite.results.schema import ENDED, Status
 
@@ -85,16 +96,24 @@ def identity_summary(config) -> dict:
         schema.OPTIONS: config.options,
         schema.SEED: config.seed,
         schema.LAUNCHER: {schema.LAUNCHER_HOST: socket.gethostname(),
-                          schema.LAUNCHER_PID: os.getpid()},
+                          schema.LAUNCHER_PID: os.getpid(),
+                          schema.LAUNCHER_STARTED: start_time(os.getpid())},
         schema.STARTED: time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
 def atomic_write(path: Path, write) -> None:
     """``write(tmp)`` into a hidden temporary beside ``path``, renamed into place once
-    whole; a write that fails (a full disk) leaves ``path`` as it was and no temporary."""
+    whole; a write that fails (a full disk) leaves ``path`` as it was and no temporary. The
+    temporary is made anew (a leftover, or a link planted under its name, removed first), so
+    nothing is written through a link; the rename replaces a link at ``path`` itself."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
         write(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -117,9 +136,26 @@ def write_json(path: Path, obj) -> None:
 
 def write_json_in_place(path: Path, obj) -> None:
     """``obj`` into ``path`` over its old content, for a disk too full for ``write_json``'s
-    temporary: the old file's blocks are freed by the truncation and taken by the new."""
+    temporary: the old file's blocks are freed by the truncation and taken by the new. Only a
+    regular file with no other name is rewritten: a symbolic link is not followed
+    (``O_NOFOLLOW``) and a hard link not written through, since either would rewrite a file
+    elsewhere, outside the run folder.
+
+    Raises:
+        OSError: the file is a link (or not there, or not writable); nothing was written.
+    """
     data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
-    with open(path, "r+b") as handle:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(f"{path} is a symbolic link: not written through") from None
+        raise
+    with os.fdopen(fd, "r+b") as handle:
+        facts = os.fstat(fd)
+        if not stat.S_ISREG(facts.st_mode) or facts.st_nlink != 1:
+            raise OSError(f"{path} is not a file of its own (a link or a device): not "
+                          "written through")
         handle.truncate(0)
         handle.write(data)
         handle.flush()
@@ -136,6 +172,14 @@ def os_reason(exc: OSError) -> str:
 def write_table(path: Path, rows: list[dict] | pd.DataFrame) -> None:
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+def write_arrow(path: Path, rows) -> None:
+    """An Arrow table (``combined``) as a parquet file, atomically."""
+    # lazy: pyarrow's own import is pandas' to pay where it writes parquet; here only merges
+    import pyarrow.parquet as pq
+
+    atomic_write(path, lambda tmp: pq.write_table(rows, tmp))
 
 
 def write_torch(path: Path, obj) -> None:
@@ -277,6 +321,9 @@ class RunFolder:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        #: the token of the attempt this process writes for (``open_attempt``), which the rows
+        #: it streams carry; None where it writes no rows
+        self.attempt: str | None = None
 
     @property
     def parts(self) -> Path:
@@ -303,13 +350,76 @@ class RunFolder:
         self.parts.mkdir(parents=True, exist_ok=True)
         return self
 
+    def refuse_links(self) -> None:
+        """Refuse a folder that holds a symbolic link anywhere inside it: a write to one of its
+        files would land wherever the link points, outside the run (the folder itself may be
+        reached through links: its path is the user's).
+
+        Raises:
+            BenchError: naming the first link found and where it points.
+        """
+        for root, folders, files in os.walk(self.path):
+            for name in (*folders, *files):
+                entry = Path(root) / name
+                if entry.is_symlink():
+                    target = clipped(os.readlink(entry), 120)
+                    raise BenchError(
+                        f"run folder {self.path} holds a link, {entry.relative_to(self.path)} "
+                        f"-> {target}: refused, nothing is written through it (a run folder's "
+                        "files are its own; put the file itself there)")
+
+    # -- attempts ---------------------------------------------------------------------------
+    def attempts(self) -> list[str]:
+        """The tokens of the attempts that opened this folder, the latest last; [] for a
+        folder from before attempts were recorded, or whose summary cannot say."""
+        try:
+            found = (self.summary() or {}).get(schema.ATTEMPTS)
+        except (OSError, ValueError):
+            return []
+        return [t for t in found if isinstance(t, str)] if isinstance(found, list) else []
+
+    def open_attempt(self, opening: dict, *, keep: bool) -> str:
+        """A new attempt of the run opens the folder (its launcher, or a job's rank 0, holding
+        the folder once the earlier attempt's processes are known to be gone): with ``keep``
+        (a resume, a restart) the rows earlier attempts left in ``parts/`` are merged, their
+        errors filed (``file_errors``) and the summary is kept under ``opening``'s keys; the
+        recorded processes are cleared (none of them may be signalled for this attempt) and
+        a new token is added, which this attempt's rows carry. Returns the token."""
+        earlier: dict = {}
+        if keep:
+            try:
+                earlier = self.summary() or {}
+            except (OSError, ValueError):  # damaged: the failure path keeps it aside
+                earlier = {}
+            self.merge_parts(accept=self.attempts())
+            self.file_errors()
+        history = self.attempts() if keep else []
+        self.attempt = secrets.token_hex(4)
+        self.write_summary({**earlier, **opening, schema.PROCESSES: [],
+                            schema.ATTEMPTS: [*history, self.attempt]})
+        return self.attempt
+
+    def foreign_parts(self, accept: Collection[str]) -> list[Path]:
+        """The chunks in ``parts/`` whose rows are not of ``accept``'s attempts (a rank of an
+        earlier attempt writing late, another run's rows); none where ``accept`` is empty (a
+        folder from before attempts, whose chunks carry none)."""
+        if not accept or not self.parts.is_dir():
+            return []
+        return [file for file in sorted(self.parts.glob("*-rank*.parquet"))
+                if chunk_attempt(file.name) not in accept]
+
+    def describe_foreign(self, files: list[Path]) -> str:
+        """One line about ``files`` (``foreign_parts``): how many, of whose attempt."""
+        return foreign_line(files, self.attempts())
+
     # -- per-rank parts -----------------------------------------------------------------
     def write_rank_chunk(self, rank: int, chunk: int, tables: dict[str, list[dict]]) -> None:
         """One flush of one rank: a whole parquet file per table, named so that no two
         processes (restarts, resumes) ever write the same file."""
         self.parts.mkdir(parents=True, exist_ok=True)
+        attempt = f"-a{self.attempt}" if self.attempt else ""
         for table, rows in tables.items():
-            name = f"{table}-rank{rank:05d}-p{os.getpid()}-{chunk:06d}.parquet"
+            name = f"{table}-rank{rank:05d}{attempt}-p{os.getpid()}-{chunk:06d}.parquet"
             write_table(self.parts / name, rows)
 
     def flush_rows(self, recorder) -> None:
@@ -318,12 +428,28 @@ class RunFolder:
         if tables:
             self.write_rank_chunk(recorder.rank, chunk, tables)
 
-    def merge_parts(self) -> list[str]:
-        """Fold the per-rank chunks into the final tables, after the rows already there
-        (idempotent, re-runnable); returns a line per chunk that could not be read."""
+    def merge_parts(self, accept: Collection[str] | None = None) -> list[str]:
+        """Fold the per-rank chunks of ``accept``'s attempts (default: the latest) into the
+        final tables, after the rows already there (idempotent, re-runnable). A chunk of any
+        other attempt is refused, moved to ``refused/``: a rank of an earlier attempt that
+        went on writing, or another run's rows, never become this run's duplicates.
+
+        Returns:
+            A line per chunk that could not be read, and one about the refused chunks.
+
+        Raises:
+            BenchError: the rows do not fit one table (nothing was changed).
+        """
         if not self.parts.exists():
             return []
-        unreadable = []
+        accept = self.attempts()[-1:] if accept is None else accept
+        refused = self.foreign_parts(accept)
+        lines = [f"{self.describe_foreign(refused)}: refused, kept in refused/"] if refused else []
+        if refused:
+            (self.path / REFUSED).mkdir(exist_ok=True)
+            for file in refused:
+                os.replace(file, self.path / REFUSED / file.name)
+        merged, unreadable = {}, []
         for table in TABLES:
             frames = [self.table(table)] if (self.path / f"{table}.parquet").exists() else []
             for file in sorted(self.parts.glob(f"{table}-rank*.parquet")):
@@ -333,9 +459,11 @@ class RunFolder:
                     unreadable.append(f"{file}: {type(exc).__name__}")
             frames = [f for f in frames if f is not None]
             if frames:
-                write_table(self.path / f"{table}.parquet", sort_rows(pd.concat(frames)))
+                merged[table] = combined(frames, table)
+        for table, rows in merged.items():
+            write_arrow(self.path / f"{table}.parquet", rows)
         shutil.rmtree(self.parts, ignore_errors=True)
-        return unreadable
+        return unreadable + lines
 
     def truncate(self, iterations_done: int) -> None:
         """Drop every row of iteration ``iterations_done`` or later: a resumed run writes
@@ -388,9 +516,11 @@ class RunFolder:
         """
         unwritten = []
         try:
-            self.merge_parts()
+            unwritten += [line for line in self.merge_parts() if line.endswith("refused/")]
         except OSError as exc:
             unwritten.append(f"the rows in {self.parts.name}/ stay unmerged ({os_reason(exc)})")
+        except BenchError as exc:
+            unwritten.append(f"the rows in {self.parts.name}/ stay unmerged ({exc})")
         try:
             current = self.summary() or {}
         except (OSError, ValueError):  # damaged: kept aside, the failure recorded anew
@@ -414,18 +544,35 @@ class RunFolder:
             unwritten.append(f"the summary was rewritten in place ({os_reason(exc)})")
         return unwritten
 
+    def file_errors(self) -> None:
+        """The earlier attempt's ``errors/`` filed under ``attempts/NN``: a new attempt's
+        failure is said in its own words, never in those of the attempt before it."""
+        if self.errors.exists():
+            attempts = self.path / "attempts"
+            attempts.mkdir(exist_ok=True)
+            self.errors.rename(attempts / f"{len(list(attempts.iterdir())):02d}")
+
+    def write_rank_error(self, rank: int, text: str) -> None:
+        """``errors/rankNNNNN.txt``: why a rank ended, its first line the reason (written
+        atomically: never through a link, never half)."""
+        self.errors.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.errors / f"rank{rank:05d}.txt", text.encode())
+
     def first_rank_error(self) -> str | None:
         """The first line each rank wrote about its ending (``errors/rank*.txt``); a rank's
         own words (a BenchError, an interruption) beat a knock-on ``rank N: ...``. An empty
-        or unreadable file (a rank that could not write: a full disk) says nothing."""
+        or unreadable file (a rank that could not write: a full disk) says nothing; a line is
+        read from the file's start only and bounded (it becomes the run's one error line)."""
         messages = []
         for path in sorted(self.errors.glob("rank*.txt")):
             try:
-                lines = [line for line in path.read_text(errors="replace").splitlines() if line]
+                with path.open("rb") as handle:
+                    head = handle.read(ERROR_HEAD_BYTES).decode(errors="replace")
             except OSError:
                 continue
+            lines = [line for line in head.splitlines() if line.strip()]
             if lines:
-                messages.append(lines[0])
+                messages.append(clipped(lines[0], LINE_LIMIT))
         own = [m for m in messages if not m.startswith("rank ")]
         return (own or messages or [None])[0]
 
@@ -448,8 +595,5 @@ class RunFolder:
         return pd.read_parquet(path) if path.exists() else None
 
 
-def sort_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    keys = [k for k in (schema.ITERATION, schema.RANK) if k in frame.columns]
-    if keys:
-        frame = frame.sort_values(keys, kind="stable")
-    return frame.reset_index(drop=True)
+#: how much of a rank's errors file is read for its first line
+ERROR_HEAD_BYTES = 64 * 1024

@@ -127,10 +127,15 @@ SUMMARY_FIELDS: dict[str, Any] = {
     schema.OPTIONS: Mapping,
     schema.SEED: Count,
     schema.LAUNCHER: record("Launcher", {schema.LAUNCHER_HOST: Name,
-                                         schema.LAUNCHER_PID: Positive}),
+                                         schema.LAUNCHER_PID: Positive,
+                                         schema.LAUNCHER_STARTED: Count}),
     schema.STARTED: Text,
     schema.ENDED_AT: Text,
-    schema.PROCESSES: Annotated[list[JsonValue], Field(max_length=MAX_RANKS)],
+    # per rank [host, pid, the kernel's start time] ([host, pid] in older folders)
+    schema.PROCESSES: Annotated[list[Annotated[list[Name | Count | None], Field(
+        min_length=2, max_length=3)]], Field(max_length=MAX_RANKS)],
+    schema.ATTEMPTS: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}$")]],
+                               Field(max_length=100_000)],
     schema.HOSTS: Names,
     schema.ITERATIONS: Count,
     schema.ITERATIONS_RECORDED: Count,

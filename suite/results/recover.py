@@ -8,39 +8,26 @@ processes still live is refused: they are still writing it.
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 from suite.errors import BenchError, RunFailed
-from suite.processes import python_alive
-from suite.results import schema
 from suite.results.folder import RunFolder, os_reason
-from suite.results.schema import ENDED, PROCESSES, STATUS, Status
+from suite.results.lock import release, take
+from suite.results.schema import ENDED, STATUS, Status
 from suite.results.upgrade import identity_from_manifest
 
 KILLED = "killed: its processes ended without recording why (finalized by bench recover)"
 
 
-def live_processes(summary: dict) -> tuple[list[int], list[str]]:
-    """(pids of the run still alive on this host, other hosts whose processes cannot be
-    checked from here)."""
-    here = socket.gethostname()
-    launcher = summary.get(schema.LAUNCHER) or {}
-    pairs = ([(launcher.get(schema.LAUNCHER_HOST), launcher.get(schema.LAUNCHER_PID))]
-             if launcher else [])
-    pairs += [tuple(p) for p in summary.get(PROCESSES) or []]
-    alive, elsewhere = [], set()
-    for host, pid in pairs:
-        if host != here:
-            elsewhere.add(str(host))
-        elif pid is not None and pid != os.getpid() and python_alive(int(pid)):
-            alive.append(int(pid))
-    return sorted(set(alive)), sorted(elsewhere)
-
-
 def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]]:
-    """Finalize ``run_dir``; returns (what was done, lines about unreadable parts)."""
+    """Finalize ``run_dir``; returns (what was done, lines about unreadable parts). The folder
+    is taken first (``suite.results.lock.take``): refused while its run's processes may still
+    write it (``force``: the user says those on other hosts are gone), or holding links.
+
+    Raises:
+        BenchError: the folder is not one, is in use, or ``parts/`` holds rows of another
+            attempt or run (nothing changed).
+    """
     folder = RunFolder(run_dir)
     if not folder.path.is_dir():
         raise BenchError(f"{folder.path} is not a run folder")
@@ -48,15 +35,23 @@ def recover(run_dir: str | Path, *, force: bool = False) -> tuple[str, list[str]
     status = summary.get(STATUS)
     if status in ENDED and not folder.parts.exists():
         return f"{folder.path}: already {status}; nothing to recover", []
-    _refuse_live(folder, summary, force=force)
-    known = _known_identity(folder)
-    unreadable, unmerged = _merge_parts(folder)
-    if status in ENDED:
-        if unmerged:
-            raise RunFailed(f"{folder.path}: the rows left in parts/ could not be merged "
-                            f"({unmerged}); nothing changed (status stays {status})")
-        return f"{folder.path}: merged the rows left in parts/ (status stays {status})", unreadable
-    return _mark_ended(folder, known), unreadable
+    take(folder.path, other_hosts_ok=False, force=force, full_disk_ok=True)
+    try:
+        foreign = folder.foreign_parts(folder.attempts()[-1:])
+        if foreign:
+            raise BenchError(f"{folder.path}: {folder.describe_foreign(foreign)}: refused, "
+                             "nothing changed (move them out of parts/ to recover the rest)")
+        known = _known_identity(folder)
+        unreadable, unmerged = _merge_parts(folder)
+        if status in ENDED:
+            if unmerged:
+                raise RunFailed(f"{folder.path}: the rows left in parts/ could not be merged "
+                                f"({unmerged}); nothing changed (status stays {status})")
+            return (f"{folder.path}: merged the rows left in parts/ (status stays {status})",
+                    unreadable)
+        return _mark_ended(folder, known), unreadable
+    finally:
+        release(folder.path)
 
 
 def _read_summary(folder: RunFolder) -> dict:
@@ -66,26 +61,6 @@ def _read_summary(folder: RunFolder) -> dict:
         return folder.summary() or {}
     except (OSError, ValueError):
         return {}
-
-
-def _refuse_live(folder: RunFolder, summary: dict, *, force: bool) -> None:
-    """Refuse a folder whose processes may still be writing it: alive here, or on other
-    hosts, which cannot be checked from here (``force`` once the user knows they are gone).
-
-    Raises:
-        BenchError: naming the live pids, or the hosts that cannot be checked.
-    """
-    alive, elsewhere = live_processes(summary)
-    if alive and not force:
-        raise BenchError(
-            f"{folder.path} is still running (pids {', '.join(map(str, alive))}); stop it "
-            "first (SIGTERM lets it stop cleanly)"
-        )
-    if elsewhere and not force:
-        raise BenchError(
-            f"{folder.path} has processes on {', '.join(elsewhere)}, which cannot be checked "
-            "from here; --force once they are gone"
-        )
 
 
 def _known_identity(folder: RunFolder) -> dict:
@@ -102,11 +77,16 @@ def _merge_parts(folder: RunFolder) -> tuple[list[str], str | None]:
 
     Returns:
         (lines about unreadable parts, why the merge failed or None where it did not).
+
+    Raises:
+        BenchError: the rows do not fit one table (another run's rows); nothing changed.
     """
     try:
         unreadable = folder.merge_parts()
     except OSError as exc:
         return [], os_reason(exc)
+    except BenchError as exc:  # rows of runs of other shapes: checked before any was written
+        raise BenchError(f"{folder.path}: {exc}; nothing changed") from None
     return unreadable, None
 
 

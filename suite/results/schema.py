@@ -58,7 +58,13 @@ SEED = "seed"
 LAUNCHER = "launcher"
 STARTED = "started"
 ENDED_AT = "ended"
+#: the run's rank processes of its latest attempt, ``[host, pid, start time]`` each (the kernel's
+#: start time, ``suite.processes.identity``; folders before it hold ``[host, pid]``): cleared
+#: when an attempt opens the folder, and nothing is signalled whose identity differs
 PROCESSES = "processes"
+#: a token per attempt that opened the folder (a start, a resume), the latest last: the rows a
+#: rank streams into ``parts/`` carry its attempt's, and rows of another are refused at merge
+ATTEMPTS = "attempts"
 #: ``bench run --launcher slurm``: the hosts the ranks ran on
 HOSTS = "hosts"
 
@@ -137,7 +143,8 @@ SUMMARY_KEYS = (
 #: every key summary.json may hold
 SUMMARY_FILE_KEYS = (
     FORMAT_VERSION_KEY, RUN_ID, STATUS, ERROR, METHOD, WORKLOAD, DATASET, GPUS, NODES,
-    GPUS_PER_NODE, OPTIONS, SEED, LAUNCHER, STARTED, ENDED_AT, PROCESSES, HOSTS, ITERATIONS,
+    GPUS_PER_NODE, OPTIONS, SEED, LAUNCHER, STARTED, ENDED_AT, PROCESSES, ATTEMPTS, HOSTS,
+    ITERATIONS,
     ITERATIONS_RECORDED, STEPS_PER_ITERATION, EXCHANGE_EVERY, EPOCHS, SAMPLES_PER_RANK,
     FINAL_ACCURACY, FINAL_TRAIN_LOSS, BEST_ACCURACY, TARGET_ACCURACY, TIME_TO_TARGET_SECONDS,
     CONVERGED, SIMULATED, INTER_NODE_BYTES_TOTAL, INTRA_NODE_BYTES_TOTAL, HIDDEN_INTER_NODE_BYTES,
@@ -150,9 +157,11 @@ SUMMARY_FILE_KEYS = (
     CHECKPOINTS_WRITTEN,
     CHECKPOINT_SECONDS_MEAN, CHECKPOINT_BYTES, MASKS_FROZEN_AT, ACCURACY_FROM,
 )
-#: the launcher's entry of the summary (``bench recover`` checks its process)
+#: the launcher's entry of the summary (``bench recover`` checks its process), with its kernel
+#: start time (absent in older folders), so a recycled pid is not taken for it
 LAUNCHER_HOST = "host"
 LAUNCHER_PID = "pid"
+LAUNCHER_STARTED = "started"
 
 # -- manifest.json: what ran, where, with what (written before the first iteration) ------------
 #: the resolved RunConfig, as an experiment file holds it (suite.config; its fields' names)

@@ -24,6 +24,7 @@ complete checkpoint in charge. Older checkpoints are removed after a new one is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import shutil
@@ -34,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from suite.cluster.watchdog import barrier, watched
-from suite.errors import BenchError
-from suite.results.folder import write_json
+from suite.errors import QUOTE_LIMIT, BenchError, one_line
+from suite.results.folder import os_reason, write_json
 from suite.results.records import LatestCheckpoint, read_record
 
 CHECKPOINTS = "checkpoints"
@@ -96,6 +97,12 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return None
 
 
+def unfinished_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints begun and never completed (``.it-*.partial``: a save that failed, on a
+    full disk, or was killed), oldest first."""
+    return sorted(checkpoint_root(run_dir).glob(".it-*.partial"))
+
+
 def checked_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """``latest_checkpoint`` with its metadata read safely first (``read_metadata``): what
     a resume checks before any rank starts. Raises BenchError on a refused metadata."""
@@ -134,7 +141,8 @@ def save_checkpoint(run_dir: Path, iterations_done: int, rank_state: dict, *, no
     barrier("checkpoint folder made")
     skeleton, tensors = split_state(rank_state)
     (staging / f"skeleton-rank{rank:05d}.json").write_text(json.dumps(skeleton))
-    with watched("save", "world (torch.distributed.checkpoint)"):
+    with watched("save", "world (torch.distributed.checkpoint)"), dcp_failure_said(
+            f"checkpoint {staging.name} could not be written"):
         dcp.save({storage_key(k, rank, node): t for k, t in tensors.items()},
                  checkpoint_id=staging)
     barrier("checkpoint written")  # every rank's skeleton and tensors are on disk, the metadata
@@ -150,6 +158,33 @@ def save_checkpoint(run_dir: Path, iterations_done: int, rank_state: dict, *, no
         stats["bytes"] = sum(f.stat().st_size for f in final.iterdir())
     stats["seconds"] = time.perf_counter() - started
     return stats
+
+
+@contextlib.contextmanager
+def dcp_failure_said(what: str):
+    """DCP's failure as one line: its ``CheckpointException`` is a BaseException carrying
+    every rank's traceback (a full disk printed 20 of them, one per rank and rank seen),
+    which the ranks' process would print whole; it becomes a BenchError naming the cause
+    (a rank's OSError first: ``no space left on device``).
+
+    Raises:
+        BenchError: ``what`` and the cause.
+    """
+    # lazy: torch.distributed.checkpoint costs ~0.7 s to import; only this path needs it
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        failures = [pair[0] for _, pair in sorted(exc.failures.items())
+                    if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException)]
+        cause = next((f for f in failures if isinstance(f, OSError)), None)
+        if cause is not None:
+            why = os_reason(cause)
+        else:
+            first = failures[0] if failures else exc
+            why = one_line(f"{type(first).__name__}: {first}".splitlines()[0], QUOTE_LIMIT)
+        raise BenchError(f"{what} ({why})") from None
 
 
 #: the globals a DCP ``.metadata`` names (module, name): its records, the torch types inside
@@ -309,7 +344,8 @@ def load_checkpoint(folder: Path, *, node: int) -> dict:
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith(prefixes):
             wanted[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    with watched("load", "world (torch.distributed.checkpoint)"):
+    with watched("load", "world (torch.distributed.checkpoint)"), dcp_failure_said(
+            f"checkpoint {folder} could not be read"):
         dcp.load(wanted, checkpoint_id=folder, storage_reader=reader,
                  planner=tensors_only_planner())
     return join_state(skeleton, {k[k.index("/") :]: t for k, t in wanted.items()})

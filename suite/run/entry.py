@@ -21,10 +21,10 @@ import torch.distributed as dist
 from suite.cluster.ranks import collective_timeout, detach_from_fork_server, join_process_group
 from suite.cluster.recorder import Recorder
 from suite.cluster.watchdog import POSITION, Watchdog
-from suite.errors import BenchError
+from suite.errors import BenchError, one_line
 from suite.plugins.registry import quiet_plugin_warnings
-from suite.results.folder import RunFolder
-from suite.results.lock import acquire, release
+from suite.results.folder import RunFolder, identity_summary
+from suite.results.lock import release, take
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.determinism import make_kernels_deterministic
 from suite.run.loop import AGREED_STOPS, AgreedInterruption, train
@@ -63,9 +63,7 @@ def join_group(plan_json: str, run_dir: str | None):
                                     shared_gpus_ok=config.launcher == "local")
     except BenchError as exc:
         if run_dir is not None:
-            errors = RunFolder(run_dir).errors
-            errors.mkdir(parents=True, exist_ok=True)
-            (errors / f"rank{int(os.environ.get('RANK', '0')):05d}.txt").write_text(f"{exc}\n")
+            RunFolder(run_dir).write_rank_error(int(os.environ.get("RANK", "0")), f"{exc}\n")
         raise
     return plan, device
 
@@ -82,17 +80,24 @@ def resolved_folder(plan: RunPlan, run_dir: str | None) -> tuple[RunPlan, RunFol
 
 
 def prepare_folder(plan: RunPlan, folder: RunFolder, rank: int, standalone: bool) -> None:
-    """Rank 0 creates the folder (a standalone job's rank 0 holds its lock, no launcher
-    does) and prepares the attempt; every rank waits for it."""
+    """Rank 0 creates the folder (a standalone job's rank 0 takes it and opens the attempt,
+    no launcher does) and prepares the attempt; every rank then takes the attempt's token,
+    which its rows carry (a rank of an earlier attempt still writing is refused at merge)."""
     config = plan.config
+    attempt = [None]
     if rank == 0:
         if standalone:  # no launcher holds the folder for this job's ranks
-            acquire(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr))
+            take(folder.path, say=lambda line: print(f"note: {line}", file=sys.stderr))
         if standalone and config.overwrite and restart_count() == 0:
             folder.empty()
         folder.create()
+        if standalone:
+            folder.open_attempt(identity_summary(config),
+                                keep=config.resume or restart_count() > 0)
+        attempt = folder.attempts()[-1:] or [None]
         prepare_attempt(folder, config.resume)
-    dist.barrier()
+    dist.broadcast_object_list(attempt, src=0)  # and every rank waits for rank 0
+    folder.attempt = attempt[0]
 
 
 def run_rank(plan: RunPlan, device, run_dir: str | None, stop: StopRequest) -> None:
@@ -174,8 +179,7 @@ def stall_reporter(folder: RunFolder, recorder: Recorder, rank: int, stop: StopR
         main = sys._current_frames().get(threading.main_thread().ident)
         where = "".join(traceback.format_stack(main)) if main is not None else ""
         with stop.held():
-            folder.errors.mkdir(parents=True, exist_ok=True)
-            (folder.errors / f"rank{rank:05d}.txt").write_text(f"{line}\n\n{where}")
+            folder.write_rank_error(rank, f"{line}\n\n{where}")
             folder.flush_rows(recorder)
             if rank == 0:
                 folder.mark_failed(line, status="failed")
@@ -193,10 +197,7 @@ def prepare_attempt(folder: RunFolder, resume: bool) -> None:
     if resume and found is None and not restart_count():
         raise BenchError(f"--resume {folder.path}: its checkpoint vanished after the preflight "
                          "found it (did another run finish it?); nothing was changed")
-    if folder.errors.exists():
-        attempts = folder.path / "attempts"
-        attempts.mkdir(exist_ok=True)
-        folder.errors.rename(attempts / f"{len(list(attempts.iterdir())):02d}")
+    folder.file_errors()
     folder.truncate(found[0] if found else 0)
 
 
@@ -217,10 +218,7 @@ def record_failure(
         message = f"{lost}: {message}"
     try:
         with stop.held():
-            folder.errors.mkdir(parents=True, exist_ok=True)
-            (folder.errors / f"rank{rank:05d}.txt").write_text(
-                message + "\n\n" + traceback.format_exc()
-            )
+            folder.write_rank_error(rank, message + "\n\n" + traceback.format_exc())
             if recorder is not None:
                 folder.flush_rows(recorder)
         if isinstance(exc, AGREED_STOPS):
@@ -235,11 +233,11 @@ def record_failure(
 
 def failure_message(exc: BaseException, rank: int, stop: StopRequest) -> str:
     """One line: our own errors as they are; a peer's death or a timeout named as such."""
-    if isinstance(exc, BenchError):
-        return str(exc).splitlines()[0]
+    if isinstance(exc, BenchError):  # its first line, bounded: it may quote any value
+        return one_line((str(exc).splitlines() or [type(exc).__name__])[0])
     if isinstance(exc, KeyboardInterrupt):
         return f"interrupted by {stop.name if stop.requested else 'SIGINT'} (second signal)"
-    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    message = one_line(f"{type(exc).__name__}: {exc}".splitlines()[0])
     if "timed out" in message.lower() or "timing out" in message.lower():  # gloo, NCCL
         seconds = collective_timeout().total_seconds()
         return (

@@ -430,8 +430,10 @@ def finish(run: Run, result: LoopResult) -> None:
 def summary_extra(run: Run, result: LoopResult) -> dict:
     """What the summary holds beyond the folder's tables: attempts, setup and warm-up,
     evaluation time, throughput, the method's facts and warnings, checkpoints."""
-    extra = {**(run.attempt or {}), schema.PROCESSES: (run.folder.summary() or {}).get(
-        schema.PROCESSES)}
+    recorded = run.folder.summary() or {}
+    # the processes and attempts stay: a late row of an earlier attempt is refused by them
+    extra = {**(run.attempt or {}), schema.PROCESSES: recorded.get(schema.PROCESSES),
+             schema.ATTEMPTS: recorded.get(schema.ATTEMPTS)}
     extra.update(run.setup_seconds)
     extra[schema.EVALUATION_SECONDS] = result.evaluation_seconds
     if result.train_seconds > 0:  # a host-bound run shows here

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from suite.data.datasets import load_data
 from suite.data.sharding import ShardedLoader
 from suite.errors import BenchError
 from suite.plugins.method import Method
+from suite.processes import identity
 from suite.results import schema
 from suite.results.folder import RunFolder, hardware, identity_summary, numerics
 from suite.results.runner import own_pids, sample
@@ -242,11 +242,13 @@ def audited_groups(topology: Topology, method: Method) -> tuple[dict, str | None
 
 
 def gather_processes(world_size: int) -> list:
-    """Every rank's ``[host, pid]``, in rank order, on every rank (a watched collective):
-    the summary lists them, and rank 0 samples the counters of the processes on its host."""
+    """Every rank's ``[host, pid, start time]`` (``suite.processes.identity``), in rank
+    order, on every rank (a watched collective): the summary lists them (a launcher signals
+    only a process that still has that identity), and rank 0 samples the counters of the
+    processes on its host."""
     processes: list = [None] * world_size
     with watched("all_gather_object", "world (the ranks' processes)"):
-        dist.all_gather_object(processes, [socket.gethostname(), os.getpid()])
+        dist.all_gather_object(processes, identity())
     return processes
 
 
@@ -256,10 +258,14 @@ def write_running(plan: RunPlan, folder: RunFolder, topology: Topology, manifest
     ``running`` summary over whatever summary an earlier start left."""
     manifest[schema.HOSTS_PER_ATTEMPT] = hosts_per_attempt(folder, topology)
     folder.write_manifest(manifest)
+    earlier = folder.summary() or {}
+    named = identity_summary(plan.config)
+    # the process that opened the folder (a launcher; a job's rank 0 is its own) stays named
+    named[schema.LAUNCHER] = earlier.get(schema.LAUNCHER) or named[schema.LAUNCHER]
     folder.write_summary(
         {
-            **(folder.summary() or {}),
-            **identity_summary(plan.config),
+            **earlier,
+            **named,
             schema.DATASET: plan.dataset,
             schema.NODES: topology.num_nodes,
             schema.STATUS: Status.RUNNING,

@@ -157,7 +157,7 @@ def assert_nothing_left(launcher: int, folder: Path) -> None:
     """No rank of the run, nor the launcher, still runs."""
     from suite.processes import python_alive
 
-    pids = [pid for _, pid in summary(folder).get("processes") or []]
+    pids = [entry[1] for entry in summary(folder).get("processes") or []]
     assert not [pid for pid in [launcher, *pids] if python_alive(pid)]
 
 

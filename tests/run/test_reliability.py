@@ -166,7 +166,7 @@ def test_sigkill_of_the_parent_then_recover(tmp_path):
     proc = start(tmp_path, "orphaned", *TOPK, *LONG)
     folder = tmp_path / "orphaned"
     before = wait_until(folder, 2, proc)
-    pids = [pid for _, pid in summary(folder)["processes"]]
+    pids = [entry[1] for entry in summary(folder)["processes"]]
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     assert summary(folder)["status"] == "running"
