@@ -66,6 +66,10 @@ ALLOWED = {
     ("benchmarks/runs.py", "accuracy"),  # its run table: final accuracy in %
     ("benchmarks/validate_sim.py", "iteration"),  # the whole iteration's time, its own key
     ("benchmarks/validate_sim.py", "layout"),  # a cell's layout string (2x1)
+    # the scale benchmarks' --smoke options, named after the flags they set
+    *((script, key) for script in ("benchmarks/orchestration.py", "benchmarks/rank_kill.py",
+                                   "benchmarks/rank_memory.py")
+      for key in ("dataset", "gpus_per_node", "iterations")),
 }
 #: modules of other formats whose keys spell some of the run folder's: a hardware profile and
 #: its calibration plan (suite.sim), the command line's option names
