@@ -41,7 +41,7 @@ look-alike (tests/support/torch_floor) it lists exactly the four above.
         float64, from_numpy, full, get_float32_matmul_precision, get_num_threads, get_rng_state,
         inference_mode, int8, int32, int64, is_deterministic_algorithms_warn_only_enabled,
         is_tensor, isin, linspace, load, long, manual_seed,
-        maximum, no_grad, nonzero, ones, ones_like, rand, randint, randn, randperm, relu,
+        maximum, nextafter, no_grad, nonzero, ones, ones_like, rand, randint, randn, randperm, relu,
         save, set_num_threads, set_rng_state, sigmoid, sin, sort, split, stack, tensor,
         uint8, unique, use_deterministic_algorithms, where, zeros, zeros_like
     torch._utils: _flatten_dense_tensors, _unflatten_dense_tensors
@@ -49,7 +49,7 @@ look-alike (tests/support/torch_floor) it lists exactly the four above.
     torch.backends.cpu: get_cpu_capability
     torch.backends.cuda.matmul: allow_tf32
     torch.backends.cudnn: allow_tf32, benchmark, deterministic, is_available, version
-    torch.cuda: Event, _sleep, current_stream, device_count, get_device_name,
+    torch.cuda: Event, _sleep, current_stream, device, device_count, get_device_name,
         get_device_properties, get_rng_state, is_available, set_device, set_rng_state,
         Stream, stream, synchronize
     torch.cuda.nccl: version
@@ -66,9 +66,13 @@ look-alike (tests/support/torch_floor) it lists exactly the four above.
     torch.distributed.algorithms.model_averaging.hierarchical_model_averager:
         HierarchicalModelAverager
     torch.distributed.algorithms.model_averaging.utils: get_params_to_average
-    torch.distributed.checkpoint: FileSystemReader, load, save
-    torch.distributed.checkpoint.metadata: Metadata, StorageMeta (read from torch's sources,
-        not yet on a 2.11 wheel: both are in DCP since 2.4; ``load(storage_reader=,
+    torch.distributed.checkpoint: DefaultLoadPlanner, FileSystemReader, load, save
+    torch.distributed.checkpoint.api: CheckpointException
+    torch.distributed.checkpoint.filesystem: _StorageInfo
+    torch.distributed.checkpoint.metadata: BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+        MetadataIndex, StorageMeta, TensorProperties, TensorStorageMetadata (read from torch's
+        sources, not yet on a 2.11 wheel: StorageMeta is in DCP since 2.4, the others and
+        DefaultLoadPlanner, CheckpointException, _StorageInfo since 2.0; ``load(storage_reader=,
         checkpoint_id=)`` since 2.2)
     torch.distributed.distributed_c10d: _set_pg_timeout, default_pg_nccl_timeout,
         default_pg_timeout
@@ -91,6 +95,8 @@ look-alike (tests/support/torch_floor) it lists exactly the four above.
     torch.nn.parallel: DistributedDataParallel (forward_sync_buffers: after 2.11, fallback)
     torch.optim: LBFGS, Optimizer, SGD
     torch.optim.swa_utils: update_bn
+    torch.serialization: _get_layout (read from torch's sources: in torch/serialization.py since
+        1.x, the name DCP's metadata unpickles layouts by)
     torch.testing: assert_close
     torch.utils.flop_counter: FlopCounterMode
     torch.utils.tensorboard: SummaryWriter

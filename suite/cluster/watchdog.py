@@ -156,25 +156,42 @@ class Watchdog:
         self.timeout = timeout_seconds
         self.on_stall = on_stall
         self._stop = threading.Event()
-        self._store = None  # connected by the thread: a slow store never holds up training
+        self._store = None  # set once connected; None again when the store's host is lost
+        #: set when the connection was tried (``_store`` then says how it went): a slow store
+        #: never holds up training, nor the stall checks, which run while it connects
+        self._connected = threading.Event()
+        self._connecting = threading.Lock()
+        self._failed = False  # stop(failed=True) came: the first beat after connecting says so
         self.frozen_here: int | None = None  # the pid of a silent root rank on this host
         self._thread = threading.Thread(target=self._watch, name="prunex-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
+        threading.Thread(target=self._connect, name="prunex-watchdog-connect", daemon=True).start()
         self._thread.start()
         return self
 
     def stop(self, *, failed: bool = False) -> None:
         """End the heartbeats; ``failed``: with a last one saying this rank ended on an error
-        (its peers count it as failed, not silent: it is not the host that was lost)."""
+        (its peers count it as failed, not silent: it is not the host that was lost). Before
+        the store is connected, the connection's first beat says it."""
+        self._failed = self._failed or failed
         self._stop.set()
         if failed:
             self._beat(fired=True)
 
+    def _connect(self):
+        """The connection to the job's store, made once (by the connecting thread, or by a
+        caller that needs it first: that caller waits for it); None where there is none."""
+        with self._connecting:
+            if not self._connected.is_set():
+                self._store = store_client()
+                self._connected.set()
+                # heard from at once: a rank stopped before its first interval is not "never
+                # heard from" but silent since then, with where it was (or failed, if it did)
+                self._beat(fired=self._failed)
+        return self._store
+
     def _watch(self) -> None:
-        self._store = store_client()
-        self._beat()  # heard from at once: a rank stopped before its first interval is not
-        # "never heard from" but silent since then, with where it was
         while not self._stop.wait(BEAT_SECONDS):
             self._beat()
             wait = self.position.wait
@@ -252,7 +269,7 @@ class Watchdog:
         dead) is the root; else one elsewhere (another collective or iteration) is followed
         to its own wait, until a silent rank, or one busy outside any collective, is found.
         Without a root: (None, why)."""
-        if self._store is None:
+        if self._store is None:  # none, lost, or still connecting: nothing to ask
             peers = [r for r in (wait.group_ranks or range(self.world_size)) if r != self.rank]
             return None, f"waiting for one of ranks {peers} (no store to ask which)"
         records, now = self.records(), time.time()
@@ -292,10 +309,12 @@ class Watchdog:
         """After a collective failed at once (a peer's connection closed): the other hosts
         whose every rank went silent, as ``lost host pxh2 (ranks 2, 3; last heard at
         iteration 19)``, waiting until a silence that long means lost. None on a one-host run
-        (nothing to wait for) or when every host still beats. Without the store, its host
-        (MASTER_ADDR, rank 0's) is the one lost."""
-        if self._store is None:
-            return f"lost host {os.environ.get('MASTER_ADDR', '?')} (the job's store)"
+        (nothing to wait for), when every host still beats, or when the job has no store.
+        When the store cannot be reached, its host (MASTER_ADDR, rank 0's) is the one lost."""
+        if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+            return None
+        if self._connect() is None:
+            return f"lost host {os.environ['MASTER_ADDR']} (the job's store)"
         records = self.records()
         hosts = {r["host"] for r in records.values() if r}
         if hosts <= {HOST}:

@@ -353,7 +353,9 @@ class RunFolder:
     def refuse_links(self) -> None:
         """Refuse a folder that holds a symbolic link anywhere inside it: a write to one of its
         files would land wherever the link points, outside the run (the folder itself may be
-        reached through links: its path is the user's).
+        reached through links: its path is the user's). Inside the SLURM job's folders
+        (``slurm-*``) submitit keeps links of its own (``.submission_file_*.sh``): the suite
+        writes nothing there, so only the folders themselves are checked.
 
         Raises:
             BenchError: naming the first link found and where it points.
@@ -367,6 +369,8 @@ class RunFolder:
                         f"run folder {self.path} holds a link, {entry.relative_to(self.path)} "
                         f"-> {target}: refused, nothing is written through it (a run folder's "
                         "files are its own; put the file itself there)")
+            if Path(root) == self.path:
+                folders[:] = [name for name in folders if not name.startswith("slurm-")]
 
     # -- attempts ---------------------------------------------------------------------------
     def attempts(self) -> list[str]:

@@ -56,8 +56,8 @@ def plant_bytes_entry(folder: Path, target: Path) -> None:
     _, checkpoint = latest_checkpoint(folder)
     metadata = read_metadata(checkpoint)
     entry = BytesStorageMetadata()
-    entry.size, entry.properties = torch.Size([1]), TensorProperties(dtype=torch.float32)
-    entry.chunks = []
+    vars(entry).update(size=torch.Size([1]), properties=TensorProperties(dtype=torch.float32),
+                       chunks=[])  # what a tensor's entry has, which DCP's bytes entry lacks
     payload = pickle.dumps(Planted(target))
     (checkpoint / "planted.distcp").write_bytes(payload)
     metadata.state_dict_metadata["rank0/planted"] = entry

@@ -164,3 +164,26 @@ def test_an_error_line_quotes_a_bounded_value():
     assert result.exit_code == 2
     line = one_line(result)
     assert len(line) < 2200 and "more)" in line, len(line)
+
+
+def test_links_of_the_slurm_jobs_own_folder_are_its_own(tmp_path):
+    """submitit keeps a link in the job's folder (``.submission_file_*.sh``), where the suite
+    writes nothing: that folder is not refused, a link anywhere else is, and so is the job's
+    folder when it is itself a link."""
+    from suite.errors import BenchError
+
+    folder = tmp_path / "run"
+    (folder / "slurm-job").mkdir(parents=True)
+    (folder / "slurm-job" / "6_submission.sh").write_text("#!/bin/sh\n")
+    (folder / "slurm-job" / ".submission_file_60d3.sh").symlink_to(
+        folder / "slurm-job" / "6_submission.sh")
+    RunFolder(folder).refuse_links()
+    (folder / "errors").mkdir()
+    (folder / "errors" / "rank0.txt").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(BenchError, match=r"holds a link, errors/rank0.txt ->"):
+        RunFolder(folder).refuse_links()
+    shutil.rmtree(folder / "errors")
+    shutil.move(folder / "slurm-job", tmp_path / "job")
+    (folder / "slurm-job").symlink_to(tmp_path / "job")
+    with pytest.raises(BenchError, match=r"holds a link, slurm-job ->"):
+        RunFolder(folder).refuse_links()
