@@ -443,10 +443,19 @@ def net_cleanup_cmd(everything) -> None:
 )
 @click.option("--network", type=click.Choice(["loopback", "emulated"]), default="loopback")
 @click.option("--inter-bw", default=None, help="[emulated] inter-node link rate, e.g. 1gbit")
+@click.option("--launcher", type=click.Choice(["local", "torchrun", "slurm"]), default="local",
+              show_default=True,
+              help="local: ranks on this machine; torchrun: this process is a rank of a job "
+              "(under torchrun or srun); slurm: a SLURM job across hosts, one task a rank, "
+              "links between hosts measured")
+@click.option("--slurm-cpus-per-task", type=click.IntRange(1), default=None,
+              help="[slurm] CPUs per rank (default 1)")
 def calibrate_cmd(**kwargs) -> None:
     """Measure compute per step, link latency/bandwidth and memory bandwidth here, and write a
     hardware profile for `bench sim --profile FILE`."""
 
+    given = click.get_current_context().get_parameter_source("gpus")
+    kwargs["gpus_given"] = given is ParameterSource.COMMANDLINE
     try:
         calibrate_to_file(kwargs, echo=click.echo)
     except BenchError as exc:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -15,8 +17,10 @@ from pathlib import Path
 from suite.cluster.netemu import emulated_cluster, parse_rate, run_module_in_cluster
 from suite.cluster.ranks import elastic_launch_config
 from suite.cluster.topology import check_layout
+from suite.config import flag_of
+from suite.environment import env_int
 from suite.errors import BenchError
-from suite.launchers.local import quiet_launcher_logs
+from suite.launchers.local import adopt_slurm_environment, quiet_launcher_logs
 from suite.plugins.registry import WORKLOADS
 from suite.results.machine import ranks_on_cuda
 from suite.sim.fit import build_profile, world_check
@@ -93,16 +97,103 @@ def run_emulated(plan: dict, out_path: Path, inter_bw: str | None) -> None:
         raise BenchError(f"calibration ranks failed; see {out_path.parent / 'calibrate-logs'}")
 
 
-def calibrate_to_file(flags: dict, *, echo) -> Path:
-    """``bench calibrate``: plan, measure (here or on emulated links), write the profile and
-    print its headline numbers; returns the profile's path."""
+def in_job_layout(flags: dict) -> tuple[int, int]:
+    """(ranks, ranks per node) of the job this process is a rank of (``--launcher
+    torchrun``): the job's world, and its node size unless ``--gpus-per-node`` says.
+
+    Raises:
+        BenchError: not inside a job, or ``--gpus`` disagrees with the job's world.
+    """
+    if not adopt_slurm_environment():
+        raise BenchError("--launcher torchrun calibrates inside a job: run it under torchrun "
+                         "or srun (one task per rank), or use --launcher slurm")
+    world = env_int("WORLD_SIZE", 1, minimum=1)
+    if flags.get("gpus_given") and flags["gpus"] != world:
+        raise BenchError(f"--gpus {flags['gpus']} but the job has {world} ranks")
+    return world, flags["gpus_per_node"] or env_int("LOCAL_WORLD_SIZE", 1, minimum=1)
+
+
+def run_in_job(plan: dict, out_path: Path) -> bool:
+    """This rank's part of the calibration (the job's other ranks run theirs); True on the
+    rank that holds the measurements (rank 0), which fits the profile."""
+    if plan["device"] == "cpu":
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    calibration_rank(json.dumps(plan), str(out_path))
+    return env_int("RANK", 0, minimum=0) == 0
+
+
+def run_slurm(flags: dict, gpus: int, gpus_per_node: int, output: Path, *, echo) -> None:
+    """The calibration as a SLURM job across hosts: an sbatch script whose srun starts one
+    ``bench calibrate --launcher torchrun`` per rank with this command's flags, rendezvous on
+    the allocation's first host; waits for the job (``sbatch --wait``).
+
+    Raises:
+        BenchError: sbatch is missing or the job failed (its log named).
+    """
+    if shutil.which("sbatch") is None:
+        raise BenchError("--launcher slurm needs SLURM's sbatch here")
+    folder = output.resolve().parent
+    log = folder / f"{output.stem}-calibrate-%j.out"
+    cpus = flags.get("slurm_cpus_per_task") or 1
+    script = folder / f"{output.stem}.calibrate.sbatch"
+    script.write_text("\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name=prunex-calibrate-{gpus}g",
+        f"#SBATCH --nodes={gpus // gpus_per_node}",
+        f"#SBATCH --ntasks-per-node={gpus_per_node}",
+        f"#SBATCH --cpus-per-task={cpus}",
+        f"#SBATCH --output={log}",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)',
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 30000))",
+        shlex.join(["srun", sys.executable, "-m", "suite.cli", "calibrate", "--launcher",
+                    "torchrun", "-o", str(output.resolve()), *job_arguments(flags)]),
+        "",
+    ]))
+    echo(f"calibrating on SLURM: {gpus // gpus_per_node} node(s) x {gpus_per_node} ranks "
+         f"({script})")
+    job = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], capture_output=True,
+                         text=True)
+    if job.returncode != 0 or not output.exists():
+        said = (job.stderr.strip().splitlines() or [f"exit {job.returncode}"])[-1]
+        raise BenchError(f"the calibration job failed ({said}); see {folder} for its log")
+
+
+#: calibrate's flags a rank of the job is not given (the job decides them, or they are the
+#: submitting command's own)
+NOT_FOR_THE_JOB = ("launcher", "output", "gpus_given", "slurm_cpus_per_task")
+
+
+def job_arguments(flags: dict) -> list[str]:
+    """``bench calibrate``'s flags as its job's ranks are given them."""
+    args: list[str] = []
+    for name, value in flags.items():
+        if name in NOT_FOR_THE_JOB or value is None or value is False:
+            continue
+        if value is True:
+            args.append(flag_of(name))
+        elif isinstance(value, (list, tuple)):
+            args += [flag_of(name), ",".join(map(str, value))]
+        else:
+            args += [flag_of(name), str(value)]
+    return args
+
+
+def calibrate_to_file(flags: dict, *, echo) -> Path | None:
+    """``bench calibrate``: plan, measure (here, on emulated links, inside a job or as a
+    SLURM job across hosts), write the profile and print its headline numbers; returns the
+    profile's path (None on a job's rank that does not hold the measurements)."""
 
     workloads = [w for w in flags["workload"].split(",") if w]
     for w in workloads:
         WORKLOADS.get(w)
     batch = flags["batch_size"] or WORKLOADS.build(workloads[0]).recipe.batch_size
+    launcher = flags.get("launcher") or "local"
+    if launcher != "local" and flags["network"] == "emulated":
+        raise BenchError("--network emulated calibrates with --launcher local")
     gpus = flags["gpus"]
     gpus_per_node = flags["gpus_per_node"] or max(1, gpus // 2)
+    if launcher == "torchrun":
+        gpus, gpus_per_node = in_job_layout(flags)
     check_layout(gpus, gpus_per_node)
     device = flags["device"]
     if device == "auto":
@@ -130,7 +221,15 @@ def calibrate_to_file(flags: dict, *, echo) -> Path:
     output = Path(flags["output"] or f"profiles/{name}.json")
     output.parent.mkdir(parents=True, exist_ok=True)
     raw_path = output.with_suffix(".raw.json")
-    if flags["network"] == "emulated":
+    if launcher == "slurm":
+        run_slurm(flags, gpus, gpus_per_node, output, echo=echo)
+        _echo_headline(json.loads(output.read_text()), gpus, echo=echo)
+        echo(f"profile: {output}")
+        return output
+    if launcher == "torchrun":
+        if not run_in_job(plan, raw_path):
+            return None
+    elif flags["network"] == "emulated":
         run_emulated(plan, raw_path, flags["inter_bw"])
     else:
         run_local(plan, raw_path)
