@@ -240,9 +240,13 @@ def check_validation(out: str, folder: Path) -> None:
 
 
 def check_scaling(out: str, folder: Path) -> None:
-    assert re.search(r"profile +method +8 +16 +speedup 8->16", out), out
+    markdown_header(out, "method", "paper, 8 -> 64", "`v100-ib100`, 8 -> 16",
+                    "`v100-paper-fig7`, 8 -> 16")
+    assert re.search(r"^\| prunex \| 6\.75x \(84\.4 %\) \| [0-9.]+x \(", out, re.M), out
     for profile in ("v100-ib100", "v100-paper-fig7"):
-        assert re.search(rf"^{profile} +prunex ", out, re.M), out
+        for method in ("prunex", "ddp", "topk"):
+            assert re.search(rf"^\| `{profile}` \| {method} \| [0-9.]+ = ", out, re.M), out
+    assert (folder / "paper_scaling.md").read_text() == out
 
 
 def cuda_session() -> bool:
@@ -280,14 +284,14 @@ SMOKES: dict[str, Smoke] = {
                      needs=("fair_comparison.py",)),
     "validate_sim.py": Smoke(lambda d, _: ["--smoke", "--out", str(d)], check_validation,
                              skip=NEEDS_ROOT),
-    "paper_scaling.sh": Smoke(lambda d, _: [str(d)], check_scaling, env={"BENCH_SMOKE": "1"}),
+    "paper_scaling.py": Smoke(lambda d, _: ["--smoke", "--out", str(d)], check_scaling),
 }
 #: longest first, so the slowest chains start at once
 ORDER = ["validate_sim.py", "checkpoint_cost.py", "fair_comparison.py", "resume_equality.py",
          "capacity_control.py", "live_weights.py", "model_zoo.py",
          "prunex_overhead.py", "frontier.py",
          "families.py", "report_scale.py", "instrumentation_tax.py", "emulated_comm.py",
-         "paper_scaling.sh", "runs.py", "gpu_steps.py", "recipe_check.py"]
+         "paper_scaling.py", "runs.py", "gpu_steps.py", "recipe_check.py"]
 
 
 def smoke_skip(name: str) -> str | None:
@@ -347,7 +351,7 @@ def test_smoke(script, smoke_runs):
 
 
 def test_every_script_has_a_smoke_run():
-    assert sorted(SMOKES) == sorted(ORDER) == sorted(SCRIPTS + ["paper_scaling.sh"])
+    assert sorted(SMOKES) == sorted(ORDER) == sorted(SCRIPTS)
 
 
 def test_gpu_steps_parses_its_options_without_cuda():
