@@ -240,9 +240,13 @@ def check_validation(out: str, folder: Path) -> None:
 
 
 def check_scaling(out: str, folder: Path) -> None:
-    assert re.search(r"profile +method +8 +16 +speedup 8->16", out), out
+    markdown_header(out, "method", "paper, 8 -> 64", "`v100-ib100`, 8 -> 16",
+                    "`v100-paper-fig7`, 8 -> 16")
+    assert re.search(r"^\| prunex \| 6\.75x \(84\.4 %\) \| [0-9.]+x \(", out, re.M), out
     for profile in ("v100-ib100", "v100-paper-fig7"):
-        assert re.search(rf"^{profile} +prunex ", out, re.M), out
+        for method in ("prunex", "ddp", "topk"):
+            assert re.search(rf"^\| `{profile}` \| {method} \| [0-9.]+ = ", out, re.M), out
+    assert (folder / "paper_scaling.md").read_text() == out
 
 
 def cuda_session() -> bool:
@@ -296,7 +300,7 @@ SMOKES: dict[str, Smoke] = {
                      needs=("fair_comparison.py",)),
     "validate_sim.py": Smoke(lambda d, _: ["--smoke", "--out", str(d)], check_validation,
                              skip=NEEDS_ROOT),
-    "paper_scaling.sh": Smoke(lambda d, _: [str(d)], check_scaling, env={"BENCH_SMOKE": "1"}),
+    "paper_scaling.py": Smoke(lambda d, _: ["--smoke", "--out", str(d)], check_scaling),
     "rank_memory.py": Smoke(lambda d, _: ["--smoke", "--json", str(d / "memory.json")],
                             check_rank_memory),
     "orchestration.py": Smoke(lambda d, _: ["--smoke", "--out", str(d / "orchestration.md")],
@@ -308,7 +312,7 @@ ORDER = ["validate_sim.py", "checkpoint_cost.py", "fair_comparison.py", "resume_
          "capacity_control.py", "live_weights.py", "model_zoo.py",
          "prunex_overhead.py", "frontier.py",
          "families.py", "report_scale.py", "instrumentation_tax.py", "emulated_comm.py",
-         "paper_scaling.sh", "runs.py", "gpu_steps.py", "recipe_check.py", "rank_memory.py",
+         "paper_scaling.py", "runs.py", "gpu_steps.py", "recipe_check.py", "rank_memory.py",
          "orchestration.py", "rank_kill.py"]
 
 
@@ -369,7 +373,7 @@ def test_smoke(script, smoke_runs):
 
 
 def test_every_script_has_a_smoke_run():
-    assert sorted(SMOKES) == sorted(ORDER) == sorted(SCRIPTS + ["paper_scaling.sh"])
+    assert sorted(SMOKES) == sorted(ORDER) == sorted(SCRIPTS)
 
 
 def test_gpu_steps_parses_its_options_without_cuda():

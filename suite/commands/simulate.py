@@ -33,6 +33,7 @@ from suite.sim.estimate import (
     time_local_step,
 )
 from suite.sim.measure import memory_bandwidth
+from suite.sim.pricing import host_work_seconds
 from suite.sim.profile import load_profile, shipped_profiles
 from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable, simulate_run
 
@@ -40,11 +41,12 @@ from suite.sim.replay import DEFAULT_REPLAY, borrowed_accuracy, check_simulable,
 @single_threaded  # the checks' model traces too: a second thread only slows them here
 def host_memory_bandwidth() -> float:
     """This host's memory bandwidth in bytes/s, which scales the replay's host-timed phases
-    to the profile's machine: measured (a few hundred ms), or PRUNEX_HOST_MEMORY_BANDWIDTH
-    where set, so that simulations made apart (two ``bench sim`` calls, on a loaded runner)
-    price those phases alike."""
+    to the profile's machine: measured (a few hundred ms, on the clock those phases are
+    timed on, so another process does not lower it), or PRUNEX_HOST_MEMORY_BANDWIDTH where
+    set, so that simulations made apart (two ``bench sim`` calls, on runners whose memory
+    differs) price those phases alike."""
     fixed = environment_number("PRUNEX_HOST_MEMORY_BANDWIDTH")
-    return fixed if fixed > 0 else memory_bandwidth(torch.device("cpu"))
+    return fixed if fixed > 0 else memory_bandwidth(torch.device("cpu"), clock=host_work_seconds)
 
 
 def run_simulations(

@@ -4,10 +4,11 @@
 ``suite.sim.costmodel`` on the profile's links and hands back what N identical replicas
 would get; ``SimRecorder`` charges each local step the profile's compute time, hides DDP's
 bucket all-reduces behind the backward pass as a pipeline does, scales the host-timed
-elementwise phases by memory bandwidth and adds the expected wait for the slowest rank
-(``suite.sim.replay`` says how the pieces fit). Every other rank issues the same
-collectives on its own groups (SPMD) except the leaders-only ones, so its bytes are the
-leader's event log re-attributed with that rank's topology (``rank_rows``).
+elementwise phases (the replaying thread's CPU seconds) by memory bandwidth and adds the
+expected wait for the slowest rank (``suite.sim.replay`` says how the pieces fit). Every
+other rank issues the same collectives on its own groups (SPMD) except the leaders-only
+ones, so its bytes are the leader's event log re-attributed with that rank's topology
+(``rank_rows``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,21 @@ class SimCommunicator(Communicator):
         return tensor
 
 
+def host_work_seconds() -> float:
+    """The replaying thread's CPU seconds: the clock the host-timed phases are priced on.
+
+    A real run times a phase on a device it has to itself, so its seconds are the phase's
+    work. The replay's host is shared: its wall clock also holds every slice the OS gave to
+    another process (ResNet-18's Top-K compress with two busy loops on its core: 2.7x the
+    quiet wall time, 1.02x the quiet CPU time, tests/sim/test_load.py), and a load that came
+    and went between a sweep's cells priced Top-K at a parallel efficiency of 1.04. The
+    replay runs torch on this one thread (``single_threaded``) and its phases neither sleep
+    nor wait (collectives are priced, not issued), so the thread's CPU time is what the same
+    work takes on an idle host. The best of repeated timings cannot replace it: a phase runs
+    once per iteration and changes state (error feedback, duals), so it cannot be re-run."""
+    return time.thread_time()
+
+
 class SimRecorder(Recorder):
     """Prices an iteration: compute from the profile, collectives from the cost model."""
 
@@ -134,11 +150,11 @@ class SimRecorder(Recorder):
             finally:
                 self._compute_depth -= 1
         else:
-            start = time.perf_counter()
+            start = host_work_seconds()
             try:
                 yield
             finally:
-                self.add_time(name, (time.perf_counter() - start) * self.host_scale)
+                self.add_time(name, (host_work_seconds() - start) * self.host_scale)
 
     def add_time(self, phase: str, seconds: float) -> None:
         super().add_time(phase, seconds)

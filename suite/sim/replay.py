@@ -17,7 +17,8 @@ buffer has its real size), and its ``step`` runs unchanged; what differs is unde
   produced its share of the gradients, one bucket is on the wire at a time, and only what ends
   after the backward pass shows), as far as the profile's measured overlap efficiency allows;
   scales the host-measured time of the methods' own elementwise phases (projection, pack,
-  compress, ...) by host / device memory bandwidth; and adds ``straggler_wait``, the profile's
+  compress, ...: this thread's CPU seconds, which another process cannot lengthen) by host /
+  device memory bandwidth; and adds ``straggler_wait``, the profile's
   expected wait for the slowest rank at a synchronization after this iteration's local steps.
 
 Every other rank issues the same collectives on its own groups (SPMD) except the leaders-only
@@ -51,7 +52,7 @@ from suite.run.build import build_method, check_steps_taken, make_manifest
 from suite.run.plan import RunPlan
 from suite.sim.estimate import single_threaded
 from suite.sim.measure import memory_bandwidth
-from suite.sim.pricing import SimCommunicator, SimRecorder, rank_rows
+from suite.sim.pricing import SimCommunicator, SimRecorder, host_work_seconds, rank_rows
 from suite.sim.profile import Profile
 from suite.sim.standins import SimLoader, ensure_single_process_group, sim_topology
 
@@ -105,7 +106,8 @@ def simulate_run(
     say = progress or (lambda line: None)
     check_simulable(config.method)
     step_seconds, step_source = profile.step_seconds(config.workload, recipe.batch_size)
-    host_bw = host_memory_bandwidth or memory_bandwidth(torch.device("cpu"))
+    host_bw = host_memory_bandwidth or memory_bandwidth(torch.device("cpu"),
+                                                        clock=host_work_seconds)
 
     device = torch.device("cpu")
     topology, loader, recorder, comm = _sim_stack(plan, profile, device, step_seconds, host_bw)
