@@ -39,9 +39,8 @@ from suite.commands.listing import entries_text, options_markdown, options_text
 from suite.commands.trend import run_trend
 from suite.compat import require_supported_torch
 from suite.environment import check_environment
-from suite.errors import BenchError
+from suite.errors import BenchError, os_reason
 from suite.gate.reference import moved_reference
-from suite.results.folder import os_reason
 from suite.results.recover import recover
 from suite.sim.calibrate import calibrate_to_file
 

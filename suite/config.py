@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 
 from suite.errors import BenchError
 
+#: the seeds torch's generators take: what ``bench run`` accepts and a manifest may record
+MAX_SEED = 2**63 - 1
+#: more ranks than any job: what ``--gpus`` accepts and a record's rank lists may hold
+MAX_RANKS = 1 << 20
+
 #: launcher -> the flags that only it reads (``bench run``)
 LAUNCHER_FLAGS = {
     "slurm": (

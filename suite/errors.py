@@ -1,9 +1,19 @@
 """The exceptions the CLI prints as one line: what the user gave wrong (exit 2), and a run
-that started and failed (exit 1); and the bound on what a line may quote."""
+that started and failed (exit 1); the bound on what a line may quote, and an OS error in
+words."""
+
+import os
 
 #: the most characters of a value a line quotes, and of a line the CLI prints
 QUOTE_LIMIT = 120
 LINE_LIMIT = 2000
+
+
+def os_reason(exc: OSError) -> str:
+    """``no space left on device``: an OSError's reason in words."""
+    if exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
 def clipped(text, limit: int = QUOTE_LIMIT) -> str:

@@ -34,10 +34,10 @@ from suite.cluster.netemu import (
 from suite.cluster.ranks import elastic_launch_config
 from suite.config import RunConfig
 from suite.environment import env_int
-from suite.errors import BenchError, RunFailed, RunInterrupted
+from suite.errors import BenchError, RunFailed, RunInterrupted, os_reason
 from suite.processes import runs_as_recorded, signal_recorded
 from suite.results import schema
-from suite.results.folder import RunFolder, atomic_write_bytes, identity_summary, os_reason
+from suite.results.folder import RunFolder, atomic_write_bytes, identity_summary
 from suite.results.lock import release, take
 from suite.results.machine import ranks_on_cuda
 from suite.run.entry import rank_main
@@ -296,10 +296,7 @@ class LauncherSignals:
 def rank_processes(folder: RunFolder) -> list:
     """The run's rank processes as this attempt's rank 0 recorded them (``[host, pid, start
     time]`` each; none until it has: opening the folder cleared an earlier attempt's)."""
-    try:
-        processes = (folder.summary() or {}).get(schema.PROCESSES)
-    except (OSError, ValueError):
-        return []
+    processes = folder.liveness().get(schema.PROCESSES)
     return processes if isinstance(processes, list) else []
 
 

@@ -48,11 +48,11 @@ import pandas as pd
 import torch
 
 from suite import compat
-from suite.errors import LINE_LIMIT, BenchError, clipped
+from suite.errors import LINE_LIMIT, BenchError, clipped, os_reason
 from suite.processes import start_time
 from suite.results import records, schema
 from suite.results.chunks import REFUSED, chunk_attempt, combined, foreign_line
-from suite.results.records import read_record
+from suite.results.records import read_bytes, read_json_file, read_record
 from suite.results.schema import ENDED, Status
 
 TABLES = schema.TABLES
@@ -160,13 +160,6 @@ def write_json_in_place(path: Path, obj) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def os_reason(exc: OSError) -> str:
-    """``no space left on device``: an OSError's reason in words."""
-    if exc.errno is not None:
-        return os.strerror(exc.errno).lower()
-    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
 def write_table(path: Path, rows: list[dict] | pd.DataFrame) -> None:
@@ -376,10 +369,7 @@ class RunFolder:
     def attempts(self) -> list[str]:
         """The tokens of the attempts that opened this folder, the latest last; [] for a
         folder from before attempts were recorded, or whose summary cannot say."""
-        try:
-            found = (self.summary() or {}).get(schema.ATTEMPTS)
-        except (OSError, ValueError):
-            return []
+        found = self.liveness().get(schema.ATTEMPTS)
         return [t for t in found if isinstance(t, str)] if isinstance(found, list) else []
 
     def open_attempt(self, opening: dict, *, keep: bool) -> str:
@@ -390,14 +380,14 @@ class RunFolder:
         recorded processes are cleared (none of them may be signalled for this attempt) and
         a new token is added, which this attempt's rows carry. Returns the token."""
         earlier: dict = {}
+        history = self.attempts() if keep else []
         if keep:
             try:
                 earlier = self.summary() or {}
-            except (OSError, ValueError):  # damaged: the failure path keeps it aside
-                earlier = {}
-            self.merge_parts(accept=self.attempts())
+            except (OSError, ValueError):  # damaged: kept aside, the attempt opens anew
+                self.set_damaged_summary_aside()
+            self.merge_parts(accept=history)
             self.file_errors()
-        history = self.attempts() if keep else []
         self.attempt = secrets.token_hex(4)
         self.write_summary({**earlier, **opening, schema.PROCESSES: [],
                             schema.ATTEMPTS: [*history, self.attempt]})
@@ -489,6 +479,25 @@ class RunFolder:
         except FileNotFoundError:
             return None
 
+    def liveness(self) -> dict:
+        """The summary as JSON, not validated: what says which processes may still write the
+        folder (launcher, processes, attempts; each caller checks the entries it uses). A
+        summary damaged elsewhere (a bad metric) must not hide a live run. {} when there is
+        no readable JSON object."""
+        try:
+            found = read_json_file(self.path / SUMMARY, what="summary")
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def set_damaged_summary_aside(self) -> None:
+        """Move a damaged summary to ``summary.json.damaged`` (kept for whoever looks), so
+        the next write starts a valid one."""
+        try:
+            os.replace(self.path / SUMMARY, self.path / f"{SUMMARY}.damaged")
+        except OSError:
+            pass
+
     def manifest(self) -> dict | None:
         """The manifest, None when there is none; one that is not a valid manifest raises
         DamagedFile, a ValueError naming the field."""
@@ -529,10 +538,7 @@ class RunFolder:
             current = self.summary() or {}
         except (OSError, ValueError):  # damaged: kept aside, the failure recorded anew
             current = {}
-            try:
-                os.replace(self.path / SUMMARY, self.path / f"{SUMMARY}.damaged")
-            except OSError:
-                pass
+            self.set_damaged_summary_aside()
         summary = {**known, **current}
         if summary.get(schema.STATUS) in ENDED and summary.get(schema.ERROR):
             return unwritten  # the ranks already said why
@@ -569,10 +575,10 @@ class RunFolder:
         read from the file's start only and bounded (it becomes the run's one error line)."""
         messages = []
         for path in sorted(self.errors.glob("rank*.txt")):
-            try:
-                with path.open("rb") as handle:
-                    head = handle.read(ERROR_HEAD_BYTES).decode(errors="replace")
-            except OSError:
+            try:  # a FIFO planted there must not hang the run's ending
+                head = read_bytes(path, limit=ERROR_HEAD_BYTES, head=True).decode(
+                    errors="replace")
+            except (OSError, ValueError):
                 continue
             lines = [line for line in head.splitlines() if line.strip()]
             if lines:

@@ -28,12 +28,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from suite.errors import BenchError
+from suite.errors import BenchError, os_reason
 from suite.processes import may_still_run, recorded_pid, start_time
 from suite.results import schema
-from suite.results.folder import RunFolder, os_reason
+from suite.results.folder import RunFolder
+from suite.results.records import read_json_file
 
 OWNER = "owner.json"
+#: an owner file is a few hundred bytes; a larger one is not ours
+OWNER_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class Owner:
 def read_owner(path: Path) -> Owner | None:
     """The owner a file names; None where it is damaged (a crash while writing it)."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json_file(path, what="owner file", limit=OWNER_BYTES)
         return Owner(**{k: data[k] for k in Owner.__dataclass_fields__})
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -230,11 +233,7 @@ def refuse_live(folder: Path, *, other_hosts_ok: bool = True) -> None:
     Raises:
         BenchError: naming the live pids, or the hosts that cannot be checked.
     """
-    try:
-        summary = RunFolder(folder).summary() or {}
-    except (OSError, ValueError):  # torn or damaged: it records no process to wait for
-        summary = {}
-    alive, elsewhere = live_processes(summary)
+    alive, elsewhere = live_processes(RunFolder(folder).liveness())
     if alive:
         raise BenchError(
             f"{folder} is still running (pids {', '.join(map(str, alive[:8]))} of its run); "

@@ -39,7 +39,8 @@ from pydantic import (
     create_model,
 )
 
-from suite.config import RunConfig
+from suite.config import MAX_RANKS, MAX_SEED, RunConfig
+from suite.errors import os_reason
 from suite.results import schema
 from suite.results.schema import Status
 
@@ -51,8 +52,6 @@ MAX_HISTORY_BYTES = 256 << 20
 MAX_NAME = 255
 #: the longest free text (an error, a warning, a path)
 MAX_TEXT = 10_000
-#: the most ranks a run may have (and so entries in a per-rank list)
-MAX_RANKS = 1 << 20
 
 
 class DamagedFile(ValueError):
@@ -90,6 +89,7 @@ Count = Annotated[int, Field(ge=0, le=2**62)]
 Positive = Annotated[int, Field(ge=1, le=2**62)]
 Ranks = Annotated[int, Field(ge=1, le=MAX_RANKS)]
 Rank = Annotated[int, Field(ge=0, lt=MAX_RANKS)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Number = float  # any float, NaN and infinities included (a loss may diverge)
 NonNegative = Annotated[float, _finite_or_nan_at_least(0.0),
                         Field(json_schema_extra={"minimum": 0})]
@@ -125,7 +125,7 @@ SUMMARY_FIELDS: dict[str, Any] = {
     schema.NODES: Ranks,
     schema.GPUS_PER_NODE: Ranks,
     schema.OPTIONS: Mapping,
-    schema.SEED: Count,
+    schema.SEED: Seed,
     schema.LAUNCHER: record("Launcher", {schema.LAUNCHER_HOST: Name,
                                          schema.LAUNCHER_PID: Positive,
                                          schema.LAUNCHER_STARTED: Count}),
@@ -188,11 +188,13 @@ Summary = record("Summary", SUMMARY_FIELDS)
 # -- manifest.json --------------------------------------------------------------------------------
 def _config_fields() -> dict[str, Any]:
     """The manifest's ``config``: RunConfig's fields with their declared types (a tuple is a
-    JSON list), so a field RunConfig gains is typed here without a second declaration."""
+    JSON list), so a field RunConfig gains is typed here without a second declaration; the
+    fields ``bench run`` bounds (suite.config) within the same bounds."""
     hints = typing.get_type_hints(RunConfig)
+    bounded = {schema.SEED: Seed, schema.GPUS: Ranks, schema.GPUS_PER_NODE: Ranks | None}
     fields = {}
     for name, hint in hints.items():
-        kind = hint
+        kind = bounded.get(name, hint)
         if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
             kind = next(arg for arg in typing.get_args(hint) if arg is not type(None))
         if typing.get_origin(kind) is tuple:
@@ -282,15 +284,18 @@ LatestCheckpoint = record("LatestCheckpoint", {
 
 
 # -- reading --------------------------------------------------------------------------------------
-def read_text(path: str | Path, *, what: str = "file", limit: int = MAX_RECORD_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most ``limit`` bytes.
+def read_bytes(path: str | Path, *, what: str = "file", limit: int = MAX_RECORD_BYTES,
+               head: bool = False) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``head``: its first ``limit``
+    bytes, however long it is (an error file's first line).
 
     Opened without blocking (a FIFO has no writer: it would hang the reader) and checked on
     the open descriptor, so what is read is what was checked.
 
     Raises:
         FileNotFoundError: there is no such file (the callers' "absent" case).
-        DamagedFile: not a regular file, larger than ``limit``, unreadable or not UTF-8.
+        DamagedFile: not a regular file, larger than ``limit`` (unless ``head``), or
+            unreadable.
     """
     path = Path(path)
     try:
@@ -298,23 +303,34 @@ def read_text(path: str | Path, *, what: str = "file", limit: int = MAX_RECORD_B
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise DamagedFile(path, f"cannot read it ({_reason(exc)})") from None
+        raise DamagedFile(path, f"cannot read it ({os_reason(exc)})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise DamagedFile(path, f"not a regular file "
                               f"({_file_kind(info.st_mode)})")
-        if info.st_size > limit:
+        if info.st_size > limit and not head:
             raise DamagedFile(path, f"{info.st_size} bytes, more than a "
                               f"{what} holds ({limit} at most)")
         with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(limit + 1)
+            data = handle.read(limit if head else limit + 1)
     except OSError as exc:
-        raise DamagedFile(path, f"cannot read it ({_reason(exc)})") from None
+        raise DamagedFile(path, f"cannot read it ({os_reason(exc)})") from None
     finally:
         os.close(fd)
     if len(data) > limit:
         raise DamagedFile(path, f"grew past {limit} bytes while read")
+    return data
+
+
+def read_text(path: str | Path, *, what: str = "file", limit: int = MAX_RECORD_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes (``read_bytes``' checks).
+
+    Raises:
+        FileNotFoundError: there is no such file (the callers' "absent" case).
+        DamagedFile: not a regular file, larger than ``limit``, unreadable or not UTF-8.
+    """
+    data = read_bytes(path, what=what, limit=limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -411,10 +427,6 @@ def _validator(kind):
         found = kind.model_validate_json if is_model else TypeAdapter(kind).validate_json
         _VALIDATORS[id(kind)] = found
     return found
-
-
-def _reason(exc: OSError) -> str:
-    return os.strerror(exc.errno).lower() if exc.errno else str(exc)[:120]
 
 
 def _file_kind(mode: int) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from suite.errors import BenchError, RunFailed
-from suite.results.folder import RunFolder, os_reason
+from suite.errors import BenchError, RunFailed, os_reason
+from suite.results.folder import RunFolder
 from suite.results.lock import release, take
 from suite.results.schema import ENDED, STATUS, Status
 from suite.results.upgrade import identity_from_manifest

@@ -25,6 +25,7 @@ complete checkpoint in charge. Older checkpoints are removed after a new one is 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import pickle
 import shutil
@@ -35,12 +36,15 @@ import torch
 import torch.distributed as dist
 
 from suite.cluster.watchdog import barrier, watched
-from suite.errors import QUOTE_LIMIT, BenchError, one_line
-from suite.results.folder import os_reason, write_json
-from suite.results.records import LatestCheckpoint, read_record
+from suite.errors import QUOTE_LIMIT, BenchError, one_line, os_reason
+from suite.results.folder import write_json
+from suite.results.records import LatestCheckpoint, read_bytes, read_json_file, read_record
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
+#: the most a checkpoint's ``.metadata`` or a rank's skeleton may hold: far above a real one
+#: (64 ranks' entries of ResNet-152 are tens of MB), far below what would exhaust memory
+METADATA_BYTES = 1 << 30
 
 
 # -- tensors and skeleton ------------------------------------------------------------------
@@ -234,8 +238,12 @@ def read_metadata(folder: Path):
 
     path = Path(folder) / ".metadata"
     try:
-        with path.open("rb") as handle:
-            metadata = MetadataUnpickler(handle).load()
+        data = read_bytes(path, what="checkpoint's metadata", limit=METADATA_BYTES)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"checkpoint {path} is unreadable ({one_line(exc, QUOTE_LIMIT)})"
+                         ) from None
+    try:
+        metadata = MetadataUnpickler(io.BytesIO(data)).load()
     except ForeignGlobal as exc:
         raise BenchError(f"checkpoint {path} names {exc}, which DCP's metadata never holds: "
                          "refused, nothing of it was run (a run folder is input; resume from "
@@ -334,7 +342,8 @@ def load_checkpoint(folder: Path, *, node: int) -> dict:
 
     rank = dist.get_rank()
     try:
-        skeleton = json.loads((folder / f"skeleton-rank{rank:05d}.json").read_text())
+        skeleton = read_json_file(folder / f"skeleton-rank{rank:05d}.json", what="skeleton",
+                                  limit=METADATA_BYTES)
     except (OSError, ValueError) as exc:
         raise BenchError(f"checkpoint {folder} is unreadable ({exc})") from None
     reader = safe_reader(folder)

@@ -24,13 +24,12 @@ from typing import Any
 
 from suite.cluster.netemu import parse_rate
 from suite.cluster.topology import check_layout
-from suite.config import RunConfig, flag_of
+from suite.config import MAX_RANKS, MAX_SEED, RunConfig, flag_of
 from suite.data.datasets import dataset_spec, split_sizes
 from suite.data.workload import DatasetSpec, Recipe, Workload
 from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
 from suite.plugins.options import (
-    AT_LEAST_1,
     POSITIVE,
     Check,
     check_value,
@@ -50,8 +49,6 @@ RECIPE_OVERRIDES = (schema.BATCH_SIZE, schema.LR, schema.MOMENTUM, schema.WEIGHT
 SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: more iterations than any run can take (a billion of the fastest CPU step is years): a typo
 MAX_ITERATIONS = 10**9
-#: the seeds torch's generators take
-MAX_SEED = 2**63 - 1
 #: a year: the longest wait or interval a run may be given
 MAX_SECONDS = 365 * 24 * 3600
 #: the longest run id (a folder name; its files' names are the file system's, <= 255 bytes)
@@ -60,8 +57,8 @@ MAX_RUN_ID = 200
 MAX_RESULTS_DIR = 3000
 #: RunConfig field -> its range (ranks, seed, run length, recipe overrides, reliability)
 RECIPE_CHECKS = {
-    schema.GPUS: AT_LEAST_1,
-    schema.GPUS_PER_NODE: AT_LEAST_1,
+    **dict.fromkeys((schema.GPUS, schema.GPUS_PER_NODE),
+                    Check(lambda v: 1 <= v <= MAX_RANKS, f"in [1, {MAX_RANKS}]")),
     schema.SEED: Check(lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}] (2**63-1)"),
     schema.ITERATIONS: Check(lambda v: 1 <= v <= MAX_ITERATIONS,
                              f"in [1, {MAX_ITERATIONS:.0e}]"),

@@ -78,3 +78,29 @@ def test_only_a_regular_bounded_text_file_is_read(tmp_path, make):
 def test_a_missing_file_is_not_damage(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_record(tmp_path / "none.json", records.Summary, what="summary")
+
+
+@pytest.mark.parametrize(("field", "edge"), [(schema.SEED, "MAX_SEED"), (schema.GPUS, "MAX_RANKS")])
+def test_what_bench_run_accepts_a_manifest_may_record(field, edge):
+    """The plan's range and the manifest's type share one bound (suite.config): a run started
+    at the edge is read back, one past it is refused by both."""
+    from suite import config as bounds
+    from suite.errors import BenchError
+    from suite.run.plan import check_config
+
+    manifest = json.loads(next(p for p in REPO.glob("**/manifest.json")
+                               if ".git" not in p.parts).read_text())
+    limit = getattr(bounds, edge)
+    for value, accepted in ((limit, True), (limit + 1, False)):
+        changes = {field: value, schema.GPUS_PER_NODE: 1} if field == schema.GPUS else {
+            field: value}
+        config = dataclasses.replace(RunConfig(method="ddp"), **changes)
+        manifest[schema.CONFIG].update(changes)
+        if accepted:
+            check_config(config) if field == schema.SEED else None  # 2**20 ranks: no layout
+            records.validate(manifest, records.Manifest, where="manifest.json")
+        else:
+            with pytest.raises(BenchError, match=f"in \\[[01], {limit}\\]"):
+                check_config(config)
+            with pytest.raises(DamagedFile):
+                records.validate(manifest, records.Manifest, where="manifest.json")

@@ -187,3 +187,23 @@ def test_links_of_the_slurm_jobs_own_folder_are_its_own(tmp_path):
     (folder / "slurm-job").symlink_to(tmp_path / "job")
     with pytest.raises(BenchError, match=r"holds a link, slurm-job ->"):
         RunFolder(folder).refuse_links()
+
+
+def test_a_fifo_in_the_folder_hangs_no_reader(tmp_path):
+    """A FIFO where a rank's error file, the owner file or a checkpoint's metadata belongs
+    (no writer ever opens it): each reader goes on at once, as if the file said nothing."""
+    from suite.errors import BenchError
+    from suite.results.lock import read_owner
+    from suite.run.checkpoint import read_metadata
+
+    folder = RunFolder(tmp_path / "run").create()
+    folder.errors.mkdir(parents=True)
+    (folder.errors / "rank1.txt").write_text("rank 1: connection closed\n")
+    os.mkfifo(folder.errors / "rank0.txt")
+    os.mkfifo(folder.path / OWNER)
+    (folder.path / "checkpoints" / "it-00000010").mkdir(parents=True)
+    os.mkfifo(folder.path / "checkpoints" / "it-00000010" / ".metadata")
+    assert folder.first_rank_error() == "rank 1: connection closed"
+    assert read_owner(folder.path / OWNER) is None
+    with pytest.raises(BenchError, match="not a regular file"):
+        read_metadata(folder.path / "checkpoints" / "it-00000010")

@@ -229,3 +229,31 @@ def test_a_resume_is_refused_while_a_rank_of_the_run_lives(tmp_path):
         end_processes(ranks)
         proc.communicate(timeout=30)
     assert not [entry for entry in ranks if running(entry)]
+
+
+def test_a_summary_damaged_elsewhere_still_names_its_live_processes(tmp_path):
+    """A summary whose metric is damaged (not a valid record) but whose processes are
+    readable: the live process it names still stops a second writer, its rank processes are
+    still found to signal, and opening an attempt sets the damaged summary aside, keeping the
+    attempts' history."""
+    from suite.errors import BenchError
+    from suite.launchers.local import rank_processes
+    from suite.processes import identity
+    from suite.results import schema
+    from suite.results.lock import refuse_live
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        folder = RunFolder(tmp_path / "run").create()
+        damaged = {schema.STATUS: "running", schema.FINAL_ACCURACY: "not a number",
+                   schema.PROCESSES: [identity(sleeper.pid)], schema.ATTEMPTS: ["0a1b2c3d"]}
+        (folder.path / "summary.json").write_text(json.dumps(damaged))
+        with pytest.raises(BenchError, match=f"still running \\(pids {sleeper.pid} "):
+            refuse_live(folder.path)
+        assert rank_processes(folder) == [identity(sleeper.pid)]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    token = folder.open_attempt({schema.STATUS: "running"}, keep=True)
+    assert (folder.path / "summary.json.damaged").is_file()
+    assert folder.summary()[schema.ATTEMPTS] == ["0a1b2c3d", token]
