@@ -16,6 +16,7 @@ from suite import startup
 from suite.commands.experiment import apply_to_command, read_experiment
 from suite.errors import BenchError, RunFailed, one_line
 from suite.plugins.registry import METHODS, WORKLOADS
+from suite.results.records import DamagedFile
 
 
 class IntList(click.ParamType):
@@ -79,6 +80,8 @@ class BenchGroup(click.Group):
             click.echo(f"Error: interrupted by {exc.name} before any rank started: "
                        f"{startup.kept()}", err=True)
             sys.exit(startup.INTERRUPTED_EXIT)
+        except DamagedFile as exc:  # a file read back (a summary, a manifest, a profile)
+            fail(BenchError(str(exc)))  # is input: one line, whichever command read it
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "bench"
             raise OneLineUsageError(

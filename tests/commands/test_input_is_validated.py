@@ -277,3 +277,12 @@ def test_math_text_from_a_run_folder_is_drawn_as_text(tmp_path):
     result = invoke("report", root, "-o", tmp_path / "r")
     assert result.exit_code == 0, result.output
     assert "a$x^2$b" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_a_damaged_summary_lent_to_the_simulator_is_one_line(run):
+    """Every command that reads a run folder back says a damaged file in one line, exit 2:
+    here `bench sim --accuracy-from` (read where no record type was checked before)."""
+    edit(run, "summary.json", final_accuracy="high")
+    refused(invoke("sim", "--method", "ddp", "--gpus", "8", "--workload", "cnn-fmnist",
+                   "--accuracy-from", run, "--results-dir", run.parent.parent / "sim"),
+            "final_accuracy: should be a valid number")
