@@ -6,9 +6,18 @@ marked ``gpu``; only then are the devices visible (and those tests skip without 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 GPU_SESSION = os.environ.get("PRUNEX_GPU_TESTS") == "1"
 
 if not GPU_SESSION:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+# the host's decoded datasets (suite.data.shared) in a folder of this session's, not the
+# user's ~/.cache: a test never reads an entry another checkout's code decoded, nor leaves any
+if "PRUNEX_DATA_CACHE" not in os.environ:
+    os.environ["PRUNEX_DATA_CACHE"] = tempfile.mkdtemp(prefix="prunex-data-cache-")
+    atexit.register(shutil.rmtree, os.environ["PRUNEX_DATA_CACHE"], ignore_errors=True)

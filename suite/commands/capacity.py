@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from suite.data.datasets import DATASETS
+from suite.data.shared import cache_usable
 from suite.errors import BenchError
 from suite.results.machine import ranks_per_gpu
 from suite.run.plan import RunPlan
@@ -88,11 +89,12 @@ def data_bytes(plan: RunPlan) -> int:
 
 def shares_data(plan: RunPlan) -> bool:
     """Whether the ranks of a host map one decoded copy of the data (suite.data.shared):
-    synthetic data and datasets that name their source files; a plugin's dataset without
-    them is loaded by every rank."""
-    if plan.dataset == "synthetic":
-        return True
-    return DATASETS.get(plan.dataset).sources is not None
+    synthetic data and datasets that name their source files, where the host's cache can
+    take the entry now; a plugin's dataset without sources, or a read-only or full cache,
+    has every rank decode its own."""
+    if plan.dataset != "synthetic" and DATASETS.get(plan.dataset).sources is None:
+        return False
+    return cache_usable(data_bytes(plan))
 
 
 def rank_memory_estimate(plan: RunPlan, model) -> int:

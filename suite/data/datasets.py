@@ -141,7 +141,8 @@ def load_data(
             spec = replace(spec_hint, name="synthetic")
         key = {"dataset": "synthetic", "spec": asdict(spec), "seed": seed,
                "sizes": list(synthetic_size)}
-        train, test = shared_splits(key, lambda: _synthetic(spec, seed, synthetic_size))
+        train, test = shared_splits(key, lambda: _synthetic(spec, seed, synthetic_size),
+                                    decoder=_synthetic)
         return train, test, spec
     entry = DATASETS.get(dataset)
     files = entry.sources(data_dir) if entry.sources is not None else None
@@ -149,7 +150,7 @@ def load_data(
         train, test = entry.load(data_dir, download)
     else:
         key = {"dataset": dataset, "files": file_identity(files)}
-        train, test = shared_splits(key, lambda: entry.load(data_dir, False))
+        train, test = shared_splits(key, lambda: entry.load(data_dir, False), decoder=entry.load)
     return train, test, spec
 
 

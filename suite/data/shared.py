@@ -3,13 +3,15 @@ memory-mapped by every rank of the host, so the page cache holds one copy howeve
 map it (64 ranks of Fashion-MNIST held 64 float32 copies, 13 GB, where one is 0.2 GB).
 
 A cache entry is named by what it was decoded from (the source files' paths, sizes and
-modification times; a synthetic split's spec, seed and sizes), so a changed file is decoded
-anew, never served stale. The first process of the host to need an entry decodes and writes
-it under a file lock while the others wait; every write goes to a temporary folder renamed
-into place. Entries are mapped copy-on-write (``numpy.memmap`` mode ``c``): a rank that wrote
-to its images would change its own pages, never the file or another rank's. The cache keeps
-at most ``CACHE_LIMIT_BYTES`` (least recently used entries go first). Where the cache cannot
-be written (a read-only home, a full disk), each process decodes its own copy, as before.
+modification times; a synthetic split's spec, seed and sizes) and by what decoded it (the
+loader's module source, torch's and numpy's versions), so a changed file or a changed loader
+is decoded anew, never served stale. The first process of the host to need an entry decodes
+and writes it under a file lock while the others wait; every write goes to a temporary folder
+renamed into place. Entries are mapped copy-on-write (``numpy.memmap`` mode ``c``): a rank
+that wrote to its images would change its own pages, never the file or another rank's. The
+cache keeps at most ``CACHE_LIMIT_BYTES`` (least recently used entries go first). Where the
+cache cannot be written (a read-only home, a full disk), each process decodes its own copy,
+as before.
 
 ``PRUNEX_DATA_CACHE`` names the cache folder (default: ``$XDG_CACHE_HOME/prunex-bench/data``,
 else ``~/.cache/prunex-bench/data``); on a cluster it is per host unless home is shared, in
@@ -23,7 +25,9 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -61,18 +65,48 @@ def file_identity(paths: list[Path]) -> list[list]:
     return found
 
 
-def shared_splits(key: dict, build: Callable[[], Splits]) -> Splits:
+@cache
+def decoder_version(module_name: str) -> str:
+    """What names the code that decodes: the source of the loader's module (a plugin's, or
+    suite.data.datasets) and torch's and numpy's versions."""
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    try:
+        source = Path(path).read_bytes() if path else module_name.encode()
+    except OSError:
+        source = module_name.encode()
+    versions = f"{torch.__version__} {np.__version__}".encode()
+    return hashlib.sha256(source + versions).hexdigest()[:16]
+
+
+def cache_usable(needed_bytes: int) -> bool:
+    """Whether an entry of ``needed_bytes`` can be written to the cache now (its folder, or
+    the nearest existing parent, writable, with room on its disk). Where not, every process
+    decodes its own copy, and a memory estimate must charge each."""
+    probe = cache_root()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return os.access(probe, os.W_OK | os.X_OK) and shutil.disk_usage(probe).free >= needed_bytes
+    except OSError:
+        return False
+
+
+def shared_splits(key: dict, build: Callable[[], Splits], *,
+                  decoder: Callable | None = None) -> Splits:
     """The (train, test) splits ``build`` makes, decoded once per host and memory-mapped.
 
     Args:
         key: what the splits are made of (JSON); equal keys mean equal data.
         build: decodes the splits (normalized float32 images, int64 labels).
+        decoder: the function whose module decodes (default ``build``): its source is part
+            of the entry's name.
 
     Returns:
         The splits, their images and labels mapped from the host's cache (or, where the
         cache cannot be used, ``build()``'s own).
     """
-    digest = hashlib.sha256(json.dumps({**key, "format": FORMAT}, sort_keys=True).encode())
+    decoding = {"format": FORMAT, "decoder": decoder_version((decoder or build).__module__)}
+    digest = hashlib.sha256(json.dumps({**key, **decoding}, sort_keys=True).encode())
     name = digest.hexdigest()[:32]
     root = cache_root()
     try:
@@ -85,14 +119,20 @@ def shared_splits(key: dict, build: Callable[[], Splits]) -> Splits:
         entry = root / name
         mapped = _mapped(entry)
         if mapped is not None:
-            os.utime(entry)  # recently used: pruned last
+            try:
+                os.utime(entry)  # recently used: pruned last
+            except OSError:  # a read-only cache still serves its entries
+                pass
             return mapped
         splits = build()
         try:
             _write(entry, splits)
         except OSError:  # a full disk: the data is in memory already
             return splits
-        _prune(root, keep=name)
+        try:
+            _prune(root, keep=name)
+        except OSError:  # another host pruning the same shared folder: its turn
+            pass
         return _mapped(entry) or splits
 
 
@@ -143,17 +183,21 @@ def _mapped(entry: Path) -> Splits | None:
 
 def _prune(root: Path, keep: str) -> None:
     """Remove the least recently used entries beyond ``CACHE_LIMIT_BYTES`` (never ``keep``;
-    a rank that maps a removed entry keeps reading it: the files live until unmapped)."""
+    a rank that maps a removed entry keeps reading it: the files live until unmapped). The
+    entries' lock files stay (empty): one removed while a process waits on it would let the
+    next process lock a new file and decode beside it."""
     entries = []
     for entry in root.iterdir():
         if entry.is_dir() and not entry.name.startswith("."):
-            size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
-            entries.append((entry.stat().st_mtime, size, entry))
+            try:
+                size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+                entries.append((entry.stat().st_mtime, size, entry))
+            except OSError:  # removed meanwhile (another host's prune)
+                continue
     total = sum(size for _, size, _ in entries)
     for _, size, entry in sorted(entries):
         if total <= CACHE_LIMIT_BYTES:
             break
         if entry.name != keep:
             shutil.rmtree(entry, ignore_errors=True)
-            (root / f".{entry.name}.lock").unlink(missing_ok=True)
             total -= size

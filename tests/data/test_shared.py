@@ -96,3 +96,51 @@ def test_a_damaged_entry_is_decoded_again(cache):
     train, _, _ = load_data("synthetic", seed=3, synthetic_size=(32, 8))
     assert train.images.shape == (32, 3, 32, 32)
     assert np.isfinite(train.images.numpy()).all()
+
+
+def test_a_changed_loader_is_decoded_anew(cache):
+    """The same source, another decoder (a fixed loader, a new torch): a new entry, never the
+    old decode served."""
+    from suite.data import shared
+
+    load_data("synthetic", seed=4, synthetic_size=(32, 8))
+    shared.decoder_version.cache_clear()
+    real = shared.decoder_version
+    try:
+        shared.decoder_version = lambda module: real(module) + "-fixed"
+        load_data("synthetic", seed=4, synthetic_size=(32, 8))
+    finally:
+        shared.decoder_version = real
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2
+
+
+def test_the_memory_estimate_charges_each_rank_where_the_cache_cannot_take_the_data(
+        cache, tmp_path, monkeypatch):
+    """A cache that cannot be written (here: its folder behind a file) has every rank decode
+    its own copy: the capacity check charges each rank the data then."""
+    from suite.commands.capacity import data_bytes, local_memory_estimate, shares_data
+    from suite.config import RunConfig
+    from suite.run.plan import plan_run
+
+    plan = plan_run(RunConfig(method="ddp", dataset="synthetic", gpus=4, gpus_per_node=2,
+                                results_dir=str(tmp_path / "runs")))
+    assert shares_data(plan)
+    shared_total, _ = local_memory_estimate(plan, None)
+    blocked = tmp_path / "file"
+    blocked.write_text("in the way")
+    monkeypatch.setenv(CACHE_VARIABLE, str(blocked / "cache"))
+    assert not shares_data(plan)
+    own_total, _ = local_memory_estimate(plan, None)
+    assert own_total - shared_total == 3 * data_bytes(plan)
+
+
+def test_pruning_keeps_every_lock_file(cache, monkeypatch):
+    """An entry pruned keeps its lock file: one removed while a process waits on it would let
+    the next lock a new file and decode beside it."""
+    from suite.data import shared
+
+    load_data("synthetic", seed=5, synthetic_size=(32, 8))
+    monkeypatch.setattr(shared, "CACHE_LIMIT_BYTES", 0)
+    load_data("synthetic", seed=6, synthetic_size=(32, 8))
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 1
+    assert len(list(cache.glob(".*.lock"))) == 2
