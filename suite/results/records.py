@@ -12,8 +12,9 @@ line naming the file, the field and what it should be (``DamagedFile``, a ValueE
 readers that list a damaged file and go on keep doing so). The record's dict is returned as
 the file holds it: readers keep reading by the schema's names.
 
-This module declares the run folder's files; the gate's files (``suite.gate.files``) and the
-simulator's profiles (``suite.sim.profile``) declare theirs with the same pieces.
+This module declares the run folder's files; the gate's files (``suite.gate.reference``,
+``suite.gate.trend``) and the simulator's profiles (``suite.sim.profile``) declare theirs with
+the same pieces.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pydantic import (
 )
 
 from suite.config import MAX_RANKS, MAX_SEED, RunConfig
-from suite.errors import os_reason
+from suite.errors import QUOTE_LIMIT, one_line, os_reason
 from suite.results import schema
 from suite.results.schema import Status
 
@@ -372,8 +373,10 @@ def validate(value, kind, *, where: str, text: str | None = None) -> None:
         _validator(kind)(text)
     except ValidationError as exc:
         raise DamagedFile(where, first_problem(exc)) from None
-    except (RecursionError, ValueError):  # too deep to dump, or pydantic's own limit
+    except RecursionError:  # too deep to dump
         raise DamagedFile(where, "nested too deeply to be a record") from None
+    except ValueError as exc:  # pydantic's own limits (its recursion, a number's size)
+        raise DamagedFile(where, f"not a record ({one_line(exc, QUOTE_LIMIT)})") from None
 
 
 def read_record(path: str | Path, kind, *, what: str, limit: int = MAX_RECORD_BYTES) -> dict:
