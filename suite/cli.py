@@ -41,6 +41,7 @@ from suite.compat import require_supported_torch
 from suite.environment import check_environment
 from suite.errors import BenchError
 from suite.gate.reference import moved_reference
+from suite.gate.thresholds import flag_thresholds
 from suite.results.folder import os_reason
 from suite.results.recover import recover
 from suite.sim.calibrate import calibrate_to_file
@@ -236,9 +237,11 @@ def compare_cmd(
     changed default fails, naming what differs, unless --allow-unmatched)."""
 
     try:
-        code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
-                           echo=click.echo, max_time_regression=max_time_regression,
-                           max_loss_regression=max_loss_regression, wide=wide,
+        given = flag_thresholds(max_regression=max_regression,
+                                max_accuracy_drop=max_accuracy_drop,
+                                max_time_regression=max_time_regression,
+                                max_loss_regression=max_loss_regression)
+        code = run_compare(baseline, new, given, metric, fmt, echo=click.echo, wide=wide,
                            allow_unmatched=allow_unmatched)
     except BenchError as exc:
         fail(exc)
@@ -271,9 +274,10 @@ def trend_cmd(
     began."""
 
     try:
-        code = run_trend(history, add, max_regression, max_accuracy_drop, fail_on_last,
-                         echo=click.echo, max_time_regression=max_time_regression,
-                         against=against)
+        given = flag_thresholds(max_regression=max_regression,
+                                max_accuracy_drop=max_accuracy_drop,
+                                max_time_regression=max_time_regression)
+        code = run_trend(history, add, given, fail_on_last, echo=click.echo, against=against)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)

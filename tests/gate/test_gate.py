@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from suite.gate.reference import DEFAULT_GATE
+from suite.gate.thresholds import DEFAULT_GATE
 from suite.results.machine import device_model, machine_class
 
 REPO = Path(__file__).resolve().parents[2]
