@@ -10,7 +10,7 @@ from pathlib import Path
 
 from suite.commands.experiment import read_experiment
 from suite.commands.preflight import describe, refuse_foreign_flags, split_options, validate
-from suite.commands.sweep import expand, run_cells, run_facts, summary_lines
+from suite.commands.sweep import CellStatus, expand, run_cells, run_facts, summary_lines
 from suite.config import LAUNCHER_FLAGS, RunConfig, flag_of
 from suite.errors import BenchError
 from suite.launchers.local import (
@@ -26,6 +26,7 @@ from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.folder import MANIFEST, RunFolder
 from suite.results.lock import check_free
+from suite.results.schema import Status
 from suite.run.checkpoint import checked_checkpoint, unfinished_checkpoints
 from suite.run.plan import RunPlan, plan_run
 
@@ -72,7 +73,7 @@ def resume_arguments(kwargs: dict, given: set[str] = frozenset()) -> dict:
         status = (folder.summary() or {}).get(schema.STATUS)
     except (OSError, ValueError):
         status = None
-    if status == "ok":
+    if status == Status.OK:
         raise BenchError(f"--resume {folder.path}: the run already finished")
     check_free(folder.path)  # not a run still going, nor a rank of it; no link in it
     found = checked_checkpoint(folder.path)  # its metadata read safely, before any rank
@@ -195,7 +196,7 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     finally:  # an interrupted sweep still prints where every cell stands
         for line in summary_lines(cells):
             echo(line)
-    return any(cell.status == "failed" for cell in cells)
+    return any(cell.status == CellStatus.FAILED for cell in cells)
 
 
 def option_values(opt, value) -> list:
