@@ -9,7 +9,6 @@ each method's activity check (``activity``), judging two sets at a class's thres
 from suite.gate.judge import Judgement, judge_sets
 from suite.gate.reference import (
     MIN_NIGHTLIES,
-    NIGHTLY_METHODS,
     NightlyPlan,
     calibrate_gate,
     chosen_methods,
@@ -26,7 +25,6 @@ from suite.gate.thresholds import DEFAULT_GATE, Gate
 __all__ = [
     "DEFAULT_GATE",
     "MIN_NIGHTLIES",
-    "NIGHTLY_METHODS",
     "Gate",
     "Judgement",
     "NightlyPlan",

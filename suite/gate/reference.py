@@ -75,10 +75,6 @@ CLASS_FILE = "class.json"
 #: the versions ``CLASS_FILE`` records (suite.results.folder.versions' names)
 CLASS_VERSIONS = (schema.TORCH_VERSION, schema.CUDA_VERSION, schema.CUDA_DRIVER_VERSION,
                   schema.CUDNN_VERSION, schema.NCCL_VERSION)
-#: every method of the full nightly (NIGHTLY_METHODS chooses fewer; DDP is always among them:
-#: the time ratios and activity checks divide by it)
-NIGHTLY_METHODS = ("prunex", "prunex-flat", "ddp", "ddp-bf16", "ddp-fp16", "powersgd", "topk",
-                   "topk-hier", "localsgd-hier", "gmp-hier", "prune-retrain")
 DENSE = DENSE_METHOD
 #: the environment that makes CPU ranks use torch's portable kernels
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default"}
@@ -157,16 +153,18 @@ def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
             f"`nox -s reference` and commit it{hint}")
 
 
-def reference_methods(folder: Path, frame=None) -> tuple[str, ...]:
-    """The methods a reference holds (finished runs), in the nightly's order (``frame``: its
-    summaries, where the caller has read them)."""
+def reference_methods(folder: Path, frame=None, order: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The methods a reference holds (finished runs), in the nightly's ``order`` (the methods
+    registered for it: ``suite.plugins.registry.METHODS.nightly()``), the others after them
+    by name (``frame``: its summaries, where the caller has read them)."""
     frame = load_summaries(folder)[0] if frame is None else frame
     held = set(frame.loc[frame[schema.STATUS] == Status.OK, schema.METHOD])
-    return tuple([m for m in NIGHTLY_METHODS if m in held] + sorted(held - set(NIGHTLY_METHODS)))
+    return tuple([m for m in order if m in held] + sorted(held - set(order)))
 
 
 def chosen_methods(requested: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
-    """NIGHTLY_METHODS (a comma list) or ``default``, with DDP always among them."""
+    """The methods the NIGHTLY_METHODS variable asks for (``requested``: a comma list) or
+    ``default``, with DDP always among them."""
     names = [m for m in (requested or "").split(",") if m.strip()]
     methods = tuple(dict.fromkeys(m.strip() for m in names)) or default
     return methods if DENSE in methods else (DENSE, *methods)
@@ -179,7 +177,8 @@ class NightlyPlan:
     Attributes:
         machine_class: the class its runs will record.
         reference: that class's reference folder.
-        methods: the methods it runs (the reference's, or NIGHTLY_METHODS among them).
+        methods: the methods it runs (the reference's, or those the NIGHTLY_METHODS variable
+            chooses among them).
         env: environment for its ranks (the portable kernels' where it falls back to them).
         note: the one line that says it fell back to the portable kernels (None: native).
         seeds: the seeds it runs, those the reference holds (one where kernels repeat).
@@ -194,10 +193,11 @@ class NightlyPlan:
 
 
 def plan_nightly(root: Path, gpus: int, requested: str | None = None,
-                 device: str = "auto") -> NightlyPlan:
+                 device: str = "auto", order: tuple[str, ...] = ()) -> NightlyPlan:
     """The nightly of this runner: its native class's reference, else (CPU ranks) the portable
     class's under the portable kernels, else a one-line refusal naming ``nox -s reference``;
-    the reference's methods, or those NIGHTLY_METHODS asks for if it holds them all.
+    the reference's methods, or those the NIGHTLY_METHODS variable (``requested``) asks for if
+    it holds them all, in the nightly's ``order`` (``reference_methods``).
 
     Raises:
         BenchError: no reference to judge this runner against, one recorded under other
@@ -221,7 +221,7 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None,
                          f"runner's ({'; '.join(moved)}): its numbers would not repeat here; "
                          "re-record it with `nox -s reference -- --replace`")
     frame, _ = load_summaries(folders[machine])  # read once for its methods and seeds
-    held = reference_methods(folders[machine], frame)
+    held = reference_methods(folders[machine], frame, order)
     methods = chosen_methods(requested, held)
     lacking = [m for m in methods if m not in held]
     if lacking:
