@@ -10,10 +10,10 @@ input.
 
 from __future__ import annotations
 
-from suite import startup
+from suite import startup_signals
 
 if __name__ == "__main__":  # python -m suite.cli; the bench script starts in suite.start
-    startup.deferring()  # before torch's imports: a Ctrl-C in them would abort the process
+    startup_signals.deferring()  # before torch's imports: a Ctrl-C in them would abort the process
 
 import os
 import sys
@@ -67,7 +67,7 @@ def main(strict_plugins: bool) -> None:
 
     Exit codes: 0 ok, 1 a run or a regression check failed, 2 bad usage or input.
     """
-    startup.armed()  # the imports are done: a signal from here on interrupts at once
+    startup_signals.armed()  # the imports are done: a signal from here on interrupts at once
     require_supported_torch()
     try:  # a malformed variable is one line here, not a traceback inside a rank
         check_environment()

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("suite", "methods", "baselines", "workloads")
 #: the framework's rooms, bottom first: a module may import its own room and those below it
 LAYERS = [
-    "suite.startup",
+    "suite.startup_signals",
     "suite.errors",
     "suite.environment",
     "suite.compat",

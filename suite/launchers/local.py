@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from suite import startup
+from suite import startup_signals
 from suite.cluster.netemu import (
     check_privileges,
     emulated_cluster,
@@ -207,7 +207,7 @@ def run_agent(
 
     if node == 0:
         folder = open_run_folder(plan)
-        startup.run_started(str(folder.path))
+        startup_signals.run_started(str(folder.path))
     else:
         folder = RunFolder(Path(config.results_dir) / plan.run_id)
     logs = tempfile.mkdtemp(prefix="prunex-launch-")
@@ -232,7 +232,7 @@ def run_agent(
         fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
     except (SignalException, KeyboardInterrupt) as exc:
         name = (signals.first() if isinstance(exc, SignalException)
-                else getattr(exc, "name", "SIGINT"))  # startup.Interrupted: SIGTERM too
+                else getattr(exc, "name", "SIGINT"))  # startup_signals.Interrupted: SIGTERM too
         if node:
             raise RunInterrupted(f"node {node}: interrupted by {name}") from None
         fail_run(folder, config, signal_name=name)
