@@ -34,7 +34,8 @@ def test_the_installed_release_is_in_the_declared_range_and_has_what_the_adapter
     installed = importlib.metadata.version("torch-pruning")
     assert str(declared.specifier) and declared.specifier.contains(installed), (
         f"torch-pruning {installed} is outside {declared}")
-    assert tracing.missing_symbols() == []
+    missing = tracing.missing_symbols()
+    assert not missing, f"torch-pruning {installed} lacks what the adapter needs: {missing}"
 
 
 def test_a_missing_symbol_is_named_and_refused_before_a_trace(monkeypatch):
