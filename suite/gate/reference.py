@@ -359,7 +359,9 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
     method's time ratio from the reference seen in them (at least 5 %; nightlies on a busy
     runner are left out of it), the accuracy drop twice the largest accuracy deviation (at
     least 1 point), the training-loss threshold five times its largest deviation (at least
-    1 %); the methods measured and the nightlies' count are written beside them.
+    1 %), each at most what a gate.json may hold (``Gate.bounded``: 100 points, 1000 %, so a
+    wild spread writes a file that reads back); the methods measured and the nightlies'
+    count are written beside them.
 
     Raises:
         BenchError: fewer than ``MIN_NIGHTLIES``, or nightlies of another class.
@@ -369,6 +371,8 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
     reference = Path(reference)
     ref = load_summaries(reference)[0].set_index(schema.METHOD)
     gate = read_gate(reference)
+    # None: every night is quiet (0: only a runner with nothing else on it is)
+    quiet_share = math.inf if gate.outside_load is None else gate.outside_load
     deviations: dict[str, list[float]] = {TIME_RATIO: [], schema.FINAL_ACCURACY: [],
                                           schema.FINAL_TRAIN_LOSS: []}
     methods: set[str] = set()
@@ -378,7 +382,7 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
         if set(frame.machine_class) - {"-", reference.name}:
             raise BenchError(f"{folder} holds runs of {sorted(set(frame.machine_class))}, not "
                              f"{reference.name}; calibrate one class at a time")
-        loads = [busy(load, gate.outside_load or math.inf) for load in frame.runner_load]
+        loads = [busy(load, quiet_share) for load in frame.runner_load]
         busy_nights += any(loads)
         for (_, run), loaded in zip(frame.set_index(schema.METHOD).iterrows(), loads):
             if run.name not in ref.index:
@@ -399,7 +403,7 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
         time_regression=(DEFAULT.time_regression if time_worst is None
                          else max(5.0, math.ceil(150 * time_worst)) / 100),
         accuracy_drop=max(1.0, round(2 * (accuracy_worst or 0.0), 1)),
-        loss_regression=max(1.0, math.ceil(500 * (loss_worst or 0.0))) / 100)
+        loss_regression=max(1.0, math.ceil(500 * (loss_worst or 0.0))) / 100).bounded()
     return write_gate(reference, measured, {
         "nightlies": len(nightlies), "methods": sorted(methods), "busy_nightlies": busy_nights,
         "largest_deviations": worst})

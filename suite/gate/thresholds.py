@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, PlainValidator, StringConstraints
 
 from suite.config import flag_of
 from suite.errors import BenchError
@@ -36,10 +36,14 @@ POINTS = "points"
 RELATIVE = "relative"
 #: what ``--metric`` and gate.json call each metric -> its column
 ALIASES = {alias: metric.name for alias, metric in BY_ALIAS.items()}
+#: the most accuracy points a threshold may allow: a drop of all of it
+MAX_POINTS = 100.0
+#: the most a relative threshold may allow (1000 %): beyond it a threshold judges nothing
+MAX_RELATIVE = 10.0
 
 
 def threshold(key: str, default: float | None, words: str | None, unit: str = RELATIVE, *,
-              always_kept: bool = False):
+              always_kept: bool = False, none_means: str | None = None):
     """A ``Gate`` field that is a threshold.
 
     Args:
@@ -49,9 +53,13 @@ def threshold(key: str, default: float | None, words: str | None, unit: str = RE
         unit: ``POINTS`` or ``RELATIVE``.
         always_kept: every judged history line holds it (a threshold added later is not
             held by older lines, which take its default).
+        none_means: what None says where it is a value of the threshold (gate.json's null
+            then says it, where an absent key takes the default); None: a threshold that is
+            always a number, which a file may not give as null.
     """
     return field(default=default, metadata={"key": key, "words": words, "unit": unit,
-                                            "always_kept": always_kept})
+                                            "always_kept": always_kept,
+                                            "none_means": none_means})
 
 
 #: the metrics a class's gate compares unless its gate.json says otherwise (aliases)
@@ -75,9 +83,9 @@ def parse_metrics(names: tuple[str, ...]) -> list[str]:
     return chosen or list(BY_NAME)
 
 
-def parse_threshold(text, name: str = "--max-regression") -> float:
+def parse_threshold(text, name: str) -> float:
     """``5%`` or ``0.05`` -> 0.05 (``name``: the flag or key the value came from, as a
-    refusal names it).
+    refusal names it; no default, which would name one threshold for all).
 
     Raises:
         BenchError: not a number or percentage, or outside 0 % to 1000 %.
@@ -87,8 +95,8 @@ def parse_threshold(text, name: str = "--max-regression") -> float:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         raise BenchError(f"{name} {text!r} is not a fraction or percentage") from None
-    if not 0 <= value < 10:
-        raise BenchError(f"{name} {text!r} must be between 0% and 1000%")
+    if not 0 <= value <= MAX_RELATIVE:
+        raise BenchError(f"{name} {text!r} must be between 0% and {MAX_RELATIVE:.0%}")
     return value
 
 
@@ -114,7 +122,8 @@ class Gate:
                                        always_kept=True)
     regression: float = threshold("max_regression", 0.05, "bytes", always_kept=True)
     time_regression: float = threshold("max_time_regression", 0.15, "time", always_kept=True)
-    outside_load: float | None = threshold("max_outside_load", 0.25, None)
+    outside_load: float | None = threshold("max_outside_load", 0.25, None,
+                                           none_means="times are always judged")
     metrics: tuple[str, ...] = tuple(parse_metrics(DEFAULT_METRICS))
     source: str = "the gate's defaults"
 
@@ -146,6 +155,15 @@ class Gate:
         quiet = ("" if self.outside_load is None else
                  f" on a runner at most {self.outside_load:.0%} busy")
         return f"{', '.join(parts)}{quiet} ({self.source})"
+
+    def bounded(self) -> Gate:
+        """These thresholds within what gate.json may hold (``MAX_POINTS``, ``MAX_RELATIVE``):
+        a threshold measured from a wild spread (twice a 60-point accuracy deviation) allows
+        everything at the bound, and a file written with it reads back."""
+        tops = {POINTS: MAX_POINTS, RELATIVE: MAX_RELATIVE}
+        return replace(self, **{f.name: min(value, tops[f.metadata["unit"]])
+                                for f in self.thresholds()
+                                if (value := getattr(self, f.name)) is not None})
 
     def overridden(self, given: dict[str, float]) -> Gate:
         """These thresholds with the ones given on the command line (``flag_thresholds``:
@@ -205,10 +223,26 @@ GENERIC = Gate(accuracy_drop=1.0, loss_regression=0.05, regression=0.05, time_re
                source="bench compare's defaults: the baseline is no reference")
 
 
+#: the longest relative threshold gate.json may spell (``"12.5%"``)
+MAX_RELATIVE_TEXT = 40
+
+
+def _relative(value):
+    """A relative threshold's JSON type, checked as one (pydantic would name the part of a
+    ``float | str`` union that refused it, ``max_regression.float``, a field no file has);
+    its value is ``parse_threshold``'s to judge."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str) or (
+            isinstance(value, str) and len(value) > MAX_RELATIVE_TEXT):
+        raise ValueError(f'should be a fraction (0.05) or a percentage ("5%") of at most '
+                         f"{MAX_RELATIVE_TEXT} characters")
+    return value
+
+
 #: a relative threshold as gate.json writes it: ``"5%"`` or ``0.05``
-Relative = float | Annotated[str, StringConstraints(max_length=40)]
+Relative = Annotated[float | str, PlainValidator(_relative, json_schema_input_type=(
+    float | Annotated[str, StringConstraints(max_length=MAX_RELATIVE_TEXT)]))]
 #: accuracy points as gate.json writes them
-Points = Annotated[float, Field(ge=0, le=100)]
+Points = Annotated[float, Field(ge=0, le=MAX_POINTS)]
 
 
 @functools.cache
@@ -224,8 +258,10 @@ def file_record(gate: type[Gate] = Gate) -> type:
 
 @functools.cache
 def history_record(gate: type[Gate] = Gate) -> type:
-    """A history line's record of the thresholds that judged it (``Gate.as_history``)."""
-    return record("Thresholds", {**{f.metadata["key"]: Number for f in gate.thresholds()},
+    """A history line's record of the thresholds that judged it (``Gate.as_history``):
+    points within what gate.json and the flag allow."""
+    return record("Thresholds", {**{f.metadata["key"]: Points if f.metadata["unit"] == POINTS
+                                    else Number for f in gate.thresholds()},
                                  "source": Text, "origin": Text},
                   required=(*(f.metadata["key"] for f in gate.thresholds()
                               if f.metadata["always_kept"]), "source"))
@@ -233,6 +269,23 @@ def history_record(gate: type[Gate] = Gate) -> type:
 
 #: gate.json: a class's thresholds
 GateFile = file_record()
+
+
+def file_threshold(declared: dataclasses.Field, value) -> float | None:
+    """A threshold as gate.json gives it (its record's type checked) -> its value: null is
+    None where None says something (``max_outside_load``: times always judged), and
+    refused elsewhere rather than read as the default an absent key takes.
+
+    Raises:
+        BenchError: null for a threshold that is always a number, or a value out of range.
+    """
+    key, default = declared.metadata["key"], declared.default
+    if value is None:
+        if declared.metadata["none_means"] is None:
+            raise BenchError(f"{key}: null, but it is always a number (leave it out for the "
+                             f"default, {default:g})")
+        return None
+    return float(value) if declared.metadata["unit"] == POINTS else parse_threshold(value, key)
 
 
 def read_gate(folder: Path, gate: type[Gate] = Gate) -> Gate:
@@ -248,17 +301,15 @@ def read_gate(folder: Path, gate: type[Gate] = Gate) -> Gate:
         measured = None
     except DamagedFile as exc:
         raise BenchError(str(exc)) from None
-    given = {k: v for k, v in (measured or {}).items() if v is not None}
+    given = measured or {}
     source = (f"{Path(folder).name}/{GATE_FILE}" if measured is not None
               else f"the gate's defaults: {Path(folder).name} has no {GATE_FILE}")
     values = {}
     try:
         for f in gate.thresholds():
-            key = f.metadata["key"]
-            if key in given:
-                values[f.name] = (float(given[key]) if f.metadata["unit"] == POINTS
-                                  else parse_threshold(given[key], key))
-        if "metrics" in given:
+            if f.metadata["key"] in given:  # null is a value where it says something
+                values[f.name] = file_threshold(f, given[f.metadata["key"]])
+        if given.get("metrics") is not None:
             values["metrics"] = tuple(parse_metrics(tuple(given["metrics"])))
     except BenchError as exc:
         raise BenchError(f"{path}: {exc}") from None
@@ -286,8 +337,9 @@ def flag_thresholds(gate: type[Gate] = Gate, **flags) -> dict[str, float | None]
         if value is None:
             given[declared.name] = None
         elif declared.metadata["unit"] == POINTS:
-            if not 0 <= float(value) <= 100:
-                raise BenchError(f"{flag_of(key)} must be in [0, 100] points, got {value}")
+            if not 0 <= float(value) <= MAX_POINTS:
+                raise BenchError(f"{flag_of(key)} must be in [0, {MAX_POINTS:g}] points, "
+                                 f"got {value}")
             given[declared.name] = float(value)
         else:
             given[declared.name] = parse_threshold(value, flag_of(key))

@@ -437,3 +437,27 @@ def test_trend_leaves_out_times_the_gate_did_not_judge(tmp_path, verdict, found)
     proc = bench("trend", path, "--max-time-regression", "15%")
     assert proc.returncode == 0, proc.stderr
     assert f"{found} change point(s)" in proc.stdout, proc.stdout
+
+
+def test_a_wild_spread_calibrates_a_gate_that_reads_back(tmp_path):
+    """Nightlies whose PruneX ends at no accuracy (70 points below its reference) and at 4x
+    its training loss: the thresholds measured from them (139 points, 1500 %) are written at
+    the bounds a gate.json may hold, 100 points and 1000 %, so the class's gate.json reads
+    back instead of refusing every later compare."""
+    from suite.gate import calibrate_gate
+    from suite.gate.thresholds import read_gate
+
+    reference = portable_set(tmp_path / "cpu-gloo-portable-t1")
+    prunex = json.loads(next(PORTABLE.glob("prunex-*/summary.json")).read_text())
+    assert prunex["final_accuracy"] > 0.5  # twice its drop to 0 is over 100 points
+    nights = []
+    for k in range(2):
+        night = portable_set(tmp_path / f"night{k}")
+        edit(night, "prunex", "summary.json", final_accuracy=0.0,
+             final_train_loss=4 * prunex["final_train_loss"])
+        nights.append(night)
+    written = json.loads(calibrate_gate(reference, nights).read_text())
+    assert (written["max_accuracy_drop"], written["max_loss_regression"]) == (100.0, "1000%")
+    assert written["measured"]["largest_deviations"]["final_accuracy"] > 50
+    gate = read_gate(reference)
+    assert (gate.accuracy_drop, gate.loss_regression) == (100.0, 10.0)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from suite.errors import BenchError
 from suite.gate import compare
@@ -20,8 +21,10 @@ from suite.gate.thresholds import (
     DEFAULT,
     DEFAULT_GATE,
     GENERIC,
+    RELATIVE,
     Gate,
     flag_thresholds,
+    history_record,
     read_gate,
     threshold,
     write_gate,
@@ -144,3 +147,69 @@ def test_a_new_metric_with_its_own_threshold_is_one_row_and_one_field(tmp_path, 
     older = {k: v for k, v in kept.items() if k != "max_energy_regression"}
     assert EnergyGate.from_history(older).energy_regression == 0.1
     assert loose.as_file()["max_energy_regression"] == "20%"
+
+
+# -- gate.json as a class's maintainer writes it ----------------------------------------------
+def test_a_null_outside_load_means_always_judged_and_an_absent_one_the_default(tmp_path):
+    """gate.json's ``"max_outside_load": null`` judges times on any runner (None); leaving the
+    key out takes the default's quarter of the cores; the two stay apart through a written
+    gate and a history line."""
+    (tmp_path / "gate.json").write_text(json.dumps({"max_outside_load": None}))
+    always = read_gate(tmp_path)
+    assert always.outside_load is None and "busy" not in always.describe()
+    (tmp_path / "gate.json").write_text(json.dumps({"max_regression": "5%"}))
+    assert read_gate(tmp_path).outside_load == 0.25
+    write_gate(tmp_path, Gate(outside_load=None), {"nightlies": 5})
+    assert json.loads((tmp_path / "gate.json").read_text())["max_outside_load"] is None
+    assert read_gate(tmp_path).outside_load is None
+    assert Gate.from_history(always.as_history()).outside_load is None
+
+
+def test_a_null_threshold_that_is_always_a_number_is_refused_naming_it(tmp_path):
+    """Null for a threshold None means nothing to is not read as the default an absent key
+    takes: one line naming the key."""
+    (tmp_path / "gate.json").write_text(json.dumps({"max_time_regression": None}))
+    with pytest.raises(BenchError, match=r"gate\.json: max_time_regression: null, but it is "
+                       r"always a number \(leave it out for the default, 0\.15\)$") as refused:
+        read_gate(tmp_path)
+    assert "\n" not in str(refused.value)
+
+
+RELATIVE_KEYS = [f.metadata["key"] for f in Gate.thresholds() if f.metadata["unit"] == RELATIVE]
+
+
+@pytest.mark.parametrize("key", RELATIVE_KEYS)
+@pytest.mark.parametrize("value", ["lots", "2000%", True, "9" * 41])
+def test_a_refused_threshold_in_gate_json_names_its_own_key(tmp_path, key, value):
+    """Each relative threshold's refusal names that key, never another's (the parser once
+    said --max-regression for all) nor a part of its type (``max_regression.float``)."""
+    (tmp_path / "gate.json").write_text(json.dumps({key: value}))
+    with pytest.raises(BenchError) as refused:
+        read_gate(tmp_path)
+    said = str(refused.value)
+    assert said.startswith(f"{tmp_path / 'gate.json'}: {key}") and "\n" not in said, said
+    named = [other for other in threshold_keys() if re.search(rf"\b-*{other}\b", said)]
+    assert named == [key] and f"{key}." not in said, said
+
+
+@pytest.mark.parametrize("key", RELATIVE_KEYS)
+def test_a_refused_threshold_flag_names_its_own_flag(key):
+    flag = "--" + key.replace("_", "-")
+    with pytest.raises(BenchError, match=rf"^{flag} 'lots' is not a fraction or percentage$"):
+        flag_thresholds(**{key: "lots"})
+
+
+def test_points_over_a_hundred_are_bounded_when_written_and_refused_when_read(tmp_path):
+    """A measured gate allows at most all the accuracy (100 points) and 1000 %; a gate.json or
+    history line that says more is refused in one line naming it."""
+    wild = Gate(accuracy_drop=139.2, loss_regression=15.2, time_regression=0.2).bounded()
+    assert (wild.accuracy_drop, wild.loss_regression, wild.time_regression) == (100, 10, 0.2)
+    write_gate(tmp_path, wild, {})
+    assert read_gate(tmp_path).accuracy_drop == 100
+    (tmp_path / "gate.json").write_text(json.dumps({"max_accuracy_drop": 100.5}))
+    with pytest.raises(BenchError, match=r"gate\.json: max_accuracy_drop: should be less than "
+                       r"or equal to 100 \(got 100\.5\)$"):
+        read_gate(tmp_path)
+    kept = {**DEFAULT.as_history(), "max_accuracy_drop": 150.0}
+    with pytest.raises(ValidationError, match="max_accuracy_drop"):
+        history_record().model_validate(kept)
