@@ -110,11 +110,13 @@ def test_a_set_of_a_class_without_reference_fails_in_one_line(tmp_path, recorded
 
 
 def plan(root: Path, methods: str = "", **env: str) -> dict:
-    """What `nox -s nightly` decides before its sweep (suite.gate.plan_nightly), in a process
-    of ``env``: the class, reference, methods, environment and note, or the refusal."""
+    """What `nox -s nightly` decides before its sweep (suite.gate.plan_nightly, handed the
+    nightly's order as noxfile.py hands it), in a process of ``env``: the class, reference,
+    methods, environment and note, or the refusal."""
     code = ("import json, sys; from suite.errors import BenchError; "
-            "from suite.gate import plan_nightly\n"
-            f"try: p = plan_nightly({str(root)!r}, 4, {methods!r} or None)\n"
+            "from suite.gate import plan_nightly; from suite.plugins.registry import METHODS\n"
+            f"try: p = plan_nightly({str(root)!r}, 4, {methods!r} or None, "
+            "order=METHODS.nightly())\n"
             "except BenchError as e: print(json.dumps({'refusal': str(e)})); sys.exit()\n"
             "print(json.dumps({'class': p.machine_class, 'reference': str(p.reference), "
             "'methods': list(p.methods), 'env': p.env, 'note': p.note}))")
@@ -137,14 +139,15 @@ def test_the_nightly_plans_its_class_or_refuses_before_it_runs(tmp_path):
     portable = plan(tmp_path)
     assert portable["class"] == "cpu-gloo-portable-t1"
     assert portable["env"] == {"ATEN_CPU_CAPABILITY": "default"}
-    assert portable["methods"] == ["prunex", "ddp", "localsgd-hier"]  # the reduced reference's
+    # the reduced reference's, in the order they registered for the nightly
+    assert portable["methods"] == ["ddp", "localsgd-hier", "prunex"]
     assert portable["note"] == (f"no reference for {here} in {tmp_path}: the nightly runs under "
                                 "torch's portable kernels (ATEN_CPU_CAPABILITY=default) against "
                                 "cpu-gloo-portable-t1")
     chosen = plan(tmp_path, "prunex")  # DDP joins: time ratios and activity checks need it
     assert chosen["methods"] == ["ddp", "prunex"]
     lacking = plan(tmp_path, "ddp,topk")
-    assert "holds prunex, ddp, localsgd-hier, not topk" in lacking["refusal"]
+    assert "holds ddp, localsgd-hier, prunex, not topk" in lacking["refusal"]
     copy_set(tmp_path / here, ("ddp",))
     native = plan(tmp_path)
     assert (native["class"], native["env"], native["note"]) == (here, {}, None)
