@@ -72,7 +72,7 @@ def borrowed_accuracy(run_dir: str | None) -> Borrowed | None:
     if run_dir is None:
         return None
     summary = RunFolder(run_dir).summary()
-    if summary is None or summary.get(schema.STATUS) != "ok":
+    if summary is None or summary.get(schema.STATUS) != schema.Status.OK:
         raise BenchError(f"--accuracy-from {run_dir}: not a finished run folder (no ok summary)")
     if summary.get(schema.SIMULATED):
         raise BenchError(f"--accuracy-from {run_dir}: a simulated run has no accuracy to lend")
