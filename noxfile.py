@@ -147,10 +147,11 @@ def plan_or_error(session):
     from suite.commands.nightly import GPUS, nightly_device
     from suite.errors import BenchError
     from suite.gate import plan_nightly, reference_root
+    from suite.plugins.registry import METHODS
 
     try:
         plan = plan_nightly(reference_root(), GPUS, os.environ.get("NIGHTLY_METHODS"),
-                            nightly_device())
+                            nightly_device(), METHODS.nightly())
     except BenchError as exc:  # before minutes of runs that could be compared with nothing
         session.error(str(exc))
     if plan.note:
@@ -225,7 +226,6 @@ def reference(session):
     from suite.commands.nightly import GPUS, nightly_device
     from suite.errors import BenchError
     from suite.gate import (
-        NIGHTLY_METHODS,
         chosen_methods,
         kernels_repeat,
         record_reference,
@@ -233,6 +233,7 @@ def reference(session):
         staging_root,
         this_machine_class,
     )
+    from suite.plugins.registry import METHODS
 
     unknown = [arg for arg in session.posargs if arg != "--replace"]
     if unknown:
@@ -245,7 +246,7 @@ def reference(session):
     replace = "--replace" in session.posargs
     if target.exists() and not replace:  # before minutes of runs that could not land
         session.error(f"{target} exists: `nox -s reference -- --replace` replaces it")
-    methods = chosen_methods(os.environ.get("NIGHTLY_METHODS"), NIGHTLY_METHODS)
+    methods = chosen_methods(os.environ.get("NIGHTLY_METHODS"), METHODS.nightly())
     staging = staging_root() / machine
     session.log(f"{machine}: {', '.join(methods)} into {staging} (finished cells are kept)")
     sweep_nightly(session, str(staging), methods, {})
@@ -268,10 +269,11 @@ def gate_thresholds(session):
     that resumes, then the class's gate.json from their spread around the reference
     (suite.gate.calibrate_gate; nightlies on a busy runner are left out of the time
     threshold). Record the reference first; commit both."""
-    from suite.gate import MIN_NIGHTLIES, NIGHTLY_METHODS, calibrate_gate, staging_root
+    from suite.gate import MIN_NIGHTLIES, calibrate_gate, staging_root
+    from suite.plugins.registry import METHODS
 
     plan = plan_or_error(session)
-    reduced = set(plan.methods) < set(NIGHTLY_METHODS)
+    reduced = set(plan.methods) < set(METHODS.nightly())
     repeats = int(session.posargs[0]) if session.posargs else (3 if reduced else 5)
     if repeats < MIN_NIGHTLIES:
         session.error(f"gate-thresholds needs at least {MIN_NIGHTLIES} nightlies, got {repeats}")

@@ -166,6 +166,7 @@ class DDPMethod(SGDBaseline):
     settings=DDPSettings,
     look=Look("DDP", "#000000", "^"),
     activity=crosses_nodes_every_round,
+    nightly=True,
 )
 def make_ddp(ctx: RunContext) -> DDPMethod:
     return DDPMethod(ctx)
@@ -183,6 +184,7 @@ def make_half_precision_ddp(ctx: RunContext, torch_hook: CommHook, dtype: torch.
     settings=DDPSettings,
     look=Look("DDP bf16", "#777777", "v"),
     activity=lambda run: sends_fraction_of_dense(run, 0.45, 0.55, "a 16-bit hook"),
+    nightly=True,
 )
 def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.bf16_compress_hook, torch.bfloat16)
@@ -195,6 +197,7 @@ def make_ddp_bf16(ctx: RunContext) -> DDPMethod:
     settings=DDPSettings,
     look=Look("DDP fp16", "#777777", "<"),
     activity=lambda run: sends_fraction_of_dense(run, 0.45, 0.55, "a 16-bit hook"),
+    nightly=True,
 )
 def make_ddp_fp16(ctx: RunContext) -> DDPMethod:
     return make_half_precision_ddp(ctx, default_hooks.fp16_compress_hook, torch.float16)

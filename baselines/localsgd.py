@@ -146,6 +146,7 @@ class HierarchicalLocalSGD(SGDBaseline):
     "replay cannot stand in for",
     look=Look("Local SGD (hier.)", "#009E73", "*"),
     activity=crosses_nodes_every_round,
+    nightly=True,
 )
 def make_localsgd_hier(ctx: RunContext) -> HierarchicalLocalSGD:
     return HierarchicalLocalSGD(ctx)

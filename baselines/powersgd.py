@@ -261,6 +261,7 @@ class PowerSGD(DDPMethod):
     settings=PowerSGDSettings,
     look=Look("PowerSGD", "#56B4E9", "D"),
     activity=lambda run: compresses_after_start(run),
+    nightly=True,
 )
 def make_powersgd(ctx: RunContext) -> PowerSGD:
     return PowerSGD(ctx)

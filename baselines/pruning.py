@@ -240,6 +240,7 @@ MAGNITUDE_MASKS_NOT_SIMULABLE = ("its masks come from the trained weights' magni
     not_simulable=MAGNITUDE_MASKS_NOT_SIMULABLE,
     look=Look("GMP (hier.)", "#332288", "d"),  # Tol's indigo: apart from PruneX's vermillion
     activity=prunes_across_nodes,
+    nightly=True,
 )
 def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     end = ctx.settings.prune_end
@@ -254,6 +255,7 @@ def make_gmp_hier(ctx: RunContext) -> StructuredLocalSGD:
     not_simulable=MAGNITUDE_MASKS_NOT_SIMULABLE,
     look=Look("Prune-retrain", "#882255", "p"),
     activity=prunes_across_nodes,
+    nightly=True,
 )
 def make_prune_retrain(ctx: RunContext) -> StructuredLocalSGD:
     at = ctx.settings.prune_at

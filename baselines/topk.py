@@ -184,6 +184,7 @@ class TopK(SGDBaseline):
     settings=TopKSettings,
     look=Look("Top-K", "#0072B2", "P"),
     activity=lambda run: sends_about_its_ratio(run),
+    nightly=True,
 )
 def make_topk(ctx: RunContext) -> TopK:
     return TopK(ctx, hierarchical=False)
@@ -196,6 +197,7 @@ def make_topk(ctx: RunContext) -> TopK:
     settings=TopKSettings,
     look=Look("Top-K (hier.)", "#0072B2", "X"),
     activity=lambda run: sends_about_its_ratio(run),
+    nightly=True,
 )
 def make_topk_hier(ctx: RunContext) -> TopK:
     return TopK(ctx, hierarchical=True)

@@ -184,7 +184,7 @@ def table(rows: list[Row]) -> str:
 def superlinear(rows: list[Row]) -> list[str]:
     """The columns whose value grows faster than the world between the smallest and the
     largest run (time per rank rising; store ops per rank rising at all)."""
-    done = [r for r in rows if r.status == "ok"]
+    done = [r for r in rows if r.status == schema.Status.OK]
     if len(done) < 2:
         return []
     small, large = done[0], done[-1]
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    return 0 if all(r.status == "ok" for r in rows) else 1
+    return 0 if all(r.status == schema.Status.OK for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| {args.ranks} | rank {args.kill_rank} (pid {victim}) | {seconds:.1f} | "
           f"{summary.get(schema.STATUS)} | {named} | {len(left)} | {whole} | "
           f"{error[:160]} |")
-    ok = (summary.get(schema.STATUS) == "failed" and named and not left
+    ok = (summary.get(schema.STATUS) == schema.Status.FAILED and named and not left
           and seconds <= LIMIT_SECONDS and whole >= args.after and proc.returncode == 1)
     if not ok:
         print(f"output: {tail(out)}", file=sys.stderr)

@@ -149,7 +149,7 @@ def measure(ranks: int, args) -> Measured:
     except (OSError, ValueError):
         last = err.strip().splitlines()[-1][:120] if err.strip() else proc.returncode
         status = f"no run ({last})"
-    if proc.returncode != 0 and status == "ok":
+    if proc.returncode != 0 and status == schema.Status.OK:
         status = f"exit {proc.returncode}"
     return Measured(ranks, gpn, args.method, args.workload, args.dataset, status,
                     round(wall, 1), samples, round(peak / 2**30, 2),
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
-    return 0 if all(r.status == "ok" for r in rows) else 1
+    return 0 if all(r.status == schema.Status.OK for r in rows) else 1
 
 
 if __name__ == "__main__":

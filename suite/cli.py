@@ -10,10 +10,10 @@ input.
 
 from __future__ import annotations
 
-from suite import startup
+from suite import startup_signals
 
 if __name__ == "__main__":  # python -m suite.cli; the bench script starts in suite.start
-    startup.deferring()  # before torch's imports: a Ctrl-C in them would abort the process
+    startup_signals.deferring()  # before torch's imports: a Ctrl-C in them would abort the process
 
 import os
 import sys
@@ -41,6 +41,7 @@ from suite.compat import require_supported_torch
 from suite.environment import check_environment
 from suite.errors import BenchError, os_reason
 from suite.gate.reference import moved_reference
+from suite.gate.thresholds import flag_thresholds
 from suite.results.recover import recover
 from suite.sim.calibrate import calibrate_to_file
 
@@ -65,7 +66,7 @@ def main(strict_plugins: bool) -> None:
 
     Exit codes: 0 ok, 1 a run or a regression check failed, 2 bad usage or input.
     """
-    startup.armed()  # the imports are done: a signal from here on interrupts at once
+    startup_signals.armed()  # the imports are done: a signal from here on interrupts at once
     require_supported_torch()
     try:  # a malformed variable is one line here, not a traceback inside a rank
         check_environment()
@@ -235,9 +236,11 @@ def compare_cmd(
     changed default fails, naming what differs, unless --allow-unmatched)."""
 
     try:
-        code = run_compare(baseline, new, max_regression, max_accuracy_drop, metric, fmt,
-                           echo=click.echo, max_time_regression=max_time_regression,
-                           max_loss_regression=max_loss_regression, wide=wide,
+        given = flag_thresholds(max_regression=max_regression,
+                                max_accuracy_drop=max_accuracy_drop,
+                                max_time_regression=max_time_regression,
+                                max_loss_regression=max_loss_regression)
+        code = run_compare(baseline, new, given, metric, fmt, echo=click.echo, wide=wide,
                            allow_unmatched=allow_unmatched)
     except BenchError as exc:
         fail(exc)
@@ -270,9 +273,10 @@ def trend_cmd(
     began."""
 
     try:
-        code = run_trend(history, add, max_regression, max_accuracy_drop, fail_on_last,
-                         echo=click.echo, max_time_regression=max_time_regression,
-                         against=against)
+        given = flag_thresholds(max_regression=max_regression,
+                                max_accuracy_drop=max_accuracy_drop,
+                                max_time_regression=max_time_regression)
+        code = run_trend(history, add, given, fail_on_last, echo=click.echo, against=against)
     except BenchError as exc:
         fail(exc)
     sys.exit(code)

@@ -20,6 +20,7 @@ HANDLING = (
     look=Look("PruneX", "#D55E00", "o"),
     activity=prunes_across_nodes,
     figures=(figures.residuals, figures.penalties),
+    nightly=True,
 )
 def make_prunex(ctx):
     return PruneX(ctx, hierarchical=True)
@@ -33,6 +34,7 @@ def make_prunex(ctx):
     look=Look("PruneX (AR)", "#CC79A7", "s"),
     activity=prunes_across_nodes,
     figures=(figures.residuals, figures.penalties),
+    nightly=True,
 )
 def make_prunex_flat(ctx):
     return PruneX(ctx, hierarchical=False)

@@ -14,6 +14,7 @@ SIGKILLed parent cannot clean up; ``bench net-cleanup`` deletes what such a run 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import re
@@ -41,6 +42,8 @@ MASTER_PORT = 29500
 # The shapers' bucket: tbf needs one at least as large as a timer tick's worth of bytes at the
 # rate; it lets this much through at line speed after the link idles (the simulator models it).
 BURST_BYTES = 256 * 1024
+# How long a packet may wait in a shaper's queue before tbf drops it.
+LATENCY = "50ms"
 UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 
 
@@ -50,6 +53,13 @@ def parse_rate(text: str) -> int:
     if not match or float(match.group(1)) <= 0:
         raise BenchError(f"--inter-bw {text!r} is not a rate; use e.g. 200mbit or 1gbit")
     return int(float(match.group(1)) * UNITS[match.group(2)])
+
+
+def shaper(rate: int) -> list[str]:
+    """tc's arguments for a link shaped to ``rate`` bits/s (after ``qdisc replace dev X
+    root``): the one declaration of the links' shaping, which ``tools/cluster-up`` reads too
+    (``python -m suite.cluster.netemu --shaper RATE``)."""
+    return ["tbf", "rate", f"{rate}bit", "burst", f"{BURST_BYTES // 1024}kb", "latency", LATENCY]
 
 
 def check_privileges() -> None:
@@ -104,8 +114,7 @@ class EmulatedCluster:
 
     @property
     def qdisc(self) -> list[str]:
-        burst = f"{BURST_BYTES // 1024}kb"
-        return ["tbf", "rate", f"{self.rate}bit", "burst", burst, "latency", "50ms"]
+        return shaper(self.rate)
 
     def describe(self) -> dict:
         return {
@@ -292,3 +301,27 @@ def _stop(procs: list[subprocess.Popen], ranks: set[int], grace: float) -> None:
     while any(alive(rank) for rank in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     kill_all(ranks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m suite.cluster.netemu --shaper 200mbit | --frames | --mtu``: the links'
+    settings as words for a shell (tools/cluster-up builds its hosts' links from them);
+    exit 2 with one line on stderr for a rate that is not one."""
+    parser = argparse.ArgumentParser(prog="python -m suite.cluster.netemu")
+    said = parser.add_mutually_exclusive_group(required=True)
+    said.add_argument("--shaper", metavar="RATE", help="tc's tbf arguments for a link of RATE")
+    said.add_argument("--frames", action="store_true", help="ip link's settings of a link")
+    said.add_argument("--mtu", action="store_true", help="the links' MTU")
+    args = parser.parse_args(argv)
+    try:
+        words = (shaper(parse_rate(args.shaper)) if args.shaper is not None
+                 else list(FRAMES) if args.frames else [str(MTU)])
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(" ".join(words))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

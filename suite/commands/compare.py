@@ -14,9 +14,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from suite.errors import BenchError
 from suite.gate.activity import crosses_nodes
-from suite.gate.compare import parse_threshold
 from suite.gate.judge import judge_sets
 from suite.gate.table import TEXT_WIDTH, as_json, format_table
 from suite.plugins.registry import METHODS
@@ -29,35 +27,16 @@ def declared_activity_check(method: str):
     return entry.activity if entry is not None and entry.activity is not None else crosses_nodes
 
 
-def given_thresholds(
-    max_regression: str | None, max_accuracy_drop: float | None,
-    max_time_regression: str | None, max_loss_regression: str | None,
-) -> dict:
-    """The thresholds given on the command line, parsed (None: not given)."""
-    if max_accuracy_drop is not None and not 0 <= max_accuracy_drop <= 100:
-        raise BenchError(f"--max-accuracy-drop must be in [0, 100] points, got "
-                         f"{max_accuracy_drop}")
-
-    def parsed(text):
-        return None if text is None else parse_threshold(text)
-
-    return {"max_regression": parsed(max_regression), "max_accuracy_drop": max_accuracy_drop,
-            "max_time_regression": parsed(max_time_regression),
-            "max_loss_regression": parsed(max_loss_regression)}
-
-
 def run_compare(
-    baseline: str, new: str, max_regression: str | None, max_accuracy_drop: float | None,
-    metric: tuple[str, ...], fmt: str, *, echo: Callable, max_time_regression: str | None = None,
-    max_loss_regression: str | None = None, wide: bool = False, allow_unmatched: bool = False,
+    baseline: str, new: str, given: dict[str, float | None], metric: tuple[str, ...], fmt: str,
+    *, echo: Callable, wide: bool = False, allow_unmatched: bool = False,
 ) -> int:
     """Print the comparison; 1 when a metric regressed, a NEW run failed or did not do its
     method's job, there is no reference for the NEW runs' class, or no NEW run matched a
     baseline run (a gate that compared nothing must not pass), or a method ran under other
     settings than its baseline (unless ``allow_unmatched``), else 0 (bad input raises
-    BenchError, exit 2)."""
-    given = given_thresholds(max_regression, max_accuracy_drop, max_time_regression,
-                             max_loss_regression)
+    BenchError, exit 2). ``given``: the thresholds the command line gave
+    (``suite.gate.thresholds.flag_thresholds``)."""
     judged = judge_sets(baseline, new, metrics=metric, given=given, declared=METHODS.defaults,
                         check_of=declared_activity_check, allow_unmatched=allow_unmatched)
     for line in judged.warnings:

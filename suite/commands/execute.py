@@ -10,7 +10,7 @@ from pathlib import Path
 
 from suite.commands.experiment import read_experiment
 from suite.commands.preflight import describe, refuse_foreign_flags, split_options, validate
-from suite.commands.sweep import expand, run_cells, run_facts, summary_lines
+from suite.commands.sweep import CellStatus, expand, run_cells, run_facts, summary_lines
 from suite.config import LAUNCHER_FLAGS, RunConfig, flag_of
 from suite.errors import BenchError
 from suite.launchers.local import (
@@ -26,6 +26,7 @@ from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.folder import MANIFEST, RunFolder
 from suite.results.lock import check_free
+from suite.results.schema import Status
 from suite.run.checkpoint import checked_checkpoint, unfinished_checkpoints
 from suite.run.plan import RunPlan, plan_run
 
@@ -33,17 +34,25 @@ SIM_FLAGS = LAUNCHER_FLAGS["sim"]
 SLURM_FLAGS = LAUNCHER_FLAGS["slurm"]
 
 
+def run_fields(kwargs: dict) -> dict:
+    """``bench run``'s parsed flags as RunConfig's fields, for a run and a simulation alike:
+    the launchers' own flags and the GPU counts dropped (``RunConfig.from_flags`` takes one),
+    --resume (a folder) and --overwrite as the yes/no a configuration records."""
+    fields = {k: v for k, v in kwargs.items()
+              if k not in (*SIM_FLAGS, *SLURM_FLAGS, "dry_run", schema.GPUS)}
+    fields["resume"] = bool(fields.get("resume"))
+    fields["overwrite"] = bool(fields.get("overwrite"))
+    return fields
+
+
 def config_from_flags(kwargs: dict, given: dict, *, warn: Callable | None = None) -> RunConfig:
-    """The RunConfig of ``bench run``'s parsed flags (launcher-only flags dropped), with the
-    method's options converted; options the method does not read are dropped with a warning."""
-    kwargs = {k: v for k, v in kwargs.items() if k not in (*SIM_FLAGS, *SLURM_FLAGS, "dry_run")}
-    gpus = kwargs.pop("gpus")
-    kwargs["resume"] = bool(kwargs.get("resume"))
-    kwargs["overwrite"] = bool(kwargs.get("overwrite"))
-    options, ignored = split_options(kwargs["method"], given)
+    """The RunConfig of ``bench run``'s parsed flags (``run_fields``), with the method's
+    options converted; options the method does not read are dropped with a warning."""
+    method = kwargs[schema.METHOD]
+    options, ignored = split_options(method, given)
     if ignored and warn is not None:
-        warn(f"warning: {', '.join(ignored)} not read by {kwargs['method']}; ignored", err=True)
-    return RunConfig.from_flags(kwargs, options, gpus[0])
+        warn(f"warning: {', '.join(ignored)} not read by {method}; ignored", err=True)
+    return RunConfig.from_flags(run_fields(kwargs), options, kwargs[schema.GPUS][0])
 
 
 #: flags a resume takes beside --resume: how it survives and where it runs, never what it
@@ -72,7 +81,7 @@ def resume_arguments(kwargs: dict, given: set[str] = frozenset()) -> dict:
         status = (folder.summary() or {}).get(schema.STATUS)
     except (OSError, ValueError):
         status = None
-    if status == "ok":
+    if status == Status.OK:
         raise BenchError(f"--resume {folder.path}: the run already finished")
     check_free(folder.path)  # not a run still going, nor a rank of it; no link in it
     found = checked_checkpoint(folder.path)  # its metadata read safely, before any rank
@@ -94,29 +103,23 @@ def resume_arguments(kwargs: dict, given: set[str] = frozenset()) -> dict:
 def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     """One run: ``kwargs`` are ``bench run``'s flags, ``given`` the method options set."""
 
-    kwargs = dict(kwargs)
-    dry_run = kwargs.pop("dry_run", False)
-    sim = {k: kwargs.pop(k, None) for k in SIM_FLAGS}
-    slurm = {k: kwargs.pop(k, None) for k in SLURM_FLAGS}
-    launcher = kwargs["launcher"]
+    dry_run = kwargs.get("dry_run", False)
+    sim = {k: kwargs.get(k) for k in SIM_FLAGS}
+    slurm = {k: kwargs.get(k) for k in SLURM_FLAGS}
+    launcher, gpus = kwargs["launcher"], kwargs[schema.GPUS]
     refuse_foreign_flags(launcher, {**sim, **slurm})
-    gpus = kwargs.pop("gpus")
-    kwargs["resume"] = bool(kwargs.get("resume"))
-    kwargs["overwrite"] = bool(kwargs.get("overwrite"))
     if launcher == "sim":
         # lazy: suite.commands.simulate costs ~0.1 s to import; only this path needs it
         from suite.commands.simulate import run_simulations
 
-        base = RunConfig.from_flags(kwargs, {}, gpus[0])
+        base = RunConfig.from_flags(run_fields(kwargs), {}, gpus[0])
         run_simulations([base.method], gpus, base, given, **sim, dry_run=dry_run, echo=echo)
         return
     if len(gpus) > 1:
         raise BenchError("--gpus takes one number except with --launcher sim; see `bench sweep`")
-    config = config_from_flags({**kwargs, schema.GPUS: gpus}, given, warn=echo)
+    config = config_from_flags(kwargs, given, warn=echo)
     if launcher == "slurm":
         request = slurm_request(**slurm)
-    if config.network == "emulated" and launcher not in ("auto", "local"):
-        raise BenchError("--network emulated runs with --launcher local")
     plan = resolve_run(config)
     # a rank of a job reads (and with --download fetches) its data once, in setup; a dry
     # run reads none (a folder's data is input, and the plan does not need it)
@@ -147,15 +150,20 @@ def ending_line(path: Path) -> str:
 
 def resolve_run(config: RunConfig) -> RunPlan:
     """``config``'s plan: its launcher's facts first (``auto``: torchrun inside a job, else
-    local; the node size, the device, a job's world size), then everything else, once."""
+    local; the node size, the device, a job's world size), then everything else, once.
+
+    Raises:
+        BenchError: ``--network emulated`` with a launcher that is not, or resolves not to
+            be, local (its nodes are namespaces of this machine); what the plan refuses.
+    """
     launcher = config.launcher
     if launcher == "auto":
         launcher = "torchrun" if adopt_slurm_environment() else "local"
+    if config.network == "emulated" and launcher != "local":  # the one place it is refused
+        raise BenchError("--network emulated runs with --launcher local")
     if launcher == "slurm":
         return plan_run(slurm_config(config))
     if launcher == "torchrun":
-        if config.network == "emulated":
-            raise BenchError("--network emulated runs with --launcher local")
         return plan_run(job_config(config))
     return plan_run(local_config(config))
 
@@ -195,7 +203,7 @@ def execute_sweep(kwargs: dict, given: dict, *, echo: Callable) -> bool:
     finally:  # an interrupted sweep still prints where every cell stands
         for line in summary_lines(cells):
             echo(line)
-    return any(cell.status == "failed" for cell in cells)
+    return any(cell.status == CellStatus.FAILED for cell in cells)
 
 
 def option_values(opt, value) -> list:

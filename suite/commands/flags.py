@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from suite import startup
+from suite import startup_signals
 from suite.commands.experiment import apply_to_command, read_experiment
 from suite.errors import BenchError, RunFailed, one_line
 from suite.plugins.registry import METHODS, WORKLOADS
@@ -76,10 +76,10 @@ class BenchGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except startup.Interrupted as exc:  # before a launcher took the signals over
+        except startup_signals.Interrupted as exc:  # before a launcher took the signals over
             click.echo(f"Error: interrupted by {exc.name} before any rank started: "
-                       f"{startup.kept()}", err=True)
-            sys.exit(startup.INTERRUPTED_EXIT)
+                       f"{startup_signals.kept()}", err=True)
+            sys.exit(startup_signals.INTERRUPTED_EXIT)
         except DamagedFile as exc:  # a file read back (a summary, a manifest, a profile)
             fail(BenchError(str(exc)))  # is input: one line, whichever command read it
         except click.UsageError as exc:

@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
 from tqdm import tqdm
@@ -28,6 +29,7 @@ from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.folder import RunFolder, id_part, write_json
 from suite.results.lock import release, take
+from suite.results.schema import Status
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.plan import RunPlan
 
@@ -39,10 +41,21 @@ RELIABILITY_FIELDS = (
 )
 
 
+class CellStatus(StrEnum):
+    """Where a sweep's cell stands (sweep.json's ``status``): a run's own, as it ended,
+    beside the sweep's own words for a cell not yet run, run or left as already done."""
+
+    PENDING = "pending"
+    DONE = "done"
+    SKIPPED = "skipped"
+    FAILED = Status.FAILED.value
+    INTERRUPTED = Status.INTERRUPTED.value
+
+
 @dataclass
 class Cell:
     config: RunConfig  # as the sweep made it (its id is a hash of it)
-    status: str = "pending"  # pending | done | skipped | failed | interrupted
+    status: CellStatus = CellStatus.PENDING
     reason: str = ""
     plan: RunPlan | None = None  # resolved before the sweep starts, launched as it is
 
@@ -53,7 +66,7 @@ class Cell:
 
 def cell_facts(cell: Cell) -> str:
     """``accuracy 86.23 %, training 30.5 s, inter-node 0.795 MB`` of a finished cell."""
-    if cell.status not in ("done", "skipped"):
+    if cell.status not in (CellStatus.DONE, CellStatus.SKIPPED):
         return ""
     try:
         summary = RunFolder(Path(cell.config.results_dir) / cell.run_id).summary() or {}
@@ -143,9 +156,9 @@ def prepare(cell: Cell, results_dir: Path, *, force: bool = False) -> bool:
         summary = folder.summary()
     except (OSError, ValueError):
         pass
-    if summary and summary.get(schema.STATUS) == "ok":
+    if summary and summary.get(schema.STATUS) == Status.OK:
         release(folder.path)
-        cell.status, cell.reason = "skipped", "already done"
+        cell.status, cell.reason = CellStatus.SKIPPED, "already done"
         return False
     if latest_checkpoint(folder.path) is not None and folder.has_manifest:
         start(cell, resume=True, overwrite=False)
@@ -192,12 +205,12 @@ def run_cell(cell: Cell, results_dir: Path, launch, *, force: bool) -> None:
         if not prepare(cell, results_dir, force=force):
             return
         launch(cell.plan)
-        cell.status = "done"
+        cell.status = CellStatus.DONE
     except RunInterrupted as exc:  # the sweep stops with it; a rerun resumes
-        cell.status, cell.reason = "interrupted", str(exc)
+        cell.status, cell.reason = CellStatus.INTERRUPTED, str(exc)
         raise
     except BenchError as exc:
-        cell.status, cell.reason = "failed", str(exc)
+        cell.status, cell.reason = CellStatus.FAILED, str(exc)
     finally:  # a cell's launch gives its folder up; one refused before it never held it
         release(results_dir / cell.run_id)
 
@@ -229,9 +242,8 @@ def summary_lines(cells: list[Cell]) -> list[str]:
     width = max(len(c.run_id) for c in cells)
     lines = [f"{c.run_id:<{width}}  {c.status:<8} {c.reason or cell_facts(c)}".rstrip()
              for c in cells]
-    counts = {
-        s: sum(c.status == s for c in cells)
-        for s in ("done", "skipped", "failed", "interrupted", "pending")
-    }
+    counts = {s: sum(c.status == s for c in cells) for s in (
+        CellStatus.DONE, CellStatus.SKIPPED, CellStatus.FAILED, CellStatus.INTERRUPTED,
+        CellStatus.PENDING)}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
     return lines

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from suite.commands.compare import declared_activity_check, given_thresholds
+from suite.commands.compare import declared_activity_check
 from suite.gate.judge import judge_sets
 from suite.gate.trend import MIN_RUNS, add_to_history, class_gate, find_changes, read_history
 from suite.plugins.registry import METHODS
@@ -20,15 +20,14 @@ from suite.results.resultset import MACHINE_CLASS
 
 
 def run_trend(
-    history: str, add: str | None, max_regression: str | None,
-    max_accuracy_drop: float | None, fail_on_last: bool, *, echo: Callable,
-    max_time_regression: str | None = None, against: str | None = None,
+    history: str, add: str | None, given: dict[str, float | None], fail_on_last: bool, *,
+    echo: Callable, against: str | None = None,
 ) -> int:
     """1 with --fail-on-last when a series' last run starts a worse segment, else 0. With
     --add and --against REFERENCE the added lines carry the gate's verdicts and the thresholds
     that judged them; with --against alone a class without judged lines is judged at the
-    reference's ``gate.json``."""
-    given = given_thresholds(max_regression, max_accuracy_drop, max_time_regression, None)
+    reference's ``gate.json``. ``given``: the thresholds the command line gave
+    (``suite.gate.thresholds.flag_thresholds``)."""
     if add:
         judged = None
         if against:
@@ -43,9 +42,7 @@ def run_trend(
     for machine, rows in frame.groupby(frame[MACHINE_CLASS].fillna("-"), sort=True):
         gate = class_gate(rows, str(machine), Path(against) if against else None)
         gate = gate.overridden(given)
-        changes, short, longest = find_changes(
-            rows, gate.max_regression, gate.max_accuracy_drop, gate.max_time_regression,
-            gate.max_loss_regression)
+        changes, short, longest = find_changes(rows, gate)
         for change in changes:
             echo(change.line())
         if short:

@@ -30,9 +30,9 @@ import pandas as pd
 
 from suite.errors import BenchError
 from suite.gate.activity import ActivityCheck, check_run
+from suite.gate.thresholds import Gate
 from suite.results import schema
 from suite.results.catalogue import (
-    BY_ALIAS,
     CATALOGUE,
     DENSE_METHOD,
     GATE_KEY,
@@ -60,37 +60,12 @@ from suite.results.stats import half_width
 UNCOUNTED = "uncounted"
 #: metric -> +1 when higher is better, -1 when lower is better (suite.results.catalogue)
 METRICS = directions()
-#: what ``--metric`` calls each metric
-ALIASES = {alias: metric.name for alias, metric in BY_ALIAS.items()}
 #: a comparison's key: the run identity, class first (suite.results.catalogue)
 KEY = list(GATE_KEY)
-#: the timing metrics, which may get a threshold of their own (--max-time-regression)
+#: the timing metrics, judged only on a quiet runner
 TIME_METRICS = tuple(metric.name for metric in CATALOGUE if metric.timing)
 #: what a run and its DDP twin (the dense reference of time ratios and activity checks) share
 TWIN = list(TWIN_KEY)
-
-
-def parse_threshold(text: str) -> float:
-    """``5%`` or ``0.05`` -> 0.05."""
-    raw = str(text).strip()
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise BenchError(f"--max-regression {text!r} is not a fraction or percentage") from None
-    if not 0 <= value < 10:
-        raise BenchError(f"--max-regression {text!r} must be between 0% and 1000%")
-    return value
-
-
-def parse_metrics(names: tuple[str, ...]) -> list[str]:
-    chosen = []
-    for name in (n for item in names for n in item.split(",") if n):
-        metric = ALIASES.get(name, name)
-        if metric not in METRICS:
-            known = ", ".join([*METRICS, *ALIASES])
-            raise BenchError(f"unknown metric {name!r}; known: {known}")
-        chosen.append(metric)
-    return chosen or list(METRICS)
 
 
 def load_summaries(
@@ -232,27 +207,20 @@ def compare(
     baseline: pd.DataFrame,
     new: pd.DataFrame,
     metrics: list[str],
-    max_regression: float,
-    max_accuracy_drop: float = 1.0,
-    max_time_regression: float | None = None,
-    max_loss_regression: float | None = None,
-    max_outside_load: float | None = None,
+    gate: Gate,
     unmatched_hint: str | None = "",
 ) -> tuple[pd.DataFrame, dict[str, list[str]]]:
-    """The comparison table and the lists of unmatched keys. ``max_regression`` is relative
-    (bytes, and times and training loss unless ``max_time_regression`` and
-    ``max_loss_regression`` are given); ``max_accuracy_drop`` is in accuracy points;
-    ``max_outside_load``: the share of a runner's cores other processes may take before its
-    times are not judged (None: always judged); ``unmatched_hint``: what the line of a method
-    run under other settings than its baseline says to do (None: such methods are only listed
-    as unmatched, ``--allow-unmatched``; see ``settings_rows``)."""
-    limits = metric_limits(max_regression, max_time_regression, max_loss_regression)
+    """The comparison table and the lists of unmatched keys: each metric judged at its
+    threshold (``gate.limit``), times not judged where a runner was busier than
+    ``gate.outside_load`` allows; ``unmatched_hint``: what the line of a method run under
+    other settings than its baseline says to do (None: such methods are only listed as
+    unmatched, ``--allow-unmatched``; see ``settings_rows``)."""
     base_keys, new_keys = keys_of(baseline), keys_of(new)
     base_values, new_values = reduce_repeats(baseline), reduce_repeats(new)
     labels = {**shown_options_of(baseline), **shown_options_of(new)}
     new_values_keys = set(new_values.index)
-    busy_times = {**foreign_keys(baseline, new), **busy_keys(baseline, max_outside_load),
-                  **busy_keys(new, max_outside_load)}
+    busy_times = {**foreign_keys(baseline, new), **busy_keys(baseline, gate.outside_load),
+                  **busy_keys(new, gate.outside_load)}
     failed = failed_rows(new, new_keys - new_values_keys)
     rows = []
     for run_key in sorted(base_keys & new_keys, key=str):
@@ -262,8 +230,8 @@ def compare(
         for metric in metrics:
             before = stats_of(base_values, run_key, metric)
             after = stats_of(new_values, run_key, metric)
-            rows.append(metric_row(run_key, metric, before, after, limits[metric],
-                                   max_accuracy_drop, busy_times.get(run_key)))
+            rows.append(metric_row(run_key, metric, before, after, gate.limit(metric),
+                                   busy_times.get(run_key)))
     new_only = sorted(new_keys - base_keys, key=str)
     for run_key in new_only:  # a run that failed is a regression even without a baseline twin
         if run_key not in new_values_keys:
@@ -279,23 +247,11 @@ def compare(
     return pd.DataFrame(rows), unmatched
 
 
-def metric_limits(max_regression: float, max_time_regression: float | None,
-                  max_loss_regression: float | None) -> dict[str, float]:
-    """Each metric's relative threshold: ``max_regression``, unless times or the training
-    loss have their own."""
-    limits = {m: max_regression for m in METRICS}
-    if max_time_regression is not None:
-        limits.update({m: max_time_regression for m in TIME_METRICS})
-    if max_loss_regression is not None:
-        limits[schema.FINAL_TRAIN_LOSS] = max_loss_regression
-    return limits
-
-
 def metric_row(run_key: tuple, metric: str, before: dict, after: dict, limit: float,
-               max_accuracy_drop: float, busy: str | None) -> dict:
-    """One metric of one key judged: a time of a run whose runner was ``busy`` (why: None
-    when it was quiet) is shown but not judged."""
-    change, unit, verdict = judge(metric, before, after, limit, max_accuracy_drop)
+               busy: str | None) -> dict:
+    """One metric of one key judged at ``limit`` (its threshold): a time of a run whose
+    runner was ``busy`` (why: None when it was quiet) is shown but not judged."""
+    change, unit, verdict = judge(metric, before, after, limit)
     finding = None
     if metric in TIME_METRICS and busy is not None and change is not None:
         verdict, finding = Verdict.NOT_JUDGED, busy
@@ -488,22 +444,22 @@ def stats_of(values: pd.DataFrame, run_key: tuple, metric: str) -> dict:
 
 
 def judge(
-    metric: str, before: dict, after: dict, max_regression: float, max_accuracy_drop: float
+    metric: str, before: dict, after: dict, limit: float
 ) -> tuple[float | None, str, Verdict]:
     """(change, its unit, verdict). The change is NEW against the baseline as it happened:
     accuracy in points, the rest relative (+45.7 % for a run that got that much slower);
-    whether that is better or worse is the verdict's to say. With two or more repeats on both
-    sides a change beyond the threshold counts only if the two 95 % intervals do not
-    overlap."""
+    whether that is better or worse is the verdict's to say, at ``limit`` (the metric's
+    threshold, in the change's unit). With two or more repeats on both sides a change beyond
+    the threshold counts only if the two 95 % intervals do not overlap."""
     b, a = before["mean"], after["mean"]
     if not (math.isfinite(b) and math.isfinite(a)):
         return None, "", Verdict.NOT_APPLICABLE
     if metric == schema.FINAL_ACCURACY:
-        change, unit, limit = 100 * (a - b), "points", max_accuracy_drop
+        change, unit = 100 * (a - b), "points"
     elif b == 0:
         return None, "", Verdict.NOT_APPLICABLE
     else:
-        change, unit, limit = (a - b) / abs(b), "relative", max_regression
+        change, unit = (a - b) / abs(b), "relative"
     better = METRICS[metric] * change  # positive when NEW is better
     if abs(change) <= limit:
         return change, unit, Verdict.OK

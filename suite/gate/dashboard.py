@@ -93,9 +93,7 @@ def write_dashboard(history: str | Path, output: str | Path) -> Path:
 def class_changes(rows: pd.DataFrame, machine: str) -> list[ChangePoint]:
     """The change points ``bench trend`` finds in a class's series, at the thresholds it
     judges them with (suite.gate.trend.class_gate)."""
-    gate = class_gate(rows, machine)
-    changes, _, _ = find_changes(rows, gate.max_regression, gate.max_accuracy_drop,
-                                 gate.max_time_regression, gate.max_loss_regression)
+    changes, _, _ = find_changes(rows, class_gate(rows, machine))
     return changes
 
 

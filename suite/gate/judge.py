@@ -19,10 +19,10 @@ from suite.gate.compare import (
     describe_key,
     keys_of,
     load_summaries,
-    parse_metrics,
     with_exchange,
 )
-from suite.gate.reference import Gate, class_folders, gate_for, is_reference, no_reference
+from suite.gate.reference import class_folders, gate_for, is_reference, no_reference
+from suite.gate.thresholds import Gate, parse_metrics
 from suite.results.resultset import Declared, nothing_declared
 
 
@@ -130,8 +130,8 @@ def judge_sets(
         baseline: a reference (a tree of class folders, or one class's folder) or any set.
         new: the set judged.
         metrics: ``--metric``'s names (empty: the gate's metrics).
-        given: thresholds given on the command line (``Gate`` field -> value or None); they
-            override the class's.
+        given: thresholds given on the command line (``Gate`` field -> value or None:
+            ``suite.gate.thresholds.flag_thresholds``); they override the class's.
         declared: each method's option defaults (``METHODS.defaults``).
         check_of: method -> its activity check.
         allow_unmatched: a method both sides ran under different settings is listed as
@@ -151,9 +151,7 @@ def judge_sets(
         chosen = parse_metrics(metrics) if metrics else list(gate.metrics)
         table, left = compare(
             base[base.machine_class == machine], new_runs[new_runs.machine_class == machine],
-            chosen, gate.max_regression, gate.max_accuracy_drop, gate.max_time_regression,
-            gate.max_loss_regression, gate.max_outside_load,
-            None if allow_unmatched else unmatched_hint(Path(baseline), machine))
+            chosen, gate, None if allow_unmatched else unmatched_hint(Path(baseline), machine))
         tables.append(table)
         for side, keys in left.items():
             unmatched[side] += keys

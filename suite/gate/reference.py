@@ -1,6 +1,7 @@
 """The reference policy: where the nightly's committed references live (one folder per machine
 class), which reference a runner is judged against and with which thresholds (its class's
-``gate.json``, read by ``bench compare`` itself, so a hand run and the nightly agree), which
+``gate.json``, read by ``bench compare`` itself through ``suite.gate.thresholds``, so a hand
+run and the nightly agree), which
 methods the gate runs, recording a reference (``nox -s reference``) and measuring a class's
 thresholds (``nox -s gate-thresholds``).
 
@@ -17,21 +18,19 @@ import json
 import math
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import torch
-from pydantic import Field, StringConstraints
 
-from suite.config import flag_of
 from suite.errors import BenchError
-from suite.gate.compare import TIME_RATIO, load_summaries, parse_metrics, parse_threshold
+from suite.gate.compare import TIME_RATIO, load_summaries
+from suite.gate.thresholds import DEFAULT, GATE_FILE, GENERIC, Gate, read_gate, write_gate
 from suite.results import schema
 from suite.results.catalogue import DENSE_METHOD
 from suite.results.folder import hardware, numerics, versions
 from suite.results.machine import CLASS_PATTERN, gpu_class, machine_class, ranks_on_cuda
-from suite.results.records import DamagedFile, Mapping, Name, read_record, record
+from suite.results.records import DamagedFile, Mapping, read_record, record
 from suite.results.resultset import VIEW
 from suite.results.runner import busy
 from suite.results.schema import Status
@@ -69,8 +68,6 @@ def moved_reference(path: str | Path) -> Path | None:
 #: where ``nox -s reference`` records before the set replaces the class's reference: a fixed
 #: folder per class, so an interrupted recording resumes (NIGHTLY_STAGING overrides)
 STAGING_ROOT = Path(".nox/reference-staging")
-#: a class's gate thresholds, in its reference folder
-GATE_FILE = "gate.json"
 #: the software a class's reference was recorded under, in its folder: a runner of the class
 #: under other versions (a re-imaged GPU machine's new driver or torch) is not judged
 #: against numbers it would not reproduce
@@ -78,120 +75,11 @@ CLASS_FILE = "class.json"
 #: the versions ``CLASS_FILE`` records (suite.results.folder.versions' names)
 CLASS_VERSIONS = (schema.TORCH_VERSION, schema.CUDA_VERSION, schema.CUDA_DRIVER_VERSION,
                   schema.CUDNN_VERSION, schema.NCCL_VERSION)
-#: every method of the full nightly (NIGHTLY_METHODS chooses fewer; DDP is always among them:
-#: the time ratios and activity checks divide by it)
-NIGHTLY_METHODS = ("prunex", "prunex-flat", "ddp", "ddp-bf16", "ddp-fp16", "powersgd", "topk",
-                   "topk-hier", "localsgd-hier", "gmp-hier", "prune-retrain")
 DENSE = DENSE_METHOD
 #: the environment that makes CPU ranks use torch's portable kernels
 PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "default"}
-#: the thresholds of a class that has not measured its own, from cpu-gloo-amd25-avx512-t1's
-#: perturbation study (benchmarks/measured/nightly_gate.md): a kernel change (AVX2, the
-#: portable kernels, 2 threads per rank) moved the same seed's final training loss by at most
-#: 0.05 % and accuracy by up to 2.2 points at a tenth of an epoch, the learning rate off by 10x
-#: raised the loss by 43-78 %; bytes are exact; the time ratio's largest deviation over 5
-#: quiet nightlies was 8.6 %. Time is judged only where other processes took at most a quarter
-#: of the runner's cores over the run: a load of L cores outside a run of R ranks slows them by
-#: up to L/R, which at a quarter of 2 cores is already a third of the time threshold.
-DEFAULT_GATE = {
-    "max_accuracy_drop": 5.0,
-    "max_loss_regression": "2%",
-    "max_regression": "5%",
-    "max_time_regression": "15%",
-    "max_outside_load": "25%",
-    "metrics": ["accuracy", "train-loss", "bytes", "time-ratio"],
-}
-
-
-@dataclass(frozen=True)
-class Gate:
-    """The thresholds one comparison is judged with, and where they come from.
-
-    Attributes:
-        max_regression: bytes (and anything without its own threshold), relative.
-        max_accuracy_drop: accuracy points.
-        max_time_regression: times and the time ratio, relative.
-        max_loss_regression: the final training loss, relative.
-        max_outside_load: the share of a runner's cores other processes may take before its
-            times are not judged (None: always judged).
-        metrics: what is compared (``bench compare --metric``'s names).
-        source: where the thresholds come from, as the verdict line says.
-    """
-
-    max_regression: float
-    max_accuracy_drop: float
-    max_time_regression: float
-    max_loss_regression: float
-    max_outside_load: float | None
-    metrics: tuple[str, ...]
-    source: str
-
-    def describe(self) -> str:
-        """``accuracy 5 points, training loss 2%, bytes 5%, time 15% (cpu-gloo-...'s
-        gate.json)``: the verdict line's account of its thresholds."""
-        quiet = ("" if self.max_outside_load is None else
-                 f" on a runner at most {self.max_outside_load:.0%} busy")
-        return (f"accuracy {self.max_accuracy_drop:g} points, training loss "
-                f"{self.max_loss_regression:.1%}, bytes {self.max_regression:.1%}, time "
-                f"{self.max_time_regression:.1%}{quiet} ({self.source})")
-
-    def overridden(self, given: dict) -> Gate:
-        """These thresholds with the ones given on the command line (None: not given)."""
-        chosen = {k: v for k, v in given.items() if v is not None}
-        if not chosen:
-            return self
-        flags = ", ".join(flag_of(k) for k in chosen)
-        return replace(self, **chosen, source=f"{self.source}; {flags} from the command line")
-
-
-#: ``bench compare``'s thresholds for two sets neither of which is a reference
-GENERIC = Gate(0.05, 1.0, 0.05, 0.05, None, tuple(parse_metrics(())),
-               "bench compare's defaults: the baseline is no reference")
-
-
-#: a relative threshold as gate.json writes it: ``"5%"`` or ``0.05``
-Threshold = float | Annotated[str, StringConstraints(max_length=40)]
-#: gate.json: a class's thresholds (any it does not give are ``DEFAULT_GATE``'s)
-GateFile = record("GateFile", {
-    "max_accuracy_drop": Annotated[float, Field(ge=0, le=100)],
-    "max_loss_regression": Threshold, "max_regression": Threshold,
-    "max_time_regression": Threshold, "max_outside_load": Threshold,
-    "metrics": Annotated[list[Name], Field(max_length=64)],
-})
 #: class.json: the software a class's reference was recorded under
 ClassFile = record("ClassFile", {schema.VERSIONS: Mapping})
-
-
-def gate_of(folder: Path) -> Gate:
-    """A class's thresholds: its reference's ``gate.json`` over ``DEFAULT_GATE``.
-
-    Raises:
-        BenchError: the gate.json is not a valid one (one line naming the field).
-    """
-    path = Path(folder) / GATE_FILE
-    try:
-        measured = read_record(path, GateFile, what="gate file")
-    except FileNotFoundError:
-        measured = None
-    except DamagedFile as exc:
-        raise BenchError(str(exc)) from None
-    values = {**DEFAULT_GATE, **{k: v for k, v in (measured or {}).items()
-                                 if k in DEFAULT_GATE and v is not None}}
-    source = (f"{Path(folder).name}/{GATE_FILE}" if measured is not None
-              else f"the gate's defaults: {Path(folder).name} has no {GATE_FILE}")
-    outside = values["max_outside_load"]
-    try:
-        return Gate(
-            max_regression=parse_threshold(values["max_regression"]),
-            max_accuracy_drop=float(values["max_accuracy_drop"]),
-            max_time_regression=parse_threshold(values["max_time_regression"]),
-            max_loss_regression=parse_threshold(values["max_loss_regression"]),
-            max_outside_load=None if outside is None else parse_threshold(outside),
-            metrics=tuple(parse_metrics(tuple(values["metrics"]))),
-            source=source,
-        )
-    except BenchError as exc:
-        raise BenchError(f"{path}: {exc}") from None
 
 
 def class_folders(root: Path) -> dict[str, Path]:
@@ -214,9 +102,9 @@ def gate_for(baseline: Path, machine: str) -> Gate:
     """The thresholds NEW runs of class ``machine`` are judged with against ``baseline``."""
     folders = class_folders(Path(baseline))
     if machine in folders:
-        return gate_of(folders[machine])
+        return read_gate(folders[machine])
     if not folders and is_reference(Path(baseline)):
-        return gate_of(Path(baseline))
+        return read_gate(Path(baseline))
     return GENERIC
 
 
@@ -265,16 +153,18 @@ def no_reference(missing: set[str], baseline: str, held: set[str]) -> str:
             f"`nox -s reference` and commit it{hint}")
 
 
-def reference_methods(folder: Path, frame=None) -> tuple[str, ...]:
-    """The methods a reference holds (finished runs), in the nightly's order (``frame``: its
-    summaries, where the caller has read them)."""
+def reference_methods(folder: Path, frame=None, order: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The methods a reference holds (finished runs), in the nightly's ``order`` (the methods
+    registered for it: ``suite.plugins.registry.METHODS.nightly()``), the others after them
+    by name (``frame``: its summaries, where the caller has read them)."""
     frame = load_summaries(folder)[0] if frame is None else frame
     held = set(frame.loc[frame[schema.STATUS] == Status.OK, schema.METHOD])
-    return tuple([m for m in NIGHTLY_METHODS if m in held] + sorted(held - set(NIGHTLY_METHODS)))
+    return tuple([m for m in order if m in held] + sorted(held - set(order)))
 
 
 def chosen_methods(requested: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
-    """NIGHTLY_METHODS (a comma list) or ``default``, with DDP always among them."""
+    """The methods the NIGHTLY_METHODS variable asks for (``requested``: a comma list) or
+    ``default``, with DDP always among them."""
     names = [m for m in (requested or "").split(",") if m.strip()]
     methods = tuple(dict.fromkeys(m.strip() for m in names)) or default
     return methods if DENSE in methods else (DENSE, *methods)
@@ -287,7 +177,8 @@ class NightlyPlan:
     Attributes:
         machine_class: the class its runs will record.
         reference: that class's reference folder.
-        methods: the methods it runs (the reference's, or NIGHTLY_METHODS among them).
+        methods: the methods it runs (the reference's, or those the NIGHTLY_METHODS variable
+            chooses among them).
         env: environment for its ranks (the portable kernels' where it falls back to them).
         note: the one line that says it fell back to the portable kernels (None: native).
         seeds: the seeds it runs, those the reference holds (one where kernels repeat).
@@ -302,10 +193,11 @@ class NightlyPlan:
 
 
 def plan_nightly(root: Path, gpus: int, requested: str | None = None,
-                 device: str = "auto") -> NightlyPlan:
+                 device: str = "auto", order: tuple[str, ...] = ()) -> NightlyPlan:
     """The nightly of this runner: its native class's reference, else (CPU ranks) the portable
     class's under the portable kernels, else a one-line refusal naming ``nox -s reference``;
-    the reference's methods, or those NIGHTLY_METHODS asks for if it holds them all.
+    the reference's methods, or those the NIGHTLY_METHODS variable (``requested``) asks for if
+    it holds them all, in the nightly's ``order`` (``reference_methods``).
 
     Raises:
         BenchError: no reference to judge this runner against, one recorded under other
@@ -329,7 +221,7 @@ def plan_nightly(root: Path, gpus: int, requested: str | None = None,
                          f"runner's ({'; '.join(moved)}): its numbers would not repeat here; "
                          "re-record it with `nox -s reference -- --replace`")
     frame, _ = load_summaries(folders[machine])  # read once for its methods and seeds
-    held = reference_methods(folders[machine], frame)
+    held = reference_methods(folders[machine], frame, order)
     methods = chosen_methods(requested, held)
     lacking = [m for m in methods if m not in held]
     if lacking:
@@ -467,7 +359,9 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
     method's time ratio from the reference seen in them (at least 5 %; nightlies on a busy
     runner are left out of it), the accuracy drop twice the largest accuracy deviation (at
     least 1 point), the training-loss threshold five times its largest deviation (at least
-    1 %); the methods measured and the nightlies' count are written beside them.
+    1 %), each at most what a gate.json may hold (``Gate.bounded``: 100 points, 1000 %, so a
+    wild spread writes a file that reads back); the methods measured and the nightlies'
+    count are written beside them.
 
     Raises:
         BenchError: fewer than ``MIN_NIGHTLIES``, or nightlies of another class.
@@ -476,7 +370,9 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
         raise BenchError(f"a spread needs at least {MIN_NIGHTLIES} nightlies, got {len(nightlies)}")
     reference = Path(reference)
     ref = load_summaries(reference)[0].set_index(schema.METHOD)
-    gate = gate_of(reference)
+    gate = read_gate(reference)
+    # None: every night is quiet (0: only a runner with nothing else on it is)
+    quiet_share = math.inf if gate.outside_load is None else gate.outside_load
     deviations: dict[str, list[float]] = {TIME_RATIO: [], schema.FINAL_ACCURACY: [],
                                           schema.FINAL_TRAIN_LOSS: []}
     methods: set[str] = set()
@@ -486,7 +382,7 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
         if set(frame.machine_class) - {"-", reference.name}:
             raise BenchError(f"{folder} holds runs of {sorted(set(frame.machine_class))}, not "
                              f"{reference.name}; calibrate one class at a time")
-        loads = [busy(load, gate.max_outside_load or math.inf) for load in frame.runner_load]
+        loads = [busy(load, quiet_share) for load in frame.runner_load]
         busy_nights += any(loads)
         for (_, run), loaded in zip(frame.set_index(schema.METHOD).iterrows(), loads):
             if run.name not in ref.index:
@@ -503,17 +399,11 @@ def calibrate_gate(reference: Path, nightlies: list[str | Path]) -> Path:
              for k, values in deviations.items()}
     time_worst, accuracy_worst, loss_worst = (worst[TIME_RATIO], worst[schema.FINAL_ACCURACY],
                                               worst[schema.FINAL_TRAIN_LOSS])
-    values = {
-        "max_time_regression": (DEFAULT_GATE["max_time_regression"] if time_worst is None
-                                else f"{max(5.0, math.ceil(150 * time_worst)):g}%"),
-        "max_accuracy_drop": max(1.0, round(2 * (accuracy_worst or 0.0), 1)),
-        "max_loss_regression": f"{max(1.0, math.ceil(500 * (loss_worst or 0.0))):g}%",
-        "max_regression": DEFAULT_GATE["max_regression"],
-        "max_outside_load": DEFAULT_GATE["max_outside_load"],
-        "metrics": DEFAULT_GATE["metrics"],
-        "measured": {"nightlies": len(nightlies), "methods": sorted(methods),
-                     "busy_nightlies": busy_nights, "largest_deviations": worst},
-    }
-    path = reference / GATE_FILE
-    path.write_text(json.dumps(values, indent=2) + "\n")
-    return path
+    measured = Gate(
+        time_regression=(DEFAULT.time_regression if time_worst is None
+                         else max(5.0, math.ceil(150 * time_worst)) / 100),
+        accuracy_drop=max(1.0, round(2 * (accuracy_worst or 0.0), 1)),
+        loss_regression=max(1.0, math.ceil(500 * (loss_worst or 0.0))) / 100).bounded()
+    return write_gate(reference, measured, {
+        "nightlies": len(nightlies), "methods": sorted(methods), "busy_nightlies": busy_nights,
+        "largest_deviations": worst})

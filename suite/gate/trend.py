@@ -10,10 +10,11 @@ key and metric, the series in time order goes to a change-point detector: ``rupt
 with a least-squares cost and a BIC penalty (2 sigma^2 log n), sigma the series' noise
 estimated from its successive differences (median absolute deviation, robust to the steps it
 looks for), floored so deterministic series do not split on rounding.
-A change point counts when its step is also beyond the gate's threshold (``--max-regression``
-relative, ``--max-accuracy-drop`` points). Apache Otava (e-divisive) was the first choice;
-its 0.8.0 pins numpy 2.2 and scipy < 1.17, which would downgrade the numpy 2.4 that torch and
-pandas use here, and pulls BigQuery, Postgres and Slack clients; ruptures has no such pins.
+A change point counts when its step is also beyond the gate's threshold for the metric
+(``suite.gate.thresholds``: relative, accuracy in points). Apache Otava (e-divisive) was
+the first choice; its 0.8.0 pins numpy 2.2 and scipy < 1.17, which would downgrade the numpy
+2.4 that torch and pandas use here, and pulls BigQuery, Postgres and Slack clients; ruptures
+has no such pins.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import pandas as pd
 from pydantic import Field
 
 from suite.errors import BenchError
-from suite.gate.compare import KEY, TIME_METRICS, TIME_RATIO, load_summaries
+from suite.gate.compare import KEY, TIME_RATIO, load_summaries
 from suite.gate.judge import Judgement
-from suite.gate.reference import GENERIC, Gate, class_folders, gate_of, reference_root
+from suite.gate.reference import class_folders, reference_root
+from suite.gate.thresholds import GENERIC, Gate, history_record, read_gate
 from suite.results import schema
 from suite.results.catalogue import SERIES_KEY as CATALOGUE_SERIES_KEY
 from suite.results.catalogue import directions
@@ -73,7 +75,7 @@ VERDICTS = "verdicts"
 REFERENCE = "reference"
 #: metric -> [low, high]: the values the gate's thresholds let pass around the reference
 BAND = "band"
-#: the thresholds that judged the line: Gate's fields (``source``: Gate.describe)
+#: the thresholds that judged the line: ``Gate.as_history``
 THRESHOLDS = "thresholds"
 #: the series in words, as a heading names it (``series_words``)
 LABEL = "label"
@@ -170,7 +172,8 @@ def judged_by_series(judged: Judgement) -> dict[tuple, dict]:
         series = tuple(fields[k] for k in SERIES_KEY)
         gate = judged.gates.get(fields[MACHINE_CLASS])
         entry = found.setdefault(series, {VERDICTS: {}, REFERENCE: {}, BAND: {},
-                                          THRESHOLDS: thresholds_of(gate)})
+                                          THRESHOLDS: None if gate is None
+                                          else gate.as_history()})
         metric = row["metric"]
         entry[VERDICTS][metric] = row["verdict"]
         base = row.get("baseline")
@@ -181,38 +184,15 @@ def judged_by_series(judged: Judgement) -> dict[tuple, dict]:
     return found
 
 
-#: the Gate fields a history line keeps of the thresholds that judged it
-KEPT_THRESHOLDS = ("max_regression", "max_accuracy_drop", "max_time_regression",
-                   "max_loss_regression", "max_outside_load")
-
-
-def thresholds_of(gate) -> dict | None:
-    """A gate as a history line keeps it (None: none judged the line): its thresholds, what
-    they were (``source``: ``Gate.describe``) and where they came from (``origin``)."""
-    if gate is None:
-        return None
-    return {**{name: getattr(gate, name) for name in KEPT_THRESHOLDS},
-            "source": gate.describe(), "origin": gate.source}
-
-
 def recorded_gate(rows: pd.DataFrame) -> Gate | None:
     """The thresholds that judged the last judged line of ``rows`` (one class's), as the
     nightly recorded them, or None where no line was judged."""
     if THRESHOLDS not in rows:
         return None
     order = rows[NIGHT] if NIGHT in rows else rows[WHEN]
-    judged = [t for t in rows.assign(_order=order.astype(str)).sort_values("_order")[THRESHOLDS]
-              if isinstance(t, dict) and "max_regression" in t]
-    if not judged:
-        return None
-    last = judged[-1]
-    return Gate(max_regression=float(last["max_regression"]),
-                max_accuracy_drop=float(last["max_accuracy_drop"]),
-                max_time_regression=float(last["max_time_regression"]),
-                max_loss_regression=float(last["max_loss_regression"]),
-                max_outside_load=last.get("max_outside_load"), metrics=(),
-                source=f"{last.get('origin') or 'its thresholds'}, as the history's last "
-                "judged night recorded them")
+    ordered = rows.assign(_order=order.astype(str)).sort_values("_order")[THRESHOLDS]
+    judged = [gate for gate in map(Gate.from_history, ordered) if gate is not None]
+    return judged[-1] if judged else None
 
 
 def class_gate(rows: pd.DataFrame, machine: str, reference: Path | None = None) -> Gate:
@@ -223,7 +203,7 @@ def class_gate(rows: pd.DataFrame, machine: str, reference: Path | None = None) 
     if recorded is not None:
         return recorded
     folder = class_folders(reference if reference is not None else reference_root()).get(machine)
-    return gate_of(folder) if folder is not None else GENERIC
+    return read_gate(folder) if folder is not None else GENERIC
 
 
 def busy_lines(lines: pd.DataFrame) -> pd.Series:
@@ -235,13 +215,11 @@ def busy_lines(lines: pd.DataFrame) -> pd.Series:
         Verdict.NOT_JUDGED.value) for v in lines[VERDICTS]], index=lines.index)
 
 
-def band(metric: str, reference: float, gate) -> list[float]:
+def band(metric: str, reference: float, gate: Gate) -> list[float]:
     """The values ``gate`` lets pass around ``reference`` (a change within the threshold)."""
+    limit = gate.limit(metric)
     if metric == schema.FINAL_ACCURACY:
-        return [reference - gate.max_accuracy_drop / 100, reference + gate.max_accuracy_drop / 100]
-    limit = {schema.FINAL_TRAIN_LOSS: gate.max_loss_regression,
-             **dict.fromkeys(TIME_METRICS, gate.max_time_regression)}.get(
-                 metric, gate.max_regression)
+        return [reference - limit / 100, reference + limit / 100]
     return [reference * (1 - limit), reference * (1 + limit)]
 
 
@@ -291,9 +269,7 @@ HistoryLine = record("HistoryLine", {
     **dict.fromkeys(TREND_METRICS, Number),
     VERDICTS: dict[Name, Text], REFERENCE: dict[Name, Number],
     BAND: dict[Name, Annotated[list[Number], Field(min_length=2, max_length=2)]],
-    THRESHOLDS: record("Thresholds", {**dict.fromkeys(KEPT_THRESHOLDS, Number),
-                                      "source": Text, "origin": Text},
-                       required=(*KEPT_THRESHOLDS[:-1], "source")),
+    THRESHOLDS: history_record(),
 }, required=(*SERIES_KEY, WHEN))
 
 
@@ -359,17 +335,10 @@ def change_points(values: np.ndarray, floor: float) -> list[int]:
     return [b for b in breaks.predict(pen=penalty) if b < len(values)]
 
 
-def find_changes(
-    history: pd.DataFrame,
-    max_regression: float,
-    max_accuracy_drop: float,
-    max_time_regression: float | None = None,
-    max_loss_regression: float | None = None,
-) -> tuple[list[ChangePoint], list[str], int]:
+def find_changes(history: pd.DataFrame, gate: Gate) -> tuple[list[ChangePoint], list[str], int]:
     """(change points beyond the thresholds, series too short for a verdict, runs in the
-    longest series). Times step by ``max_time_regression`` and the training loss by
-    ``max_loss_regression`` where given, else by ``max_regression``; times the gate did not
-    judge (a busy runner) are left out of their series."""
+    longest series). Each metric steps by its threshold (``gate.limit``); times the gate did
+    not judge (a busy runner) are left out of their series."""
     found, short, longest = [], [], 0
     for key, series in history.groupby(SERIES_KEY, sort=True):
         series = series.sort_values(WHEN)
@@ -383,23 +352,8 @@ def find_changes(
         for metric, sign in TREND_METRICS.items():
             if metric not in series:  # a history begun before the metric was kept
                 continue
-            limit = trend_limit(metric, max_regression, max_accuracy_drop, max_time_regression,
-                                max_loss_regression)
-            found += series_changes(series, metric, sign, limit, name, key)
+            found += series_changes(series, metric, sign, gate.limit(metric), name, key)
     return found, short, longest
-
-
-def trend_limit(metric: str, max_regression: float, max_accuracy_drop: float,
-                max_time_regression: float | None, max_loss_regression: float | None) -> float:
-    """The step a metric's series may take: accuracy points, else relative; times and the
-    training loss by their own threshold where given."""
-    if metric == schema.FINAL_ACCURACY:
-        return max_accuracy_drop
-    if metric in (TIME_RATIO, schema.ITERATION_SECONDS) and max_time_regression is not None:
-        return max_time_regression
-    if metric == schema.FINAL_TRAIN_LOSS and max_loss_regression is not None:
-        return max_loss_regression
-    return max_regression
 
 
 def series_changes(series: pd.DataFrame, metric: str, sign: int, limit: float, name: str,

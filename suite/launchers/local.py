@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from suite import startup
+from suite import startup_signals
 from suite.cluster.netemu import (
     check_privileges,
     emulated_cluster,
@@ -37,6 +37,7 @@ from suite.environment import env_int
 from suite.errors import BenchError, RunFailed, RunInterrupted, os_reason
 from suite.processes import runs_as_recorded, signal_recorded
 from suite.results import schema
+from suite.results.ending import Ending
 from suite.results.folder import RunFolder, atomic_write_bytes, identity_summary
 from suite.results.lock import release, take
 from suite.results.machine import ranks_on_cuda
@@ -206,7 +207,7 @@ def run_agent(
 
     if node == 0:
         folder = open_run_folder(plan)
-        startup.run_started(str(folder.path))
+        startup_signals.run_started(str(folder.path))
     else:
         folder = RunFolder(Path(config.results_dir) / plan.run_id)
     logs = tempfile.mkdtemp(prefix="prunex-launch-")
@@ -231,7 +232,7 @@ def run_agent(
         fail_run(folder, config, signal_name=None, failure=dead_rank(exc))
     except (SignalException, KeyboardInterrupt) as exc:
         name = (signals.first() if isinstance(exc, SignalException)
-                else getattr(exc, "name", "SIGINT"))  # startup.Interrupted: SIGTERM too
+                else getattr(exc, "name", "SIGINT"))  # startup_signals.Interrupted: SIGTERM too
         if node:
             raise RunInterrupted(f"node {node}: interrupted by {name}") from None
         fail_run(folder, config, signal_name=name)
@@ -390,29 +391,37 @@ def fail_run(
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     unwritten = []
     try:
-        own = folder.first_rank_error()
-        reason = own if own and not own.startswith("rank ") else failure or own
-        full = disk_full(folder.path)
-        if full and (reason is None or "space" not in reason.lower()):
-            reason = full  # the ranks could not even write why
-        interrupted = signal_name is not None or (reason or "").startswith("interrupted")
-        reason = reason or (
-            f"interrupted by {signal_name}" if interrupted else "a rank exited abnormally"
-        )
-        known = {k: v for k, v in identity_summary(config).items() if k not in ("status", "error")}
+        ending = launcher_ending(folder, signal_name, failure)
+        known = {k: v for k, v in identity_summary(config).items()
+                 if k not in (schema.STATUS, schema.ERROR)}
         try:
-            unwritten = folder.mark_failed(
-                reason, status="interrupted" if interrupted else "failed", **known)
+            unwritten = folder.record_ending(ending, **known)
         except OSError as exc:
             unwritten = [f"nothing could be written ({os_reason(exc)}): free space, then "
                          f"`bench recover {folder.path}`"]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    error = RunInterrupted if interrupted else RunFailed
+    error = RunInterrupted if ending.interrupted else RunFailed
     said = f"; {'; '.join(unwritten)}" if unwritten else ""
-    raise error(f"run {config.run_id} {'stopped' if interrupted else 'failed'}: {reason} "
-                f"(see {folder.path}){said}") from None
+    raise error(f"run {config.run_id} {'stopped' if ending.interrupted else 'failed'}: "
+                f"{ending.reason} (see {folder.path}){said}") from None
+
+
+def launcher_ending(folder: RunFolder, signal_name: str | None, failure: str | None) -> Ending:
+    """How the launcher says a run ended that its ranks did not finish: a rank's own words
+    (a BenchError, an interruption) before the launcher's ``failure`` (the rank it saw die)
+    before a knock-on ``rank N: ...``; a full disk where no rank could say so; interrupted
+    when the launcher got ``signal_name`` or the reason says so."""
+    own = folder.first_rank_error()
+    reason = own if own and not own.startswith("rank ") else failure or own
+    full = disk_full(folder.path)
+    if full and (reason is None or "space" not in reason.lower()):
+        reason = full  # the ranks could not even write why
+    if reason is None:
+        reason = (f"interrupted by {signal_name}" if signal_name is not None
+                  else "a rank exited abnormally")
+    return Ending.of(reason, interrupted=signal_name is not None)
 
 
 #: free bytes below which a folder's disk counts as full (a flush of rows does not fit)

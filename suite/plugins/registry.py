@@ -126,6 +126,8 @@ class Entry:
     plugin: str | None = None
     #: figures of its own ``bench report`` draws after the suite's (suite.report.kit)
     figures: tuple[Callable[..., Any], ...] = ()
+    #: whether the nightly runs it (``Registry.nightly``)
+    nightly: bool = False
 
     @property
     def options(self) -> list[Option]:
@@ -206,6 +208,7 @@ class Registry:
         look: Look | None = None,
         activity: Callable[..., list[str]] | None = None,
         figures: tuple[Callable[..., Any], ...] = (),
+        nightly: bool = False,
     ):
         """Decorator on a factory: a method's ``factory(ctx: RunContext) -> Method``, a
         workload's ``factory() -> Workload``. Refuses, in one line, a name registered twice,
@@ -227,6 +230,9 @@ class Registry:
                 ``fn(runs, out, kit, width=None) -> kit.Figure | kit.Skipped`` (drawn once
                 however many methods declare it; ``kit`` is suite.report.kit: the report's
                 figure, labels and style, which a plugin cannot import).
+            nightly: the nightly runs it and judges it against the committed references
+                (``nightly``; a method added here needs its reference recorded: ``nox -s
+                reference``).
 
         Returns:
             The decorator (it returns the factory unchanged).
@@ -244,7 +250,7 @@ class Registry:
         def decorate(factory):
             shown = figure_tuple(self.kind, name, figures)
             entry = Entry(name, description, factory, settings, not_simulable, look, activity,
-                          plugin=third_party(self._loading), figures=shown)
+                          plugin=third_party(self._loading), figures=shown, nightly=nightly)
             self._check_entry(entry)
             self._entries[name] = entry
             return factory
@@ -388,6 +394,12 @@ class Registry:
         for entry in self._entries.values():
             found.update(dict.fromkeys(entry.figures))
         return list(found)
+
+    def nightly(self) -> tuple[str, ...]:
+        """The methods of the full nightly: those registered with ``nightly=True``, in the
+        order they registered (the installed plugins' included, loaded first)."""
+        self._load_plugins()
+        return tuple(entry.name for entry in self._entries.values() if entry.nightly)
 
     def entries(self) -> list[Entry]:
         """Every registered entry, in ``names()`` order."""

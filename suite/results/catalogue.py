@@ -47,8 +47,11 @@ class Metric:
         direction: +1 when higher is better, -1 when lower is.
         scale: the factor its values are shown at (accuracy as %, bytes as MB).
         unit: the unit of the shown values.
-        timing: a time, which gets the time threshold and is judged only on a quiet runner.
+        timing: a time, judged only on a quiet runner.
         trended: followed over the nightly history (``bench trend``).
+        threshold: the field of the gate's thresholds that judges it
+            (``suite.gate.thresholds.Gate``); the default, ``regression``, is the one of
+            every metric that has none of its own.
     """
 
     name: str
@@ -59,22 +62,28 @@ class Metric:
     unit: str = ""
     timing: bool = False
     trended: bool = True
+    threshold: str = "regression"
 
 
 #: every metric of the gate, in the order tables list them
 CATALOGUE = (
-    Metric(schema.FINAL_ACCURACY, "accuracy", "accuracy", +1, 100.0, "%"),
-    Metric(schema.FINAL_TRAIN_LOSS, "train-loss", "final training loss", -1),
-    Metric(TIME_RATIO, "time-ratio", "time ratio to DDP", -1, timing=True),
+    Metric(schema.FINAL_ACCURACY, "accuracy", "accuracy", +1, 100.0, "%",
+           threshold="accuracy_drop"),
+    Metric(schema.FINAL_TRAIN_LOSS, "train-loss", "final training loss", -1,
+           threshold="loss_regression"),
+    Metric(TIME_RATIO, "time-ratio", "time ratio to DDP", -1, timing=True,
+           threshold="time_regression"),
     Metric(schema.ITERATION_SECONDS, "time", "seconds per iteration", -1, unit=" s",
-           timing=True),
+           timing=True, threshold="time_regression"),
     Metric(schema.TIME_TO_TARGET_SECONDS, "time-to-target", "seconds to the target accuracy", -1,
-           unit=" s", timing=True, trended=False),
+           unit=" s", timing=True, trended=False, threshold="time_regression"),
     Metric(schema.INTER_NODE_BYTES_PER_ITERATION, "bytes", "inter-node bytes per iteration", -1,
            1e-6, " MB"),
 )
 #: what ``--metric`` calls a metric -> its Metric
 BY_ALIAS = {metric.alias: metric for metric in CATALOGUE}
+#: a metric's column -> its Metric
+BY_NAME = {metric.name: metric for metric in CATALOGUE}
 
 
 def directions(*, trended_only: bool = False) -> dict[str, int]:

@@ -6,44 +6,20 @@ from __future__ import annotations
 
 import torch
 
-from suite.config import RunConfig
-from suite.results import schema
 from suite.results.folder import RunFolder, write_torch
-from suite.results.summary import summarize
+from suite.results.summary import RunOutcome, summarize
 
 
-def finish_folder(
-    folder: RunFolder,
-    *,
-    config: RunConfig,
-    manifest: dict,
-    artifacts: dict[str, object],
-    iterations_done: int,
-    wall_seconds: float,
-    time_to_target: float | None,
-    converged: bool,
-    extra: dict | None = None,
-    evaluated: bool = True,
-    attempt_start: int | None = None,
-) -> dict:
+def finish_folder(folder: RunFolder, run: RunOutcome, artifacts: dict[str, object], *,
+                  extra: dict | None = None, evaluated: bool = True) -> dict:
     """Save ``artifacts`` (file name -> object for torch.save, as CPU tensors), summarize the
-    folder's iterations and evaluations (none for a simulated run, ``evaluated`` False), add
-    ``extra`` and write ``summary.json``; returns it. ``attempt_start``: the finishing
-    attempt's first iteration (``summarize``)."""
+    folder's iterations and evaluations (none for a simulated run, ``evaluated`` False) with
+    what the ranks know of the ``run``, add ``extra`` and write ``summary.json``; returns
+    it."""
     for name, obj in artifacts.items():
         write_torch(folder.path / name, on_cpu(obj))
-    summary = summarize(
-        config=config,
-        manifest=manifest,
-        dataset=manifest[schema.CONFIG][schema.DATASET],
-        iterations_done=iterations_done,
-        iterations=folder.table("iterations"),
-        evals=folder.table("evals") if evaluated else None,
-        wall_seconds=wall_seconds,
-        time_to_target=time_to_target,
-        converged=converged,
-        attempt_start=attempt_start,
-    )
+    summary = summarize(run, folder.table("iterations"),
+                        folder.table("evals") if evaluated else None)
     summary.update(extra or {})
     folder.write_summary(summary)
     return summary

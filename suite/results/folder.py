@@ -52,6 +52,7 @@ from suite.errors import LINE_LIMIT, BenchError, clipped, os_reason
 from suite.processes import start_time
 from suite.results import records, schema
 from suite.results.chunks import REFUSED, chunk_attempt, combined, foreign_line
+from suite.results.ending import Ending
 from suite.results.records import read_bytes, read_json_file, read_record
 from suite.results.schema import ENDED, Status
 
@@ -516,10 +517,12 @@ class RunFolder:
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / SUMMARY, summary)
 
-    def mark_failed(self, error: str, status: str = Status.FAILED, **known) -> list[str]:
-        """Record a failure (or an interruption) without losing rows the ranks flushed;
+    def record_ending(self, ending: Ending, **known) -> list[str]:
+        """Record how a run that did not finish ended (the one writer of an ``Ending``, for
+        ranks, launchers and ``bench recover`` alike) without losing rows the ranks flushed;
         returns what could not be written (a full disk: the rows stay in ``parts/``, counted,
-        and the summary is rewritten in the place of the old one).
+        and the summary is rewritten in the place of the old one). A summary that already
+        says how the run ended, and why, is kept: the first to say it is right.
 
         ``known`` adds identifying keys (method, workload, gpus, ...) so a failed run still
         shows up, as failed, in listings and comparisons.
@@ -542,7 +545,7 @@ class RunFolder:
         summary = {**known, **current}
         if summary.get(schema.STATUS) in ENDED and summary.get(schema.ERROR):
             return unwritten  # the ranks already said why
-        summary.update({schema.STATUS: status, schema.ERROR: error,
+        summary.update({schema.STATUS: ending.status, schema.ERROR: ending.reason,
                         schema.ENDED_AT: time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         recorded = self.iterations_recorded()
         if recorded:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from suite.errors import BenchError, RunFailed, os_reason
+from suite.results.ending import Ending
 from suite.results.folder import RunFolder
 from suite.results.lock import release, take
-from suite.results.schema import ENDED, STATUS, Status
+from suite.results.schema import ENDED, STATUS
 from suite.results.upgrade import identity_from_manifest
 
 KILLED = "killed: its processes ended without recording why (finalized by bench recover)"
@@ -101,14 +102,14 @@ def _mark_ended(folder: RunFolder, known: dict) -> str:
     said = folder.first_rank_error()
     reason = said if said and not said.startswith("rank ") else KILLED + (
         f"; a rank said: {said}" if said else "")
-    state = Status.INTERRUPTED if reason.startswith("interrupted") else Status.FAILED
+    ending = Ending.of(reason)
     rows = folder.iterations_recorded()
     try:
-        unwritten = folder.mark_failed(reason, status=state, **known)
+        unwritten = folder.record_ending(ending, **known)
     except OSError as exc:
-        raise RunFailed(f"{folder.path}: would be marked {state} ({reason}), {rows} "
+        raise RunFailed(f"{folder.path}: would be marked {ending.status} ({reason}), {rows} "
                         f"iteration(s) of rows on disk; nothing could be written "
                         f"({os_reason(exc)})") from None
     notes = "".join(f"; {line}" for line in unwritten)
-    return (f"{folder.path}: marked {state} ({reason}), {rows} iteration(s) of rows "
+    return (f"{folder.path}: marked {ending.status} ({reason}), {rows} iteration(s) of rows "
             f"kept{notes}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -72,23 +74,38 @@ def final_train_losses(rows: pd.DataFrame, by: str) -> dict:
             for a, b in zip(starts, ends)}
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """What the ranks know of a finished run beyond its folder's tables: the summary's
+    inputs (``summarize``), which ``suite.results.finish.finish_folder`` passes on.
+
+    Attributes:
+        config: the run's configuration.
+        manifest: its manifest (topology, budget, recipe, run id).
+        iterations_done: the iterations it finished.
+        wall_seconds: its wall time.
+        time_to_target: seconds to the target accuracy (None: not reached, or none set).
+        converged: whether it stopped at the target.
+        attempt_start: the first iteration of the attempt that finished (where a resumed or
+            restarted run continued), whose time is ``first_iteration_seconds``; None: the
+            table's first.
+    """
+
+    config: RunConfig
+    manifest: dict
+    iterations_done: int
+    wall_seconds: float
+    time_to_target: float | None = None
+    converged: bool = False
+    attempt_start: int | None = None
+
+
 def summarize(
-    *,
-    config: RunConfig,
-    manifest: dict,
-    dataset: str,
-    iterations_done: int,
-    iterations: pd.DataFrame | None,
-    evals: pd.DataFrame | None,
-    wall_seconds: float,
-    time_to_target: float | None,
-    converged: bool,
-    status: str = Status.OK,
-    attempt_start: int | None = None,
+    run: RunOutcome, iterations: pd.DataFrame | None, evals: pd.DataFrame | None
 ) -> dict:
-    """summary.json's numbers from the run's merged tables. ``attempt_start``: the first
-    iteration of the attempt that finished (where a resumed or restarted run continued),
-    whose time is ``first_iteration_seconds``; None: the table's first."""
+    """summary.json's numbers for a finished run (status ``ok``), from ``run`` and its
+    merged tables (``evals`` None: not evaluated, a simulated run)."""
+    config, manifest, iterations_done = run.config, run.manifest, run.iterations_done
     topo = manifest[schema.TOPOLOGY]
     budget = manifest.get(schema.BUDGET) or {}
     local_steps = iterations_done * manifest[schema.STEPS_PER_ITERATION]
@@ -98,11 +115,11 @@ def summarize(
     summary = {
         schema.FORMAT_VERSION_KEY: schema.FORMAT_VERSION,
         schema.RUN_ID: manifest[schema.RUN_ID],
-        schema.STATUS: status,
+        schema.STATUS: Status.OK,
         schema.ERROR: None,
         schema.METHOD: config.method,
         schema.WORKLOAD: config.workload,
-        schema.DATASET: dataset,
+        schema.DATASET: manifest[schema.CONFIG][schema.DATASET],
         schema.GPUS: topo[schema.WORLD_SIZE],
         schema.NODES: topo[schema.NUM_NODES],
         schema.GPUS_PER_NODE: topo[schema.GPUS_PER_NODE],
@@ -114,15 +131,15 @@ def summarize(
         schema.FINAL_ACCURACY: None,
         schema.BEST_ACCURACY: None,
         schema.TARGET_ACCURACY: config.target_accuracy,
-        schema.TIME_TO_TARGET_SECONDS: time_to_target,
-        schema.WALL_SECONDS: wall_seconds,
-        schema.CONVERGED: converged,
+        schema.TIME_TO_TARGET_SECONDS: run.time_to_target,
+        schema.WALL_SECONDS: run.wall_seconds,
+        schema.CONVERGED: run.converged,
         schema.OPTIONS: config.options,
         schema.SEED: config.seed,
         schema.SIMULATED: bool(manifest.get(schema.SIMULATED, False)),
     }
     if iterations is not None and len(iterations):
-        summary.update(iteration_numbers(iterations, iterations_done, attempt_start))
+        summary.update(iteration_numbers(iterations, iterations_done, run.attempt_start))
     if evals is not None and len(evals):
         summary[schema.FINAL_ACCURACY] = float(evals[schema.ACCURACY].iloc[-1])
         summary[schema.BEST_ACCURACY] = float(evals[schema.ACCURACY].max())

@@ -23,8 +23,10 @@ from suite.cluster.recorder import Recorder
 from suite.cluster.watchdog import POSITION, Watchdog
 from suite.errors import BenchError, one_line
 from suite.plugins.registry import quiet_plugin_warnings
+from suite.results.ending import Ending
 from suite.results.folder import RunFolder, identity_summary
 from suite.results.lock import release, take
+from suite.results.schema import Status
 from suite.run.checkpoint import latest_checkpoint
 from suite.run.determinism import make_kernels_deterministic
 from suite.run.loop import AGREED_STOPS, AgreedInterruption, train
@@ -182,7 +184,7 @@ def stall_reporter(folder: RunFolder, recorder: Recorder, rank: int, stop: StopR
             folder.write_rank_error(rank, f"{line}\n\n{where}")
             folder.flush_rows(recorder)
             if rank == 0:
-                folder.mark_failed(line, status="failed")
+                folder.record_ending(Ending(Status.FAILED, line))
 
     return report
 
@@ -226,7 +228,8 @@ def record_failure(
         if (standalone or timed_out) and rank == 0:
             stopped = isinstance(exc, (AgreedInterruption, KeyboardInterrupt))
             with stop.held():
-                folder.mark_failed(message, status="interrupted" if stopped else "failed")
+                folder.record_ending(
+                    Ending(Status.INTERRUPTED if stopped else Status.FAILED, message))
     except Exception:
         pass
 

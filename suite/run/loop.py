@@ -30,6 +30,7 @@ from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder
 from suite.results.runner import load_over, own_pids, sample
+from suite.results.summary import RunOutcome
 from suite.run.agreement import Agreement, NonFiniteLoss, Settled
 from suite.run.build import check_steps_taken
 from suite.run.checkpoint import (
@@ -411,18 +412,14 @@ def finish(run: Run, result: LoopResult) -> None:
                                                      sample(own_pids(processes)))
         run.folder.write_manifest(run.manifest)
         with run.stop.held():
+            outcome = RunOutcome(
+                run.config, run.manifest, result.done, result.wall_seconds,
+                result.time_to_target, result.converged,
+                attempt_start=(run.attempt or {}).get(schema.RESUMED_AT_ITERATION) or 0)
             finish_folder(
-                run.folder,
-                config=run.config,
-                manifest=run.manifest,
-                artifacts={"model.pt": final_model.state_dict(), **run.method.artifacts()},
-                iterations_done=result.done,
-                wall_seconds=result.wall_seconds,
-                time_to_target=result.time_to_target,
-                converged=result.converged,
-                extra=summary_extra(run, result),
-                attempt_start=(run.attempt or {}).get(schema.RESUMED_AT_ITERATION) or 0,
-            )
+                run.folder, outcome,
+                {"model.pt": final_model.state_dict(), **run.method.artifacts()},
+                extra=summary_extra(run, result))
         shutil.rmtree(checkpoint_root(run.folder.path), ignore_errors=True)
     wait_for_rank0(run)
 

@@ -48,6 +48,7 @@ from suite.plugins.registry import METHODS
 from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder, write_table
+from suite.results.summary import RunOutcome
 from suite.run.build import build_method, check_steps_taken, make_manifest
 from suite.run.plan import RunPlan
 from suite.sim.estimate import single_threaded
@@ -72,7 +73,7 @@ def borrowed_accuracy(run_dir: str | None) -> Borrowed | None:
     if run_dir is None:
         return None
     summary = RunFolder(run_dir).summary()
-    if summary is None or summary.get(schema.STATUS) != "ok":
+    if summary is None or summary.get(schema.STATUS) != schema.Status.OK:
         raise BenchError(f"--accuracy-from {run_dir}: not a finished run folder (no ok summary)")
     if summary.get(schema.SIMULATED):
         raise BenchError(f"--accuracy-from {run_dir}: a simulated run has no accuracy to lend")
@@ -213,18 +214,10 @@ def _write_tables_and_finish(
             best_accuracy=accuracy.best_accuracy,
             accuracy_from=accuracy.run_id,
         )
-    finish_folder(
-        folder,
-        config=config,
-        manifest=manifest,
-        artifacts=method.artifacts(),  # masks.pt: what the replay's masks were
-        iterations_done=iterations,
-        wall_seconds=float(frame.groupby(schema.ITERATION)[schema.T_ITERATION].max().sum()),
-        time_to_target=None,
-        converged=False,
-        extra=extra,
-        evaluated=False,
-    )
+    wall = float(frame.groupby(schema.ITERATION)[schema.T_ITERATION].max().sum())
+    finish_folder(folder, RunOutcome(config, manifest, iterations, wall),
+                  method.artifacts(),  # masks.pt: what the replay's masks were
+                  extra=extra, evaluated=False)
 
 
 def _replay_iterations(

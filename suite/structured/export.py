@@ -30,16 +30,21 @@ from torch import nn
 from suite.errors import BenchError
 from suite.structured.groups import (
     ChannelGroup,
-    RunawayMapping,
-    build_graph,
-    channel_count,
     copy_model,
-    remapped,
+    mapping_budget,
     trace_channel_groups,
 )
 from suite.structured.liveness import LiveSlices, live_slices, zero_dead
 from suite.structured.masks import StructuredMask, apply_mask
 from suite.structured.packing import packed_numel
+from suite.structured.tracing import (
+    RunawayMapping,
+    build_graph,
+    channel_count,
+    cutting_ops,
+    out_channel_pruning,
+    remapped,
+)
 from suite.structured.units import UnitGroup, apply_units, kept_positions
 
 TOLERANCE = 1e-5  # max |exported - masked dense| over the checked test outputs (float64)
@@ -110,12 +115,9 @@ def remove_dead_channels(
 def _remove_groups(model, groups, live, example, left_out: set[int]):
     """(the copy with the removable groups removed, None), or (None, the index of the first
     group whose removal stopped the forward)."""
-    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
-    import torch_pruning as tp
-
     pruned = copy_model(model).cpu().eval()
     modules = dict(pruned.named_modules())
-    graph = build_graph(pruned, example)
+    graph = build_graph(pruned, example, *mapping_budget())
     for number, (group, alive) in enumerate(zip(groups, live.channels)):
         dead = (~alive).nonzero().flatten()
         if dead.numel() == 0 or not group.producers or number in left_out:
@@ -125,8 +127,7 @@ def _remove_groups(model, groups, live, example, left_out: set[int]):
         root = group.producers[0]
         idxs = root.index[dead].tolist()
         try:
-            pruning = graph.get_pruning_group(modules[root.module], tp.prune_conv_out_channels,
-                                              idxs)
+            pruning = out_channel_pruning(graph, modules[root.module], idxs)
         except RunawayMapping:  # the graph's mapping budget is spent: the rest stay zeros
             break
         if not in_range(pruning, graph) or unshrinkable(pruning, graph):
@@ -161,10 +162,7 @@ def splits(pruning) -> bool:
     feature map: the forward of the module doing it keeps its sizes as numbers of its own
     (timm's CSP blocks split at ``expand_chs // 2``, MixNet's mixed convs at stored split
     sizes), which no pruner updates, so removing channels there breaks the model."""
-    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
-    import torch_pruning as tp
-
-    cutting = {tp.ops.OPTYPE.SPLIT, tp.ops.OPTYPE.UNBIND, tp.ops.OPTYPE.SLICE}
+    cutting = cutting_ops()
     return any(node.type in cutting for item in pruning
                for node in (item.dep.source, item.dep.target))
 

@@ -4,21 +4,28 @@ A channel of a feature map is written by the filters of the convs that produce i
 when residual additions tie them), scaled by the BN entries that follow each of those convs,
 and read by the input channels of every conv that consumes it. Torch-Pruning's
 ``DependencyGraph`` traces these couplings from the model's real autograd graph (residual
-adds, concatenations, flattens); this module turns each of its groups into the producer /
-follower / consumer index sets that the liveness rule (``liveness``) and the exporter
-(``export``) need. Framework code: PruneX and the pruning baselines see one graph.
+adds, concatenations, flattens: through ``tracing``, the suite's one adapter of it); this
+module turns each of its groups into the producer / follower / consumer index sets that the
+liveness rule (``liveness``) and the exporter (``export``) need. Framework code: PruneX and
+the pruning baselines see one graph.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from suite.errors import BenchError
+from suite.structured.tracing import (
+    Ungroupable,
+    channel_count,
+    cutting_ops,
+    op_type,
+    traced_groups,
+)
 
 
 @dataclass(frozen=True)
@@ -112,29 +119,6 @@ def _memo_detached(value, memo: dict[int, object]) -> None:
             _memo_detached(item, memo)
 
 
-def build_graph(model: nn.Module, example_input: torch.Tensor):
-    """Torch-Pruning's dependency graph of ``model`` (traced in place, as it is), where an op
-    Torch-Pruning cannot map its channels through is left unmapped instead of ending the trace
-    (``tolerate_unmappable_ops``): ``graph.unmapped`` holds such nodes, and a group through
-    one keeps every channel (``_channel_group``) and is never removed (``export``)."""
-    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
-    import torch_pruning as tp
-
-    tolerate_unmappable_ops()
-    _mapping_work[0] = 0
-    graph = tp.DependencyGraph()
-    graph.unmapped = set()
-    with warnings.catch_warnings():  # its deep-recursion warnings would break a one-line refusal
-        warnings.simplefilter("ignore", UserWarning)
-        return graph.build_dependency(model, example_inputs=example_input, verbose=False)
-
-
-#: Torch-Pruning's per-op index mappings (``dependency.index_mapping``), run at every grouping
-INDEX_MAPPINGS = ("update_concat_index_mapping", "update_split_index_mapping",
-                  "update_reshape_index_mapping", "update_unbind_index_mapping",
-                  "update_expand_index_mapping", "update_slice_index_mapping")
-
-
 #: the most channel indices one of Torch-Pruning's index mappings may carry (a flatten before
 #: a classifier carries C x H x W: 25,088 for VGG at 224 px); beyond it a mapping has run away
 #: (Swin's windows merged into channels: 3 million indices a step, minutes a group)
@@ -143,133 +127,12 @@ MAX_MAPPED_INDICES = 2**18
 #: 1.6 million (7 s), ReXNet's padded residual stream over 25 million in a minute and still
 #: climbing; beyond it the model is grouped as one Torch-Pruning cannot group (``Ungroupable``)
 MAX_MAPPING_WORK = 2**22
-#: the channel indices the mappings of the graph being grouped carried so far (one graph is
-#: grouped at a time: ``build_graph`` starts the count)
-_mapping_work = [0]
 
 
-def index_group_items() -> None:
-    """Make Torch-Pruning's check "is this dependency with these indices in the group
-    already" a set lookup instead of a scan of the group (quadratic in a group's size: ReXNet's
-    padded residual stream has thousands of items, 25 s for its second group)."""
-    from torch_pruning.dependency.group import Group  # lazy: as build_graph's import
-
-    if getattr(Group.add_dep, "indexed", False):
-        return
-    add = Group.add_dep
-
-    def add_dep(self, dep, idxs):
-        add(self, dep, idxs)
-        self.__dict__.setdefault("_seen", set()).add((dep.target, dep.handler, tuple(idxs)))
-
-    def has_pruning_op(self, dep, idxs):
-        return (dep.target, dep.handler, tuple(idxs)) in self.__dict__.get("_seen", ())
-
-    add_dep.indexed = True
-    Group.add_dep, Group.has_pruning_op = add_dep, has_pruning_op
-
-
-def remapped(graph) -> None:
-    """After a pruning changed shapes, the graph's index mappings are made again at its next
-    grouping (``tolerate_unmappable_ops`` makes them once per graph otherwise)."""
-    graph.mapped = False
-
-
-class RunawayMapping(RuntimeError):
-    """A Torch-Pruning index mapping carried more than ``MAX_MAPPED_INDICES`` indices."""
-
-
-def tolerate_unmappable_ops() -> None:
-    """Wrap Torch-Pruning's per-op index mappings (they run again at every grouping) so that
-    an op it cannot map its channels through is recorded on its graph (``unmapped``) and left
-    as it is, instead of ending the trace: ShuffleNetV2's channel shuffle (a view into five
-    dims: a division by zero in the reshape rule) and its chunk of the shuffled channels (an
-    index error in the split rule). Only an op whose mapping raises is affected: every other
-    mapping runs as Torch-Pruning's own. Make the mappings once per graph, not at every
-    grouping (they follow the graph's shapes, which only a pruning changes: ``remapped``;
-    RexNet's hundreds of groups took minutes). And bound what the mappings carry
-    (``MAX_MAPPED_INDICES`` a mapping, ``MAX_MAPPING_WORK`` a graph): a grouping that runs
-    away (Swin, MaxViT, ECA-ResNet, ReXNet: minutes to hours) ends at once, the same way on
-    every rank, and the model is grouped as one Torch-Pruning cannot group
-    (``Ungroupable``)."""
-    from torch_pruning.dependency import index_mapping  # lazy: as build_graph's import
-
-    _tolerate_mapping_errors(index_mapping)
-    index_group_items()
-    _map_once_per_graph(index_mapping)
-    _bound_mapping_work(index_mapping)
-
-
-def _tolerate_mapping_errors(index_mapping) -> None:
-    """Wrap each of ``INDEX_MAPPINGS`` so that an op whose mapping raises is recorded on its
-    graph (``unmapped``) and left as it is, instead of ending the trace; idempotent.
-
-    Args:
-        index_mapping: Torch-Pruning's ``dependency.index_mapping`` module, patched in place.
-    """
-    for name in INDEX_MAPPINGS:
-        mapping = getattr(index_mapping, name, None)
-        if mapping is None or getattr(mapping, "tolerant", False):
-            continue
-
-        def tolerant(graph, node, *args, _mapping=mapping):
-            try:
-                return _mapping(graph, node, *args)
-            except Exception:  # an op this Torch-Pruning cannot map: its groups stay whole
-                graph.__dict__.setdefault("unmapped", set()).add(node)
-                return None
-
-        tolerant.tolerant = True
-        setattr(index_mapping, name, tolerant)
-
-
-def _map_once_per_graph(index_mapping) -> None:
-    """Make Torch-Pruning's index mappings once per graph (until ``remapped``) instead of at
-    every grouping, which took minutes on RexNet's hundreds of groups; idempotent.
-
-    Args:
-        index_mapping: Torch-Pruning's ``dependency.index_mapping`` module, patched in place.
-    """
-    update = index_mapping.update_index_mapping
-    if not getattr(update, "once", False):  # Torch-Pruning maps again at every grouping
-
-        def once(graph):
-            if not getattr(graph, "mapped", False):  # shapes changed: ``remapped``
-                with warnings.catch_warnings():  # "Maximum recursive depth": a refusal's line
-                    warnings.simplefilter("ignore", UserWarning)
-                    update(graph)
-                graph.mapped = True
-
-        once.once = True
-        index_mapping.update_index_mapping = once
-
-
-def _bound_mapping_work(index_mapping) -> None:
-    """Make every ``*IndexMapping`` class count the indices it carries and raise
-    ``RunawayMapping`` past ``MAX_MAPPED_INDICES`` a call or ``MAX_MAPPING_WORK`` a graph,
-    so a runaway grouping ends at once, alike on every rank; idempotent.
-
-    Args:
-        index_mapping: Torch-Pruning's ``dependency.index_mapping`` module, patched in place.
-    """
-    for name in dir(index_mapping):  # the mappings' objects: bounded, so a runaway ends
-        kind = getattr(index_mapping, name)
-        if not (isinstance(kind, type) and name.endswith("IndexMapping")):
-            continue
-        if getattr(kind.__call__, "bounded", False):
-            continue
-
-        def bounded(self, idxs, *args, _call=kind.__call__):
-            _mapping_work[0] += len(idxs)
-            if len(idxs) > MAX_MAPPED_INDICES:
-                raise RunawayMapping(f"a channel mapping ran away ({len(idxs):,} indices)")
-            if _mapping_work[0] > MAX_MAPPING_WORK:
-                raise RunawayMapping(f"the channel mappings ran away (over "
-                                     f"{MAX_MAPPING_WORK:,} indices)")
-            return _call(self, idxs, *args)
-
-        bounded.bounded = True
-        kind.__call__ = bounded
+def mapping_budget() -> tuple[int, int]:
+    """(indices a mapping, indices a graph) Torch-Pruning's index mappings may carry while a
+    graph is built (``suite.structured.tracing.build_graph``), read at each trace."""
+    return MAX_MAPPED_INDICES, MAX_MAPPING_WORK
 
 
 def dependency_graph(model: nn.Module, example_input: torch.Tensor, roots: tuple, what: str):
@@ -284,63 +147,12 @@ def dependency_graph(model: nn.Module, example_input: torch.Tensor, roots: tuple
     hooks = [m.register_forward_hook(lambda _m, _i, out: graph_nodes_of_norms.add(out.grad_fn))
              for m in traced.modules() if isinstance(m, CHANNEL_MIXING_NORMS)]
     try:
-        graph = build_graph(traced, example_input.detach().cpu()[:1])
-        groups = list(graph.get_all_groups(root_module_types=list(roots)))
+        graph, groups = traced_groups(traced, example_input, roots, what, mapping_budget())
         graph.channel_mixing_outputs = graph_nodes_of_norms - {None}
-    except BenchError:
-        raise  # a time limit that ran out while tracing
-    except Exception as exc:  # tracing raises anything the model's forward or TP raises
-        why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        where = failing_op(exc, {m: n for n, m in traced.named_modules()})
-        line = f"cannot trace {what} of {type(model).__name__} with Torch-Pruning{where} ({why})"
-        raise (Ungroupable if forward_runs(traced, example_input) else BenchError)(
-            line) from None
     finally:
         for hook in hooks:
             hook.remove()
     return traced, graph, groups
-
-
-def forward_runs(model: nn.Module, example_input: torch.Tensor) -> bool:
-    """Whether the model's own forward takes ``example_input`` (then a failed trace is
-    Torch-Pruning's, not the model's)."""
-    try:
-        with torch.no_grad():
-            model(example_input.detach().cpu()[:1])
-    except Exception:  # the model's forward raises anything
-        return False
-    return True
-
-
-def failing_op(exc: BaseException, names: dict[nn.Module, str]) -> str:
-    """``: at the reshape after stage2.0.branch2.7``, where Torch-Pruning failed: the graph node
-    it was mapping when it raised (its frames keep it as ``node``), named by its module, or
-    by the modules that feed an op of no module (a channel shuffle's view and transpose);
-    empty where no node is known."""
-    node, trace = None, exc.__traceback__
-    while trace is not None:
-        candidate = trace.tb_frame.f_locals.get("node")
-        if candidate is not None and hasattr(candidate, "inputs"):
-            node = candidate
-        trace = trace.tb_next
-    if node is None:
-        return ""
-    if node.module in names:
-        return f": at {names[node.module]} ({type(node.module).__name__})"
-    feeding, frontier, seen = [], list(node.inputs), set()
-    while frontier and not feeding:  # the nearest modules upstream of an op of none
-        step = []
-        for before in frontier:
-            if id(before) in seen:
-                continue
-            seen.add(id(before))
-            if before.module in names:
-                feeding.append(names[before.module])
-            else:
-                step += list(before.inputs)
-        frontier = step
-    kind = str(getattr(node.type, "name", node.type)).lower()
-    return f": at the {kind} after {', '.join(feeding[:2])}" if feeding else f": at a {kind}"
 
 
 class ChannelGroups(list):
@@ -349,10 +161,6 @@ class ChannelGroups(list):
     is dead beyond what the masks zero, which is exact, and nothing can be removed)."""
 
     untraced: str | None = None
-
-
-class Ungroupable(BenchError):
-    """Torch-Pruning traced the model's forward but could not group its channels."""
 
 
 def trace_channel_groups(model: nn.Module, example_input: torch.Tensor) -> ChannelGroups:
@@ -438,7 +246,7 @@ def _add_item(group: ChannelGroup, item, graph, names: dict[nn.Module, str]) -> 
         # split-then-concat: its members would name the wrong channels)
         group.whole = True
     if not isinstance(module, nn.Module) or not any(True for _ in module.parameters()):
-        if dep.target.type == _optype("OUTPUT"):
+        if dep.target.type == op_type("OUTPUT"):
             group.open_read = True
         return  # element-wise ops, reshapes, adds: no parameters of their own
     writes = graph.is_out_channel_pruning_fn(dep.handler)
@@ -459,7 +267,7 @@ def _forces_whole(dep, module, graph) -> bool:
     norm, cuts the feature map into parts, or passes an op Torch-Pruning left unmapped."""
     return bool(isinstance(module, CHANNEL_MIXING_NORMS)
                 or getattr(dep.target, "grad_fn", None) in graph.channel_mixing_outputs
-                or {dep.source.type, dep.target.type} & _cutting_ops()
+                or {dep.source.type, dep.target.type} & cutting_ops()
                 or {dep.source, dep.target} & graph.unmapped)
 
 
@@ -518,31 +326,9 @@ def ignores_zeroed_inputs(conv: nn.Conv2d) -> bool:
             return False
 
 
-def channel_count(graph, module: nn.Module, writes: bool) -> int | None:
-    """The module's channels along the dim a group item prunes (out for a writer, in for a
-    reader), as Torch-Pruning's pruner of it counts them; None where it has no pruner."""
-    pruner = graph.get_pruner_of_module(module)
-    if pruner is None:
-        return None
-    count = pruner.get_out_channels(module) if writes else pruner.get_in_channels(module)
-    return int(count) if count is not None else None
-
-
 def _owning_conv(norm: nn.Module, graph, names: dict[nn.Module, str]) -> str | None:
     """The conv whose output alone the BN layer normalizes, if its input is one plain conv."""
     inputs = graph.module2node[norm].inputs
     if len(inputs) == 1 and _plain_conv(inputs[0].module):
         return names[inputs[0].module]
     return None
-
-
-def _cutting_ops() -> set:
-    """Torch-Pruning's op types that cut a feature map into parts."""
-    return {_optype("SPLIT"), _optype("UNBIND"), _optype("SLICE")}
-
-
-def _optype(name: str):
-    # lazy: torch_pruning costs ~1.8 s to import; only this path needs it
-    import torch_pruning as tp
-
-    return getattr(tp.ops.OPTYPE, name)

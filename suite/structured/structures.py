@@ -18,8 +18,9 @@ from torch import nn
 
 from suite.config import flag_of
 from suite.errors import BenchError
-from suite.structured.groups import Ungroupable, trace_channel_groups
+from suite.structured.groups import trace_channel_groups
 from suite.structured.masks import CONV_KEEPS, conv_shapes, keep_count
+from suite.structured.tracing import Ungroupable
 from suite.structured.units import UnitGroup, trace_unit_groups
 
 #: conv keep -> the dim of a (C_out, C_in, KH, KW) weight whose groups it prunes

@@ -41,6 +41,29 @@ def test_rates_parse_and_bad_rates_are_one_line():
 
 
 @needs_root
+def test_the_links_shaping_is_declared_once_for_both_clusters():
+    """--network emulated and tools/cluster-up shape their links from netemu's one
+    declaration: the script asks for it and spells none of it itself."""
+    from pathlib import Path
+
+    from suite.cluster.netemu import FRAMES, MTU, EmulatedCluster
+
+    said = {flag: subprocess.run([sys.executable, "-m", "suite.cluster.netemu", *flag],
+                                 capture_output=True, text=True)
+            for flag in (("--shaper", "200mbit"), ("--frames",), ("--mtu",), ("--shaper", "x"))}
+    assert said[("--shaper", "200mbit")].stdout.split() == EmulatedCluster(
+        2, parse_rate("200mbit"), "t").qdisc
+    assert said[("--frames",)].stdout.split() == list(FRAMES)
+    assert said[("--mtu",)].stdout.split() == [str(MTU)]
+    bad = said[("--shaper", "x")]
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "is not a rate" in bad.stderr
+    script = (Path(__file__).resolve().parents[2] / "tools" / "cluster-up").read_text()
+    code = [line.split("#")[0] for line in script.splitlines()]  # comments may name them
+    assert "netemu --shaper" in script and "netemu --frames" in script
+    assert not {"burst", "latency", "gso_max_segs", "9000", "tbf"} & {
+        word for line in code for word in line.split()}
+
+
 def test_cluster_is_torn_down_after_use_and_after_an_error():
     with emulated_cluster(2, parse_rate("1gbit"), "t1") as cluster:
         names = [cluster.bridge, *cluster.nodes]

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from suite.cli import main
-from suite.gate.reference import DEFAULT_GATE, GateFile
+from suite.gate.thresholds import DEFAULT_GATE, GateFile
 from suite.gate.trend import HistoryLine
 from suite.results.records import Manifest, Summary
 from suite.sim.profile import PROFILE_DIR, ProfileFile

@@ -95,7 +95,7 @@ def test_a_wrong_manifest_field_is_named(run, tmp_path, field, value, said):
 @pytest.mark.parametrize(("content", "said"), [
     ([1, 2], "a JSON list, not an object"),
     ("5%", "a JSON string, not an object"),
-    ({"max_regression": "lots"}, "--max-regression 'lots' is not a fraction"),
+    ({"max_regression": "lots"}, "max_regression 'lots' is not a fraction"),
     ({"max_accuracy_drop": "5"}, "max_accuracy_drop: should be a valid number"),
     ({"metrics": ["speed"]}, "unknown metric 'speed'"),
 ])

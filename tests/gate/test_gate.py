@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from suite.gate.reference import DEFAULT_GATE
+from suite.gate.thresholds import DEFAULT_GATE
 from suite.results.machine import device_model, machine_class
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,11 +110,13 @@ def test_a_set_of_a_class_without_reference_fails_in_one_line(tmp_path, recorded
 
 
 def plan(root: Path, methods: str = "", **env: str) -> dict:
-    """What `nox -s nightly` decides before its sweep (suite.gate.plan_nightly), in a process
-    of ``env``: the class, reference, methods, environment and note, or the refusal."""
+    """What `nox -s nightly` decides before its sweep (suite.gate.plan_nightly, handed the
+    nightly's order as noxfile.py hands it), in a process of ``env``: the class, reference,
+    methods, environment and note, or the refusal."""
     code = ("import json, sys; from suite.errors import BenchError; "
-            "from suite.gate import plan_nightly\n"
-            f"try: p = plan_nightly({str(root)!r}, 4, {methods!r} or None)\n"
+            "from suite.gate import plan_nightly; from suite.plugins.registry import METHODS\n"
+            f"try: p = plan_nightly({str(root)!r}, 4, {methods!r} or None, "
+            "order=METHODS.nightly())\n"
             "except BenchError as e: print(json.dumps({'refusal': str(e)})); sys.exit()\n"
             "print(json.dumps({'class': p.machine_class, 'reference': str(p.reference), "
             "'methods': list(p.methods), 'env': p.env, 'note': p.note}))")
@@ -137,14 +139,15 @@ def test_the_nightly_plans_its_class_or_refuses_before_it_runs(tmp_path):
     portable = plan(tmp_path)
     assert portable["class"] == "cpu-gloo-portable-t1"
     assert portable["env"] == {"ATEN_CPU_CAPABILITY": "default"}
-    assert portable["methods"] == ["prunex", "ddp", "localsgd-hier"]  # the reduced reference's
+    # the reduced reference's, in the order they registered for the nightly
+    assert portable["methods"] == ["ddp", "localsgd-hier", "prunex"]
     assert portable["note"] == (f"no reference for {here} in {tmp_path}: the nightly runs under "
                                 "torch's portable kernels (ATEN_CPU_CAPABILITY=default) against "
                                 "cpu-gloo-portable-t1")
     chosen = plan(tmp_path, "prunex")  # DDP joins: time ratios and activity checks need it
     assert chosen["methods"] == ["ddp", "prunex"]
     lacking = plan(tmp_path, "ddp,topk")
-    assert "holds prunex, ddp, localsgd-hier, not topk" in lacking["refusal"]
+    assert "holds ddp, localsgd-hier, prunex, not topk" in lacking["refusal"]
     copy_set(tmp_path / here, ("ddp",))
     native = plan(tmp_path)
     assert (native["class"], native["env"], native["note"]) == (here, {}, None)
@@ -437,3 +440,27 @@ def test_trend_leaves_out_times_the_gate_did_not_judge(tmp_path, verdict, found)
     proc = bench("trend", path, "--max-time-regression", "15%")
     assert proc.returncode == 0, proc.stderr
     assert f"{found} change point(s)" in proc.stdout, proc.stdout
+
+
+def test_a_wild_spread_calibrates_a_gate_that_reads_back(tmp_path):
+    """Nightlies whose PruneX ends at no accuracy (70 points below its reference) and at 4x
+    its training loss: the thresholds measured from them (139 points, 1500 %) are written at
+    the bounds a gate.json may hold, 100 points and 1000 %, so the class's gate.json reads
+    back instead of refusing every later compare."""
+    from suite.gate import calibrate_gate
+    from suite.gate.thresholds import read_gate
+
+    reference = portable_set(tmp_path / "cpu-gloo-portable-t1")
+    prunex = json.loads(next(PORTABLE.glob("prunex-*/summary.json")).read_text())
+    assert prunex["final_accuracy"] > 0.5  # twice its drop to 0 is over 100 points
+    nights = []
+    for k in range(2):
+        night = portable_set(tmp_path / f"night{k}")
+        edit(night, "prunex", "summary.json", final_accuracy=0.0,
+             final_train_loss=4 * prunex["final_train_loss"])
+        nights.append(night)
+    written = json.loads(calibrate_gate(reference, nights).read_text())
+    assert (written["max_accuracy_drop"], written["max_loss_regression"]) == (100.0, "1000%")
+    assert written["measured"]["largest_deviations"]["final_accuracy"] > 50
+    gate = read_gate(reference)
+    assert (gate.accuracy_drop, gate.loss_regression) == (100.0, 10.0)

@@ -235,3 +235,25 @@ def test_every_nightly_trains_and_is_a_night_of_its_own(tmp_path):
                (tmp_path / "out" / "history.jsonl").read_text().splitlines()]
     assert len(history) == 3 and len({line["night"] for line in history}) == 3
     assert [line["commit"] for line in history] == [first, first, second]
+
+
+#: the nightly's methods when a tuple in suite/gate/reference.py listed them (issue 65)
+FORMER_NIGHTLY = ("prunex", "prunex-flat", "ddp", "ddp-bf16", "ddp-fp16", "powersgd", "topk",
+                  "topk-hier", "localsgd-hier", "gmp-hier", "prune-retrain")
+
+
+def test_the_nightly_is_the_methods_registered_for_it():
+    """Methods join the nightly by registering with ``nightly=True``, in the order they
+    registered: the built-ins are the former list, the methods every committed reference
+    holds."""
+    from suite.gate.reference import class_folders, reference_methods
+    from suite.plugins.registry import Registry
+
+    nightly = METHODS.nightly()
+    assert sorted(nightly) == sorted(FORMER_NIGHTLY) and len(set(nightly)) == len(nightly)
+    for machine, folder in class_folders(REFERENCE).items():
+        assert reference_methods(folder, order=nightly) == nightly, machine
+    registry = Registry("method", "prunex_bench.none")
+    for name, joins in (("b", True), ("c", False), ("a", True)):
+        registry.register(name, f"method {name}", nightly=joins)(lambda ctx: None)
+    assert registry.nightly() == ("b", "a")

@@ -179,3 +179,59 @@ def test_every_file_lists_its_keys_once():
                  schema.EVAL_COLUMNS, schema.LAYER_COLUMNS):
         assert len(keys) == len(set(keys)), keys
     assert set(schema.SUMMARY_KEYS) <= set(schema.SUMMARY_FILE_KEYS)
+
+
+#: modules whose ``status`` is not a run's: an inspection's ``ok`` or ``refused``
+OTHER_STATUSES = {"suite/commands/inspection.py"}
+
+
+def mentions_status(node: ast.AST) -> bool:
+    """``schema.STATUS``, ``STATUS`` or a ``status`` name or attribute anywhere in ``node``."""
+    return any(isinstance(n, ast.Attribute) and n.attr in ("STATUS", "status")
+               or isinstance(n, ast.Name) and n.id in ("STATUS", "status")
+               for n in ast.walk(node))
+
+
+def status_literals(tree: ast.Module) -> list[tuple[int, str]]:
+    """A run status spelled as a string where a status is compared (``x.status == "ok"``,
+    ``summary.get(schema.STATUS) in ("ok", ...)``) or written (``{schema.STATUS: "failed"}``,
+    ``status = "ok"``, ``status="ok"``)."""
+    statuses = {status.value for status in schema.Status}
+    found = []
+    for node in ast.walk(tree):
+        values: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(map(mentions_status, sides)):
+                values = [side for side in sides if not mentions_status(side)]
+        elif isinstance(node, ast.Dict):
+            values = [v for k, v in zip(node.keys, node.values)
+                      if k is not None and mentions_status(k)]
+        elif isinstance(node, ast.Assign) and any(map(mentions_status, node.targets)):
+            values = [node.value]
+        elif isinstance(node, ast.keyword) and node.arg == "status":
+            values = [node.value]
+        found += [(n.lineno, n.value) for value in values for n in ast.walk(value)
+                  if isinstance(n, ast.Constant) and n.value in statuses]
+    return found
+
+
+def test_a_run_status_is_always_a_status():
+    """Every status a module writes or compares is ``schema.Status``'s (issue 65: string
+    statuses sat in six places beside it), so a status renamed there is renamed everywhere."""
+    spelled = []
+    for path in checked_files():
+        module = str(path.relative_to(REPO))
+        if path == SUITE / "results" / "schema.py" or module in OTHER_STATUSES:
+            continue
+        spelled += [f"{module}:{line}: {value!r}"
+                    for line, value in status_literals(ast.parse(path.read_text()))]
+    assert not spelled, "statuses spelled out (use schema.Status):\n" + "\n".join(spelled)
+
+
+def test_the_status_scan_finds_a_spelled_status():
+    code = ('summary.get(schema.STATUS) != "ok"; [r for r in rows if r.status == "failed"]\n'
+            '{schema.STATUS: "interrupted"}; status = "running"; mark(status="ok")\n'
+            'found.status == Status.OK; {"kind": "ok"}\n')
+    assert [value for _, value in sorted(status_literals(ast.parse(code)))] == [
+        "failed", "ok", "interrupted", "ok", "running"]
