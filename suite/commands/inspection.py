@@ -71,8 +71,8 @@ def build_for(built: Workload, spec: DatasetSpec) -> nn.Module:
 
 
 def size_words(found: Inspection) -> str:
-    """``, on 32x32 images (the smallest size timm:fasternet_t0 takes; fmnist's are 28x28)``
-    where the model was not inspected at the dataset's side; else empty."""
+    """``, on 32x32 images (the smallest size timm:fasternet_t0 takes; the dataset's are
+    28x28)`` where the model was not inspected at the dataset's side; else empty."""
     size = InputSize(**found.input_size) if found.input_size else None
     if size is None or not size.resized:
         return ""

@@ -9,7 +9,8 @@ slices a frozen round packs (``liveness``), and the physically smaller model che
 the masked dense one in float64 (``export.export_model``). The model is first given
 realistic BatchNorm statistics and affine terms and nonzero biases, so a channel whose
 weights are gone still moves the output through its shift, as in a trained model, and the
-export check sees it.
+export check sees it. The channel groups are traced once (the export reuses the preflight's),
+and each step's seconds are kept (``Inspection.phases``): what a user waits for is said.
 
 A model Torch-Pruning cannot group within ``TRACE_SECONDS`` is refused saying so; a model
 whose structure cannot be pruned exactly is refused in one line naming the module.
