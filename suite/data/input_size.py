@@ -8,12 +8,11 @@ above the dataset's size up to the model's own size (``Workload.native_size``: t
 ``pretrained_cfg`` input size; 224 where the workload states none), with the smallest size its
 makers state (``Workload.min_size``) tried in its place on the grid. Each try builds the model
 on the meta device (shapes, no storage: a tenth of a second for an ImageNet model) and runs a
-batch of two through it in eval mode. The dataset's size and the model's own, where they fail
-there, are tried on a real CPU copy before they count as failed (a model may use an op the
-meta device lacks); a size found on the meta device is confirmed by a CPU copy; a model the
-meta device cannot run at its own size is searched on the CPU. The model's own size is tried
-right after the dataset's: a model that runs there neither is refused in one line naming why,
-before any search; else the first size on the grid that runs wins.
+batch of two through it in eval mode; the first size that runs there and on a real CPU copy
+(the confirmation) wins. The dataset's size, where it fails on the meta device, is tried on a
+CPU copy before it counts as failed (a model may use an op the meta device lacks), and a model
+that runs on the meta device at no size up to its own is searched again on the CPU, if it
+runs there at its own size; else it is refused in one line naming why.
 
 ``--image-size`` is taken as given (the way out where the search cannot decide: a model that
 runs only on a GPU). ``bench run`` (``suite.run.plan``) and ``bench inspect`` decide through
@@ -101,17 +100,19 @@ def _decide(workload: Workload, spec: DatasetSpec, given: int | None) -> InputSi
     if not fails_everywhere(workload, spec, side):
         return InputSize(side, side, DATASET)
     native = workload.native_size or NATIVE_SIZE
-    why = fails_everywhere(workload, spec, native) if native > side else "smaller than the data"
+    sizes = candidate_sizes(side, native, workload.min_size)
+    for size in sizes:  # shapes only, each size found confirmed by a real copy
+        if not failure(workload, spec, size, "meta") and not failure(workload, spec, size,
+                                                                       "cpu"):
+            return InputSize(side, size, FOUND)
+    why = failure(workload, spec, native, "cpu") if sizes else "not larger than the data's"
     if why:
         raise BenchError(f"{workload.name} runs on no image size from {side}x{side} up to its "
                          f"own {native}x{native} (at {native}: {why}); give one it takes "
                          "(--image-size)")
-    device = "meta" if not failure(workload, spec, native, "meta") else "cpu"
-    for size in candidate_sizes(side, native, workload.min_size)[:-1]:
-        if not failure(workload, spec, size, device) and (
-                device == "cpu" or not failure(workload, spec, size, "cpu")):
-            return InputSize(side, size, FOUND)
-    return InputSize(side, native, FOUND)
+    # the meta device cannot run it at its own size, a real copy can: search on the CPU
+    return InputSize(side, next(size for size in sizes if not failure(workload, spec, size,
+                                                                       "cpu")), FOUND)
 
 
 def fails_everywhere(workload: Workload, spec: DatasetSpec, size: int) -> str | None:
