@@ -200,7 +200,7 @@ def check_zoo(out: str, folder: Path) -> None:
 def check_inspect_timing(out: str, folder: Path) -> None:
     assert re.search(r"^timm:resnet10t: ok at 28 px, wall [0-9.]+ s, CPU [0-9.]+ s, load ", out,
                      re.M), out
-    assert re.search(r"^\| timm:resnet10t \| 4\.9 \| 28 \(dataset\) \| ok \| [0-9.]+ \| ", out,
+    assert re.search(r"^\| timm:resnet10t \| 4\.9 \| 28 \(dataset\) \| ok \| 1 \| [0-9.]+ \| ", out,
                      re.M), out
 
 
