@@ -181,11 +181,20 @@ def slowest_phase(row: Timing) -> str:
     return f"its slowest phase: {name}, {spent[name]:.1f} s"
 
 
+def cpu_verdict(row: Timing) -> str:
+    """Whether a model over the goal in wall seconds is over it in CPU seconds too (then it
+    would be over on a quiet machine as well; else the load made it late)."""
+    if row.cpu > GOAL_SECONDS:
+        return f"over {GOAL_SECONDS:g} s in CPU seconds too: likely over it quiet as well"
+    return f"within {GOAL_SECONDS:g} s in CPU seconds: late by the machine's load"
+
+
 def notes(rows: list[Timing]) -> str:
     """Why each model under 30 M parameters over the goal took long (``WHY``)."""
     late = [row for row in rows if row.verdict == "no"]
     lines = [f"- {row.model} ({row.wall:.1f} s wall, {row.cpu:.1f} s CPU, load "
-             f"{row.load_before:.2f}): " + WHY.get(row.model, slowest_phase(row)) for row in late]
+             f"{row.load_before:.2f}; {cpu_verdict(row)}): "
+             + WHY.get(row.model, slowest_phase(row)) for row in late]
     return "\n".join(["", "Over the goal here, and where its seconds go:", *lines]) if lines else ""
 
 
