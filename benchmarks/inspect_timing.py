@@ -53,10 +53,12 @@ DENSE_BLOCKS = ("export: Torch-Pruning remakes its concat index mappings after e
                 "quadratic in its inputs (up to 49)")
 WHY = {
     **{f"torchvision:densenet{depth}": DENSE_BLOCKS for depth in (121, 161, 169, 201)},
-    "timm:efficientformerv2_s0": "trace: Torch-Pruning's Python index mappings carry over 2 "
-    "million channel indices through the attention reshapes (bounded by MAX_MAPPING_WORK)",
-    "timm:rexnet_100": "trace: Torch-Pruning's Python index mappings carry over 3 million "
-    "channel indices along the padded residual stream (bounded by MAX_MAPPING_WORK)",
+    "timm:efficientformerv2_s0": "trace: Torch-Pruning's Python index mappings make 4 million "
+    "channel indices through the attention reshapes before they reach the budget "
+    "(MAX_MAPPING_WORK) and the model is grouped as blocks",
+    "timm:rexnet_100": "trace: Torch-Pruning's Python index mappings carry 4 million channel "
+    "indices along the padded residual stream before they reach the budget "
+    "(MAX_MAPPING_WORK) and the model is grouped as blocks",
     "timm:ghostnetv3_050": "2,269 modules: every copy of the model (deepcopy: the trace, the "
     "masked model, the export and its float64 check) and every build of the size search "
     "costs about half a second to a second",
