@@ -35,7 +35,12 @@ from suite.commands.flags import (
     method_options,
     run_flags,
 )
-from suite.commands.listing import entries_text, options_markdown, options_text
+from suite.commands.listing import (
+    entries_text,
+    options_markdown,
+    options_text,
+    workload_names_text,
+)
 from suite.commands.trend import run_trend
 from suite.compat import require_supported_torch
 from suite.environment import check_environment
@@ -80,11 +85,17 @@ def main(strict_plugins: bool) -> None:
 @click.argument("names", nargs=-1)
 @click.option("--options", "show_options", is_flag=True, help="each method's options")
 @click.option("--markdown", is_flag=True, help="the options as the README's Markdown table")
-def list_cmd(names, show_options, markdown) -> None:
-    """Registered methods and workloads; `bench list METHOD` or `--options` adds options."""
+@click.option("--workloads", "pattern", default=None, metavar="PATTERN",
+              help="the workloads a pattern names, one a line: 'timm:*resnet*' (a family's "
+              "names, as timm.list_models takes the pattern), 'torchvision:*', '*mixnet*'")
+def list_cmd(names, show_options, markdown, pattern) -> None:
+    """Registered methods and workloads; `bench list METHOD` or `--options` adds options;
+    `--workloads 'timm:*resnet*'` browses the names a family of workloads takes."""
 
     try:
-        if markdown:
+        if pattern is not None:
+            click.echo(workload_names_text(pattern), nl=False)
+        elif markdown:
             click.echo(options_markdown(), nl=False)
         elif names or show_options:
             click.echo(options_text(list(names)), nl=False)

@@ -80,6 +80,9 @@ class RunConfig:
     lr_schedule: str | None = None
     warmup_epochs: float | None = None
     synthetic_size: tuple[int, int] = (4096, 1024)
+    # the side images are handed to the model at (None: the dataset's, or the smallest the
+    # model takes where it does not take those: suite.data.input_size)
+    image_size: int | None = None
     # loopback, or emulated nodes with rate-limited inter-node links (suite.cluster.netemu)
     network: str = "loopback"
     inter_bw: str | None = None

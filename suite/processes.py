@@ -1,6 +1,7 @@
 """Processes of a run: whether a recorded one is still running (run folders and emulated
-namespaces record their owners' pids, so leftovers can be told from live runs), and the rank
-processes below a launcher, so none outlives it.
+namespaces record their owners' pids, so leftovers can be told from live runs), the rank
+processes below a launcher, so none outlives it, and this process's torch threads where its
+work is many small kernels (``single_threaded``).
 
 A process the suite may signal or wait for is recorded by its identity, ``[host, pid, start
 time]`` (``identity``): a pid alone names whatever process the kernel gave that number later,
@@ -10,10 +11,13 @@ a stranger's included, so nothing is signalled whose host and kernel start time
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
 from pathlib import Path
+
+import torch
 
 
 def pid_alive(pid: int) -> bool:
@@ -140,3 +144,24 @@ def kill_all(processes: set[tuple[int, int]]) -> None:
             os.kill(process[0], signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def single_threaded(function):
+    """Run ``function`` with torch on one thread (the threads as they were afterwards). Work
+    of many small kernels (a simulation's replay on stand-in batches, ``bench inspect``'s
+    checks on a batch of four images, the input-size search) gains nothing from a second
+    thread and loses much when the cores are busy: on this loaded 2-core machine a
+    ResNet-152 stand-in step took 30x longer on two threads than on one, a GhostNetV3
+    forward at 48 px 18 s instead of 0.18 s (load 8.5). Real CPU ranks run one thread each
+    too."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return wrapper

@@ -197,6 +197,13 @@ def check_zoo(out: str, folder: Path) -> None:
     assert "- timm: 1 models: 1 ok, 0 refused, 0 crash, 0 hang" in out, out
 
 
+def check_inspect_timing(out: str, folder: Path) -> None:
+    assert re.search(r"^timm:resnet10t: ok at 28 px, wall [0-9.]+ s, CPU [0-9.]+ s, load ", out,
+                     re.M), out
+    assert re.search(r"^\| timm:resnet10t \| 4\.9 \| 28 \(dataset\) \| ok \| 1 \| [0-9.]+ \| ", out,
+                     re.M), out
+
+
 def check_overhead(out: str, folder: Path) -> None:
     assert re.search(r"\*\*steady ratio: [0-9.]+ \(median [0-9.]+\); training time ratio, "
                      r"one-offs included: [0-9.]+ \(median [0-9.]+\)\*\*", out), out
@@ -291,6 +298,7 @@ SMOKES: dict[str, Smoke] = {
     "instrumentation_tax.py": Smoke(lambda d, _: ["--smoke", "-o", str(d / "tax.md")], check_tax),
     "live_weights.py": Smoke(lambda d, _: ["--smoke", "-o", str(d)], check_live_weights),
     "model_zoo.py": Smoke(lambda d, _: ["--smoke"], check_zoo),
+    "inspect_timing.py": Smoke(lambda d, _: ["--smoke"], check_inspect_timing),
     "prunex_overhead.py": Smoke(lambda d, _: ["--smoke", "-o", str(d / "overhead.md")],
                                 check_overhead),
     "recipe_check.py": Smoke(lambda d, _: ["--smoke"], check_recipe),
@@ -313,7 +321,7 @@ ORDER = ["validate_sim.py", "checkpoint_cost.py", "fair_comparison.py", "resume_
          "prunex_overhead.py", "frontier.py",
          "families.py", "report_scale.py", "instrumentation_tax.py", "emulated_comm.py",
          "paper_scaling.py", "runs.py", "gpu_steps.py", "recipe_check.py", "rank_memory.py",
-         "orchestration.py", "rank_kill.py"]
+         "orchestration.py", "rank_kill.py", "inspect_timing.py"]
 
 
 def smoke_skip(name: str) -> str | None:

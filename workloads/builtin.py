@@ -145,7 +145,22 @@ BY_NAME = ("randomly initialized, on Fashion-MNIST by default (--dataset swaps i
            f"image size and classes follow); {CPU_DEMO}")
 
 
-@WORKLOADS.register_family("timm", f"any timm model by name, timm:NAME; {BY_NAME}")
+def timm_names(pattern: str) -> list[str]:
+    """timm's model names matching ``pattern`` (``timm.list_models``'s own filter)."""
+    import timm  # lazy: ~1.6 s to import; only browsing timm's names needs it
+
+    return timm.list_models(pattern)
+
+
+def torchvision_names(pattern: str) -> list[str]:
+    """torchvision's classifiers matching ``pattern`` (its ``list_models(include=...)``)."""
+    import torchvision  # lazy: only browsing torchvision's names needs it
+
+    return torchvision.models.list_models(module=torchvision.models, include=pattern)
+
+
+@WORKLOADS.register_family("timm", f"any timm model by name, timm:NAME; {BY_NAME}",
+                           names=timm_names)
 def timm_model(name: str) -> Workload:
     """``timm:NAME``: timm's model NAME as a workload (a one-line error for a name timm does
     not know, with the closest ones)."""
@@ -155,12 +170,15 @@ def timm_model(name: str) -> Workload:
         close = difflib.get_close_matches(name, timm.list_models(), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else " (timm.list_models())"
         raise BenchError(f"timm has no model {name!r}{hint}")
+    native, smallest = models.timm_sizes(name)
     return Workload(f"timm:{name}", f"timm {name}; {BY_NAME}", f"timm:{name}", "fmnist",
-                    models.timm_by_name(name), replace(CPU_DEMO_RECIPE))
+                    models.timm_by_name(name), replace(CPU_DEMO_RECIPE), native_size=native,
+                    min_size=smallest)
 
 
 @WORKLOADS.register_family("torchvision",
-                           f"any torchvision classifier by name, torchvision:NAME; {BY_NAME}")
+                           f"any torchvision classifier by name, torchvision:NAME; {BY_NAME}",
+                           names=torchvision_names)
 def torchvision_model(name: str) -> Workload:
     """``torchvision:NAME``: torchvision's classifier NAME as a workload."""
     import torchvision  # lazy: only a torchvision: workload needs it
@@ -171,6 +189,7 @@ def torchvision_model(name: str) -> Workload:
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise BenchError(f"torchvision has no classifier {name!r}{hint} (its detection, "
                          "segmentation and video models are not classifiers of images)")
+    native, smallest = models.torchvision_sizes(name)
     return Workload(f"torchvision:{name}", f"torchvision {name}; {BY_NAME}",
                     f"torchvision:{name}", "fmnist", models.torchvision_by_name(name),
-                    replace(CPU_DEMO_RECIPE))
+                    replace(CPU_DEMO_RECIPE), native_size=native, min_size=smallest)

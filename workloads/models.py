@@ -165,6 +165,34 @@ def timm_by_name(name: str):
     return build
 
 
+def timm_sizes(name: str) -> tuple[int | None, int | None]:
+    """(the image side timm's model ``name`` is made for, the smallest its pretrained config
+    states it takes): its ``pretrained_cfg``'s ``input_size`` and ``min_input_size``, read
+    from the registry without building the model (None where it states none)."""
+    import timm  # lazy: ~1.6 s to import; only this path needs it
+
+    cfg = timm.get_pretrained_cfg(name)
+    native = cfg.input_size[-1] if cfg is not None and cfg.input_size else None
+    smallest = cfg.min_input_size[-1] if cfg is not None and cfg.min_input_size else None
+    return native, smallest
+
+
+def torchvision_sizes(name: str) -> tuple[int | None, int | None]:
+    """(the image side torchvision's classifier ``name`` is made for, the smallest its
+    weights' metadata states it takes): the first weights' crop size and ``min_size`` (None
+    where they state none)."""
+    import torchvision  # lazy: only this path needs it
+
+    weights = list(torchvision.models.get_model_weights(name))
+    if not weights:
+        return None, None
+    first = weights[0]
+    crop = getattr(first.transforms, "keywords", {}).get("crop_size")
+    native = crop[-1] if isinstance(crop, (list, tuple)) else crop
+    smallest = first.meta.get("min_size")
+    return native, smallest[-1] if smallest else None
+
+
 #: torchvision classifiers whose auxiliary heads return a tuple in training: left out
 AUXILIARY_HEADS = ("googlenet", "inception_v3")
 

@@ -38,15 +38,16 @@ CUDA_CONTEXT_BYTES = int(0.6 * 2**30)
 GIB = 2**30
 
 
-#: (workload, dataset) -> its model on the meta device, built once in this process (a grid's
-#: cells share it: ResNet-152 takes about 1.4 s to build even without storage)
+#: (workload, dataset, image side) -> its model on the meta device, built once in this
+#: process (a grid's cells share it: ResNet-152 takes about 1.4 s to build even without
+#: storage)
 _META_MODELS: dict[tuple, object] = {}
 
 
 def model_on_meta_device(plan: RunPlan):
     """The run's model with shapes but no storage (for checks, which only read it), or None
     if it cannot be built that way."""
-    key = (plan.workload.name, plan.dataset)
+    key = (plan.workload.name, plan.dataset, plan.spec.image_size)
     if key not in _META_MODELS:
         try:
             with torch.device("meta"):
@@ -68,9 +69,9 @@ def available_memory() -> int | None:
 
 
 def sample_bytes(plan: RunPlan) -> int:
-    """Bytes of one float32 image of the plan's dataset."""
-    spec = plan.spec
-    return spec.in_chans * spec.image_size**2 * 4
+    """Bytes of one float32 image of the plan's dataset, as it is held (at its own side: a
+    batch is resized only where it is handed to the model)."""
+    return plan.spec.in_chans * plan.input_size.dataset_side**2 * 4
 
 
 def parameter_bytes(model) -> int:

@@ -124,6 +124,9 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
     # a rank of a job reads (and with --download fetches) its data once, in setup; a dry
     # run reads none (a folder's data is input, and the plan does not need it)
     validate(plan, check_data=plan.config.launcher == "local" and not dry_run)
+    resized = plan.input_size.describe(config.workload)
+    if resized and not dry_run:
+        echo(f"note: {resized}", err=True)
     if launcher == "slurm":
         submit_or_print(plan, request, dry_run=dry_run, echo=echo)
         return
@@ -131,19 +134,20 @@ def execute_run(kwargs: dict, given: dict, *, echo: Callable) -> None:
         echo(describe(plan, generated_run_id=config.run_id is None))
         return
     if plan.config.network == "emulated":
-        echo(ending_line(launch_emulated(plan)))
+        echo(ending_line(launch_emulated(plan), resized))
     elif plan.config.launcher == "local":
-        echo(ending_line(launch_local(plan)))
+        echo(ending_line(launch_local(plan), resized))
     else:
         launch_in_job(plan)
 
 
-def ending_line(path: Path) -> str:
+def ending_line(path: Path, resized: str = "") -> str:
     """How a finished run ended, in one line ending with its folder: ``ok: accuracy 86.23 %,
     wall 41.2 s, training 30.5 s, inter-node 0.795 MB; results: PATH`` (a failed or stopped
-    run is one line of ``bench``'s error instead)."""
+    run is one line of ``bench``'s error instead); ``resized`` (``images resized from 28x28
+    to 32x32 ...``, ``InputSize.describe``) goes before the folder."""
     summary = RunFolder(path).summary() or {}
-    facts = run_facts(summary, wall=True)
+    facts = run_facts(summary, wall=True) + (f"; {resized}" if resized else "")
     return f"{summary.get(schema.STATUS, 'unknown')}: {facts}; results: {path}" if facts else (
         f"results: {path}")
 

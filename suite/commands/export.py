@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -72,6 +73,7 @@ def load_run_model(run_dir: Path) -> tuple[dict, nn.Module, dict, list[UnitGroup
         raise BenchError(f"{run_dir}: no model.pt (the run did not finish): nothing to export")
     workload = WORKLOADS.build(config[schema.WORKLOAD])  # loads plugins and their datasets
     spec = dataset_spec(config[schema.DATASET])
+    spec = replace(spec, image_size=model_side(manifest) or spec.image_size)
     model = workload.build_model(spec)
     try:
         state = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
@@ -123,20 +125,20 @@ def exported_record(run_dir: Path, path: Path, *, data_dir: str | None, repeats:
     and the record written to ``export.json``."""
     manifest, model, masks, groups = load_run_model(run_dir)
     config = manifest[schema.CONFIG]
-    test = load_test_split(config, data_dir)
-    check = test.images[:CHECK_SAMPLES]
+    test = replace(load_test_split(config, data_dir), resize_to=model_side(manifest))
+    check = test.for_model(test.images[:CHECK_SAMPLES])
     try:
         masked, exported, live = export_model(model, masks, check, groups)
     except BenchError as exc:
         raise BenchError(f"{run_dir}: {exc}") from None
     diff = max_abs_diff(exported, masked, check)  # fp32, as the model runs
     diff64 = max_abs_diff(exported, masked, check, dtype=torch.float64)  # what is judged
-    sample = test.images[:1]
+    sample = check[:1]
     threads = torch.get_num_threads()
     echo(f"measuring {config[schema.WORKLOAD]}: dense, then exported ({threads} threads)")
     dense_stats, exported_stats = (measure(model, sample, repeats, max_seconds),
                                    measure(exported, sample, repeats, max_seconds))
-    exported_stats["test_accuracy"] = accuracy(exported, test.images, test.labels)
+    exported_stats["test_accuracy"] = accuracy(exported, test)
     write_torch(path, exported)
     summary = readable_summary(run_dir)
     record = {
@@ -161,6 +163,15 @@ def exported_record(run_dir: Path, path: Path, *, data_dir: str | None, repeats:
     }
     write_json(run_dir / "export.json", record)
     return record
+
+
+def model_side(manifest: dict) -> int | None:
+    """The side the run handed its model the images at (its plan's input size), where that
+    is not the dataset's; None for a run at the dataset's side or one recorded before sides
+    were decided."""
+    decided = (manifest.get(schema.PLAN) or {}).get(schema.PLAN_INPUT_SIZE) or {}
+    side = decided.get(schema.INPUT_MODEL_SIDE)
+    return side if side != decided.get(schema.INPUT_DATASET_SIDE) else None
 
 
 def load_test_split(config: dict, data_dir: str | None):

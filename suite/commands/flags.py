@@ -200,6 +200,10 @@ def run_flags(func):
                      help="download the dataset if missing (needs a network)"),
         click.option("--synthetic-size", type=IntList(), default=None, metavar="TRAIN,TEST",
                      help="samples of the synthetic dataset (default: 4096,1024)"),
+        click.option("--image-size", type=click.IntRange(8, 1024), default=None, metavar="PX",
+                     help="hand the model its images at PX x PX (resized per batch; default: "
+                     "the dataset's, or the smallest size the model takes where it does not "
+                     "take those)"),
         click.option("--gpus-per-node", default=None, type=int,
                      help="ranks per (emulated) node; default: discovered in a job, else 4 "
                      "(gpus/2 below 8)"),

@@ -1,8 +1,12 @@
-"""``bench list``: what is registered, each method's options, and the README's option table
+"""``bench list``: what is registered, each method's options, the names a family of
+workloads accepts (``--workloads 'timm:*resnet*'``), and the README's option table
 (generated here, and checked against the README by a test)."""
 
 from __future__ import annotations
 
+import fnmatch
+
+from suite.errors import BenchError
 from suite.plugins.registry import METHODS, WORKLOADS
 
 
@@ -19,10 +23,33 @@ def entries_text() -> str:
             lines += [f"  {prefix + ':NAME':<{width}}  {text}" for prefix, text in
                       sorted(families.items())]
     lines += ["", "Options of a method: bench list METHOD (all: bench list --options)",
-              "A model by name runs as --workload (or --model) timm:NAME / torchvision:NAME; "
+              "A model by name runs as --workload (or --model) timm:NAME / torchvision:NAME "
+              "(bench list --workloads 'timm:*resnet*' lists the names a family takes); "
               "bench inspect --model NAME says first whether PruneX's structured path works "
               "on it"]
     return "\n".join(lines) + "\n"
+
+
+def workload_names_text(pattern: str) -> str:
+    """The workloads ``pattern`` names, one a line, each as ``--workload`` takes it.
+    ``PREFIX:PATTERN`` lists the family's names that match (``timm:*resnet*``: shell-style,
+    as ``timm.list_models`` takes it; ``torchvision:*``: all of them); a pattern without a
+    family matches the registered workloads and every family that lists its names.
+
+    Raises:
+        BenchError: an unknown family, or nothing matches; one line.
+    """
+    prefix, colon, rest = pattern.partition(":")
+    if colon:
+        names = WORKLOADS.family_names(prefix, rest or "*")
+    else:
+        names = [name for name in WORKLOADS.names() if fnmatch.fnmatchcase(name, pattern)]
+        for family in WORKLOADS.browsable_families():
+            names += WORKLOADS.family_names(family, pattern)
+    if not names:
+        raise BenchError(f"no workload matches {pattern!r} (a shell-style pattern, e.g. "
+                         "'timm:*resnet*', 'torchvision:*', '*mixnet*')")
+    return "\n".join(names) + "\n"
 
 
 def options_text(names: list[str]) -> str:

@@ -18,10 +18,12 @@ from suite.cluster.netemu import check_privileges
 from suite.commands.capacity import check_gpu_memory, check_memory, model_on_meta_device
 from suite.config import LAUNCHER_FLAGS, flag_of
 from suite.data.datasets import load_data
+from suite.data.input_size import GIVEN, fails_everywhere
 from suite.data.workload import example_input
 from suite.errors import BenchError
 from suite.plugins.options import settings_dict
 from suite.plugins.registry import METHODS
+from suite.processes import single_threaded
 from suite.results.folder import MANIFEST, SUMMARY
 from suite.results.lock import check_free
 from suite.results.machine import ranks_on_cuda
@@ -69,6 +71,8 @@ def validate(plan: RunPlan, *, check_data: bool = True, existing_folder_ok: bool
     model = model_on_meta_device(plan)
     if hasattr(plan.settings, "check_model") and model is not None:
         plan.settings.check_model(model)  # the method's own checks, e.g. PruneX's --masks-from
+    if plan.input_size.chosen == GIVEN and not ranks_on_cuda(config.device, config.gpus):
+        check_given_size(plan)
     if isinstance(plan.settings, StructuredKeepSettings):
         check_structure_once(plan)
     if config.launcher == "local":
@@ -114,18 +118,36 @@ def check_run_folder(plan: RunPlan, *, existing_ok: bool = False) -> None:
         check_free(folder)  # --resume or --overwrite of a run that is still going
 
 
-#: (workload, dataset, what is traced) already checked in this process (a sweep's cells)
+def check_given_size(plan: RunPlan) -> None:
+    """``--image-size`` is taken as given (``suite.data.input_size``); CPU ranks are refused
+    here, in one line, a size their model does not run on (on CUDA ranks the size is left to
+    them: a model may run only there).
+
+    Raises:
+        BenchError: the model does not run on images of the given size.
+    """
+    spec, side = plan.spec, plan.input_size.model_side
+    why = fails_everywhere(plan.workload, spec, side)
+    if why:
+        raise BenchError(f"{plan.config.workload} does not run on {spec.in_chans}x{side}x{side} "
+                         f"images ({why}); give a size it takes (--image-size), or none: the "
+                         "smallest it takes is found")
+
+
+#: (workload, dataset, image side, what is traced) already checked in this process (a
+#: sweep's cells)
 _STRUCTURES_CHECKED: set[tuple] = set()
 
 
+@single_threaded  # a batch of one image: a second thread only waits for a core
 def check_structure_once(plan: RunPlan) -> None:
     """The model's structured groups traced here, once per workload, dataset and keeps in
     this process: an untraceable model or a keep that prunes nothing is one line now, not
     a failed run after the ranks started (suite.structured.structures)."""
 
     settings = plan.settings
-    key = (plan.config.workload, plan.dataset, tuple(settings.keeps.items()),
-           getattr(settings, "pack", None))
+    key = (plan.config.workload, plan.dataset, plan.spec.image_size,
+           tuple(settings.keeps.items()), getattr(settings, "pack", None))
     if key in _STRUCTURES_CHECKED:
         return
     torch.manual_seed(plan.config.seed)
@@ -159,7 +181,8 @@ def describe(plan: RunPlan, *, generated_run_id: bool = False) -> str:
                                           if plan.method.plugin else ""),
         f"workload    {config.workload} on {plan.dataset} ({plan.spec.in_chans}x"
         f"{plan.spec.image_size}x{plan.spec.image_size}, {plan.spec.num_classes} classes; "
-        f"{plan.train_samples} train, {plan.test_samples} test samples)",
+        f"{plan.train_samples} train, {plan.test_samples} test samples)"
+        + (f"; {plan.input_size.describe(config.workload)}" if plan.input_size.resized else ""),
         f"data        {data_source(plan)}: not read (dry run)",
         f"ranks       {config.gpus} ({layout}); launcher {config.launcher}, "
         f"device {config.device}" + (" (deterministic kernels)" if config.deterministic else "")

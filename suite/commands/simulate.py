@@ -19,6 +19,7 @@ from suite.commands.preflight import split_options, validate
 from suite.config import RunConfig
 from suite.environment import number as environment_number
 from suite.errors import BenchError
+from suite.processes import single_threaded
 from suite.results import schema
 from suite.results.folder import RunFolder
 from suite.run.plan import plan_run
@@ -28,7 +29,6 @@ from suite.sim.estimate import (
     estimate_seconds,
     plan_cell,
     quicker,
-    single_threaded,
     smaller_command,
     time_local_step,
 )

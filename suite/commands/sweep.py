@@ -96,8 +96,9 @@ def cell_id(config: RunConfig) -> str:
     declared = METHODS.defaults(config.method) or {}
     described[schema.OPTIONS] = {k: v for k, v in described[schema.OPTIONS].items()
                             if k not in declared or v != declared[k]}
-    if not described.get("deterministic"):  # the default: cells named before the flag keep ids
-        described.pop("deterministic", None)
+    for added in ("deterministic", "image_size"):  # at their defaults, cells named before
+        if not described.get(added):  # the flag keep their ids
+            described.pop(added, None)
     # what only changes where a run is written or how it is watched leaves the cell as it is
     for volatile in (schema.RUN_ID, "results_dir", "launcher", "tag", "tensorboard",
                      *RELIABILITY_FIELDS):

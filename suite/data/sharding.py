@@ -25,7 +25,8 @@ def seeded_generator(*key: int) -> torch.Generator:
 
 
 class ShardedLoader:
-    """Endless ``(images, labels)`` batches from this rank's shard of the train set.
+    """Endless ``(images, labels)`` batches from this rank's shard of the train set, at the
+    side the model takes (``TensorData.for_model``).
 
     ``step`` counts the batches taken so far and ``epoch`` is the epoch of the latest one,
     so ``step / steps_per_epoch`` is the fractional epoch a run has reached.
@@ -76,7 +77,8 @@ class ShardedLoader:
         count = min(count, self.steps_per_epoch)
         n = count * self.batch_size
         images = self._images[:n] if self.device is not None else self._images[self._shard[:n]]
-        return list(images.reshape(count, self.batch_size, *images.shape[1:]).unbind())
+        batches = images.reshape(count, self.batch_size, *images.shape[1:]).unbind()
+        return [self.data.for_model(batch) for batch in batches]
 
     def calibration_labels(self, count: int) -> list[torch.Tensor]:
         """The labels of ``calibration_batches(count)``, batch for batch (a loss on the
@@ -118,7 +120,7 @@ class ShardedLoader:
         if self.data.augment:
             images = random_crop_flip(images, self._generator)
         self.step += 1
-        return images, labels
+        return self.data.for_model(images), labels
 
 
 def random_crop_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

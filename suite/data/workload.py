@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 @dataclass
@@ -51,6 +52,9 @@ class TensorData:
         images: (N, C, H, W) float32.
         labels: (N,) int64.
         augment: random crop (pad 4) and horizontal flip, per batch (CIFAR-10's train split).
+        resize_to: the side a batch is resized to where it is handed to the model (bilinear),
+            for a model that does not take the stored size (``suite.data.input_size``); None:
+            as stored. Per batch, so the split stays in memory at its own size.
 
     Examples:
         ```python
@@ -61,9 +65,17 @@ class TensorData:
     images: torch.Tensor
     labels: torch.Tensor
     augment: bool = False  # random crop (pad 4) + horizontal flip, applied per batch
+    resize_to: int | None = None  # the model's side, where it is not the stored one
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def for_model(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` (a batch of this split, on any device) at the side the model takes."""
+        if self.resize_to is None or images.shape[-2:] == (self.resize_to, self.resize_to):
+            return images
+        return F.interpolate(images, size=(self.resize_to, self.resize_to), mode="bilinear",
+                             align_corners=False)
 
 
 @dataclass
@@ -105,6 +117,12 @@ class Workload:
         dataset: the default ``--dataset`` (built in or registered by a plugin).
         build_model: ``spec -> model`` for any dataset's ``DatasetSpec``.
         recipe: the per-rank recipe.
+        native_size: the image side the model is made for (timm's ``pretrained_cfg`` input
+            size): where a search for a size it takes, when it does not take the dataset's,
+            ends (``suite.data.input_size``; None: 224).
+        min_size: the smallest image side its makers state it takes (timm's
+            ``min_input_size``, torchvision's weights' ``min_size``): a size that search
+            tries; None: none stated.
 
     Examples:
         ```python
@@ -120,3 +138,5 @@ class Workload:
     dataset: str  # default data source, overridable with --dataset
     build_model: Callable[[DatasetSpec], nn.Module]
     recipe: Recipe = field(default_factory=Recipe)
+    native_size: int | None = None
+    min_size: int | None = None

@@ -192,6 +192,8 @@ class Registry:
         #: prefix -> (description, factory of a name): ``timm:NAME`` for any NAME it knows
         self._families: dict[str, tuple[str, Callable[[str], Any]]] = {}
         self._made: dict[str, Entry] = {}  # the family entries asked for so far
+        #: prefix -> ``names(pattern)``: the names a family accepts, for browsing
+        self._family_names: dict[str, Callable[[str], list[str]]] = {}
         self._plugins_loaded = False
         self._loading: EntryPoint | None = None  # the entry point being imported
         #: the plugins (or entries whose factory failed) that were skipped, with the warning
@@ -279,7 +281,8 @@ class Registry:
                 raise BenchError(f"{self.kind} {name!r}: figures= takes functions "
                                  f"fn(runs, out, kit, width=None), got {figure!r}")
 
-    def register_family(self, prefix: str, description: str):
+    def register_family(self, prefix: str, description: str,
+                        names: Callable[[str], list[str]] | None = None):
         """Decorator on a factory of names: entries ``PREFIX:NAME`` for any NAME the factory
         accepts (``factory(NAME)`` returns what a plain entry's factory returns, or raises
         BenchError naming what it knows), made when first asked for. timm's and
@@ -289,6 +292,9 @@ class Registry:
         Args:
             prefix: what comes before the colon (``timm``).
             description: one line for ``bench list`` (``PREFIX:NAME`` is shown).
+            names: ``names(pattern)``, the NAMEs the factory accepts that match a shell-style
+                pattern (``*resnet*``, as ``timm.list_models`` takes it), for ``bench list
+                --workloads``; None: the family cannot be browsed.
 
         Returns:
             The decorator (it returns the factory unchanged).
@@ -306,6 +312,8 @@ class Registry:
                 raise BenchError(f"{self.kind} family {prefix!r} is registered twice or is not "
                                  "a name")
             self._families[prefix] = (description, factory)
+            if names is not None:
+                self._family_names[prefix] = names
             return factory
 
         return decorate
@@ -314,6 +322,27 @@ class Registry:
         """prefix -> description of every family."""
         self._load_plugins()
         return {prefix: description for prefix, (description, _) in self._families.items()}
+
+    def family_names(self, prefix: str, pattern: str = "*") -> list[str]:
+        """``PREFIX:NAME`` for every NAME of the family ``prefix`` that matches ``pattern``
+        (shell-style), sorted.
+
+        Raises:
+            BenchError: no such family, or one that cannot be browsed; one line.
+        """
+        self._load_plugins()
+        if prefix not in self._families:
+            known = ", ".join(sorted(self._families)) or "none"
+            raise BenchError(f"no {self.kind} family {prefix!r}; the families: {known}")
+        if prefix not in self._family_names:
+            raise BenchError(f"the {self.kind} family {prefix!r} cannot list its names; give "
+                             f"{prefix}:NAME")
+        return sorted(f"{prefix}:{name}" for name in self._family_names[prefix](pattern))
+
+    def browsable_families(self) -> list[str]:
+        """The prefixes of the families that list their names (``family_names``)."""
+        self._load_plugins()
+        return sorted(self._family_names)
 
     def _family_entry(self, name: str) -> Entry | None:
         """The entry ``PREFIX:NAME`` of a family, made once (None: no such family)."""

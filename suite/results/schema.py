@@ -178,6 +178,13 @@ PLAN_SETTINGS = "settings"
 PLAN_SPEC = "spec"
 PLAN_LAYOUT = "layout"
 PLAN_SCHEDULE = "schedule"
+#: the plan's input size (suite.data.input_size.InputSize): the side the dataset's images
+#: are stored at, the side the model takes them at (resized per batch), how it was chosen
+#: (dataset, given: --image-size, found: the smallest the model takes)
+PLAN_INPUT_SIZE = "input_size"
+INPUT_DATASET_SIDE = "dataset_side"
+INPUT_MODEL_SIDE = "model_side"
+INPUT_CHOSEN = "chosen"
 RECIPE = "recipe"
 PLANNED_ITERATIONS = "planned_iterations"
 BUDGET = "budget"

@@ -58,7 +58,8 @@ class Evaluator:
         with torch.inference_mode():
             for start in range(self.slice.start, self.slice.stop, EVAL_BATCH):
                 stop = min(start + EVAL_BATCH, self.slice.stop)
-                x = self.test.images[start:stop].to(self.device, non_blocking=True)
+                x = self.test.for_model(self.test.images[start:stop].to(self.device,
+                                                                         non_blocking=True))
                 y = self.test.labels[start:stop].to(self.device, non_blocking=True)
                 logits = scored(x.contiguous(memory_format=torch.channels_last))
                 totals[0] += (logits.argmax(1) == y).sum()

@@ -26,6 +26,7 @@ from suite.cluster.netemu import parse_rate
 from suite.cluster.topology import check_layout
 from suite.config import MAX_RANKS, MAX_SEED, RunConfig, flag_of
 from suite.data.datasets import dataset_spec, split_sizes
+from suite.data.input_size import InputSize, input_size
 from suite.data.workload import DatasetSpec, Recipe, Workload
 from suite.errors import BenchError
 from suite.plugins.method import RoundSettings
@@ -55,6 +56,8 @@ MAX_SECONDS = 365 * 24 * 3600
 MAX_RUN_ID = 200
 #: the longest --results-dir, so a run's deepest file stays under the system's path limit
 MAX_RESULTS_DIR = 3000
+#: the image sides --image-size takes (px)
+MIN_IMAGE_SIDE, MAX_IMAGE_SIDE = 8, 1024
 #: RunConfig field -> its range (ranks, seed, run length, recipe overrides, reliability)
 RECIPE_CHECKS = {
     **dict.fromkeys((schema.GPUS, schema.GPUS_PER_NODE),
@@ -62,6 +65,8 @@ RECIPE_CHECKS = {
     schema.SEED: Check(lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}] (2**63-1)"),
     schema.ITERATIONS: Check(lambda v: 1 <= v <= MAX_ITERATIONS,
                              f"in [1, {MAX_ITERATIONS:.0e}]"),
+    "image_size": Check(lambda v: MIN_IMAGE_SIDE <= v <= MAX_IMAGE_SIDE,
+                             f"in [{MIN_IMAGE_SIDE}, {MAX_IMAGE_SIDE}] (px)"),
     schema.TARGET_ACCURACY: Check(lambda v: 0 <= v <= 1, "a fraction in [0, 1], e.g. 0.85 (or "
                                   "85%)"),
     **dict.fromkeys((schema.EPOCHS, "eval_every", schema.BATCH_SIZE, schema.LR), POSITIVE),
@@ -155,10 +160,13 @@ class RunPlan:
         workload: the workload (its model builder and recipe).
         recipe: the workload's recipe with the run's overrides.
         dataset: the dataset's name (``--dataset``, else the workload's).
-        spec: the dataset's shape and classes.
+        spec: the dataset's shape and classes, at the side the model is handed its images
+            (``input_size.model_side``).
         train_samples: training samples of the dataset.
         test_samples: test samples of the dataset.
         schedule: steps per epoch, the round and the budget.
+        input_size: the side the model takes the images at and how it was chosen (decided
+            once, by the launcher: a rank takes its launcher's decision and never searches).
     """
 
     config: RunConfig
@@ -171,6 +179,7 @@ class RunPlan:
     train_samples: int
     test_samples: int
     schedule: Schedule
+    input_size: InputSize
 
     @property
     def run_id(self) -> str:
@@ -202,6 +211,7 @@ class RunPlan:
             schema.LAUNCHER: self.config.launcher,
             schema.DEVICE: self.config.device,
             schema.PLAN_SCHEDULE: asdict(self.schedule),
+            schema.PLAN_INPUT_SIZE: asdict(self.input_size),
         }
 
     @property
@@ -217,11 +227,13 @@ class RunPlan:
 
     @classmethod
     def from_json(cls, text: str) -> RunPlan:
-        """The plan of ``to_json``'s text, resolved again here from its configuration;
+        """The plan of ``to_json``'s text, resolved again here from its configuration (the
+        model's input size taken as its launcher decided it: no rank searches on its own);
         a one-line error when this process resolves other facts than the launcher did."""
         data = json.loads(text)
         config = RunConfig.from_json(json.dumps(data[schema.CONFIG]))
-        plan = plan_run(config)
+        decided = data["facts"].get(schema.PLAN_INPUT_SIZE)
+        plan = plan_run(config, decided=InputSize(**decided) if decided else None)
         sent = json.loads(json.dumps(data["facts"], default=str))
         here = json.loads(json.dumps(plan.facts(), default=str))
         differ = [key for key in sorted(set(sent) | set(here)) if sent.get(key) != here.get(key)]
@@ -243,14 +255,17 @@ class RunPlan:
         return replace(self, config=replace(self.config, **changes))
 
 
-def plan_run(config: RunConfig) -> RunPlan:
+def plan_run(config: RunConfig, *, decided: InputSize | None = None) -> RunPlan:
     """``config`` resolved into its plan, checked: the run id (a new one when none is
     given), the layout, the link flags, the recipe overrides' ranges, the workload, the
-    method's settings, the dataset and the schedule. Each problem is one BenchError line.
+    method's settings, the dataset, the side the model takes its images at and the
+    schedule. Each problem is one BenchError line.
 
     Args:
         config: the configuration with its launcher's facts filled in (the launcher itself,
             the node size where it has one, the device).
+        decided: the model's input size as the launcher decided it (a rank's plan); None:
+            decide it here (``suite.data.input_size``: the launcher, before any rank starts).
 
     Returns:
         The frozen plan.
@@ -266,8 +281,10 @@ def plan_run(config: RunConfig) -> RunPlan:
     dataset = config.dataset or workload.dataset
     spec = dataset_spec(dataset)
     train, test = split_sizes(dataset, config.synthetic_size)
-    return RunPlan(config, method, settings, workload, recipe, dataset, spec, train, test,
-                   schedule_of(config, settings, recipe, train))
+    schedule = schedule_of(config, settings, recipe, train)
+    size = decided or input_size(workload, spec, config.image_size)
+    return RunPlan(config, method, settings, workload, recipe, dataset,
+                   replace(spec, image_size=size.model_side), train, test, schedule, size)
 
 
 def new_run_id(config: RunConfig) -> str:

@@ -7,7 +7,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 
@@ -210,7 +210,9 @@ def load_shard(
     plan: RunPlan, rank: int, world_size: int, device: torch.device,
 ) -> tuple:
     """The train and test data, loaded once per rank and checked against the plan's sizes,
-    and this rank's shard of the train data (on the GPU for a CUDA run, where it stays).
+    and this rank's shard of the train data (on the GPU for a CUDA run, where it stays); a
+    batch of either is resized where it is handed to the model when the plan's model takes
+    another side than the stored one (``TensorData.resize_to``).
 
     Returns:
         ``(train_data, test_data, loader)``.
@@ -222,6 +224,8 @@ def load_shard(
         download=config.download, key=config.run_id,
     )
     check_planned_data(plan, len(train_data), len(test_data))
+    side = plan.input_size.model_side if plan.input_size.resized else None
+    train_data, test_data = (replace(data, resize_to=side) for data in (train_data, test_data))
     resident = device if device.type == "cuda" else None  # the shard lives on the GPU
     loader = ShardedLoader(
         train_data, rank, world_size, plan.recipe.batch_size, config.seed, device=resident

@@ -79,9 +79,10 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
 def first_batch(
     train: TensorData, loader: ShardedLoader, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first batch of this rank's shard, unaugmented; the loader does not move."""
+    """The first batch of this rank's shard, unaugmented, at the model's side; the loader
+    does not move."""
     take = loader.shard_indices()[: loader.batch_size]
-    return train.images[take].to(device), train.labels[take].to(device)
+    return train.for_model(train.images[take].to(device)), train.labels[take].to(device)
 
 
 def compute_warm_up(

@@ -11,7 +11,6 @@ being simulated.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from suite.processes import single_threaded
 from suite.run.plan import RunPlan
 from suite.sim.standins import STAND_IN_BATCH, STAND_IN_SIZE
 
@@ -33,24 +33,6 @@ STEP_FACTOR = 3.5
 #: building a cell costs about this many model builds (the model, the method's copies of
 #: it, the structure's dependency trace)
 BUILD_FACTOR = 3.0
-
-
-def single_threaded(function):
-    """Run ``function`` with torch on one thread. The replay is many small kernels on
-    stand-in batches, which a second thread only slows: on this loaded 2-core machine a
-    ResNet-152 stand-in step took 30x longer on two threads than on one (and real CPU ranks
-    run one thread each too)."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return wrapper
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,13 @@ import torch.distributed as dist
 
 from suite.errors import BenchError
 from suite.plugins.registry import METHODS
+from suite.processes import single_threaded
 from suite.results import schema
 from suite.results.finish import finish_folder
 from suite.results.folder import RunFolder, write_table
 from suite.results.summary import RunOutcome
 from suite.run.build import build_method, check_steps_taken, make_manifest
 from suite.run.plan import RunPlan
-from suite.sim.estimate import single_threaded
 from suite.sim.measure import memory_bandwidth
 from suite.sim.pricing import SimCommunicator, SimRecorder, host_work_seconds, rank_rows
 from suite.sim.profile import Profile

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from suite.data.workload import TensorData
 from suite.errors import BenchError
 from suite.structured.groups import (
     ChannelGroup,
+    ChannelGroups,
     copy_model,
     mapping_budget,
     trace_channel_groups,
@@ -216,13 +218,15 @@ def latency_ms(
     return 1000 * statistics.median(times)
 
 
-def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+def accuracy(model: nn.Module, data: TensorData) -> float:
+    """The share of ``data`` that ``model`` classifies right, in batches of 256 at the side
+    the model takes (``TensorData.for_model``)."""
     correct = 0
     with torch.inference_mode():
-        for start in range(0, len(labels), 256):
-            logits = model(images[start : start + 256])
-            correct += (logits.argmax(1) == labels[start : start + 256]).sum().item()
-    return correct / len(labels)
+        for start in range(0, len(data), 256):
+            logits = model(data.for_model(data.images[start : start + 256]))
+            correct += (logits.argmax(1) == data.labels[start : start + 256]).sum().item()
+    return correct / len(data)
 
 
 @dataclass(frozen=True)
@@ -240,13 +244,16 @@ class LiveCount:
 
 
 def export_model(
-    model: nn.Module, masks: dict, example: torch.Tensor, unit_groups: list[UnitGroup] = ()
+    model: nn.Module, masks: dict, example: torch.Tensor, unit_groups: list[UnitGroup] = (),
+    *, groups: ChannelGroups | None = None,
 ) -> tuple[nn.Module, nn.Module, LiveCount]:
     """(the masked dense model, the exported one, the live element counts) of ``model``
     under ``masks`` (conv masks, and the masks of ``unit_groups``); raises BenchError when
     the exported model's outputs on ``example`` differ from the masked dense model's by more
-    than ``TOLERANCE``."""
-    groups = trace_channel_groups(model, example[:1])
+    than ``TOLERANCE``. ``groups``: the model's channel groups where the caller traced them
+    already (else traced here)."""
+    if groups is None:
+        groups = trace_channel_groups(model, example[:1])
     live = live_slices(model, groups, masks)
     for group in unit_groups:
         live = live.restricted(kept_positions(group, masks[group.key]))

@@ -9,7 +9,8 @@ slices a frozen round packs (``liveness``), and the physically smaller model che
 the masked dense one in float64 (``export.export_model``). The model is first given
 realistic BatchNorm statistics and affine terms and nonzero biases, so a channel whose
 weights are gone still moves the output through its shift, as in a trained model, and the
-export check sees it.
+export check sees it. The channel groups are traced once (the export reuses the preflight's),
+and each step's seconds are kept (``Inspection.phases``): what a user waits for is said.
 
 A model Torch-Pruning cannot group within ``TRACE_SECONDS`` is refused saying so; a model
 whose structure cannot be pruned exactly is refused in one line naming the module.
@@ -33,9 +34,8 @@ from suite.structured.export import (
     count_parameters,
     export_model,
     masked_dense_model,
-    max_abs_diff,
 )
-from suite.structured.groups import copy_model, trace_channel_groups
+from suite.structured.groups import ChannelGroups, trace_channel_groups
 from suite.structured.liveness import live_slices
 from suite.structured.masks import (
     CONV_KEEPS,
@@ -72,7 +72,15 @@ class Inspection:
         advice: what to change when the keeps reach little.
         untraced: why Torch-Pruning could not group the model's channels (then only the
             masks' blocks are packed and nothing is exported smaller), else None.
-        seconds: how long the inspection took.
+        seconds: how long the inspection took (its phases together).
+        phases: where the time went, in seconds: ``factory`` (the workload's factory:
+            timm's import for ``timm:NAME``), ``size`` (deciding the image side), ``build``,
+            ``prepare`` (realistic statistics, the plain forward), ``trace`` (the structure
+            check and Torch-Pruning's groups), ``masks``, ``export`` (the smaller model and
+            its float64 check), ``liveness`` (its float64 check); the process's start and
+            imports are not in them.
+        input_size: the side of the images the model was inspected at and how it was chosen
+            (``suite.data.input_size.InputSize`` as a dict), else None.
     """
 
     model: str
@@ -88,6 +96,8 @@ class Inspection:
     advice: list[str] = field(default_factory=list)
     untraced: str | None = None
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    input_size: dict | None = None
 
     @property
     def packed_share(self) -> float:
@@ -101,6 +111,16 @@ class Inspection:
     def to_json(self) -> dict:
         return {**asdict(self), "packed_share": self.packed_share,
                 "exported_share": self.exported_share}
+
+
+@contextlib.contextmanager
+def timed(phases: dict[str, float], name: str):
+    """Add the block's wall seconds to ``phases[name]`` (also when it raises)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
 
 
 @contextlib.contextmanager
@@ -124,10 +144,10 @@ def time_limit(seconds: float | None, what: str):
 
 
 def realistic(model: nn.Module, seed: int = 0) -> nn.Module:
-    """A copy of ``model`` in eval mode with BatchNorm statistics and affine terms, and the
+    """``model`` itself, in eval mode, with BatchNorm statistics and affine terms, and the
     biases, of a trained model's sizes (a fresh model's zero shifts would hide a channel
     that the export drops but the masked model still uses)."""
-    model = copy_model(model).eval()
+    model = model.eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
@@ -202,18 +222,27 @@ def preflight_structure(settings, model: nn.Module, example: torch.Tensor, name:
     Raises:
         BenchError: one line, naming the model or its module and why.
     """
+    units, groups = trace_structure(settings, model, example, name, trace_seconds)
+    return units, groups.untraced if groups is not None else None
+
+
+def trace_structure(settings, model: nn.Module, example: torch.Tensor, name: str,
+                    trace_seconds: float | None = TRACE_SECONDS
+                    ) -> tuple[list, ChannelGroups | None]:
+    """``preflight_structure``'s work: (the head and neuron groups, the channel groups with
+    ``--pack live``, else None), each traced once, for a caller that goes on to use them
+    (``bench inspect``'s export reads the channel groups instead of tracing them again)."""
     keeps = {k: v for k, v in settings.keeps.items() if v is not None}
     with time_limit(trace_seconds, f"grouping {name} with Torch-Pruning"):
         # the channel groups are traced below, once, where --pack live needs them
         check_structure(SimpleNamespace(keeps=settings.keeps, pack=None), model, example, name)
         wants_units = any(k in keeps for k in KINDS.values())
         units = trace_unit_groups(model, example) if wants_units else []
-        untraced = None
+        groups = None
         if getattr(settings, "pack", None) == "live":
             groups = trace_channel_groups(model, example)
             live_slices(model, groups, masks_at(model, keeps, units))
-            untraced = groups.untraced
-    return units, untraced
+    return units, groups
 
 
 def runs_on(name: str, model: nn.Module, example: torch.Tensor) -> None:
@@ -234,9 +263,12 @@ def check_liveness(model: nn.Module, masked: nn.Module, masks: dict, units: list
     """One line unless zeroing the slices the liveness calls dead (``masked``: what a frozen
     round packs) leaves the masked model's outputs as they were: a dead slice that still
     moves the output would be dropped from every exchange (a conv that reads a zeroed input
-    channel, a module outside Torch-Pruning's graph)."""
-    plain = masked_dense_model(model, masks, units=units)
-    diff = max_abs_diff(plain, masked, batch, dtype=torch.float64)
+    channel, a module outside Torch-Pruning's graph). Both are compared in float64, ``masked``
+    converted in place (the inspection's own; no copy of a model of thousands of modules)."""
+    plain = masked_dense_model(model, masks, units=units).to(torch.float64)  # its own copy
+    batch = batch.to(torch.float64)
+    with torch.inference_mode():
+        diff = (plain(batch) - masked.to(torch.float64)(batch)).abs().max().item()
     if not diff <= TOLERANCE:
         raise BenchError(f"slices the liveness calls dead still move the output (by "
                          f"{diff:.3g} in float64): packing them out would not be exact")
@@ -260,39 +292,53 @@ def masks_at(model: nn.Module, keeps: dict, units: list) -> dict:
 
 
 def inspect_model(name: str, model: nn.Module, example: torch.Tensor, keeps: dict,
-                  *, trace_seconds: float | None = TRACE_SECONDS) -> Inspection:
+                  *, trace_seconds: float | None = TRACE_SECONDS,
+                  phases: dict[str, float] | None = None) -> Inspection:
     """Run the structured path on ``model`` at ``keeps`` (the StructuredKeepSettings
     fields; None: not asked) with ``example`` (one input of the model's shape); an
     ``Inspection`` whose status says whether it worked (refusals are reported, not
-    raised)."""
-    started = time.perf_counter()
+    raised). ``model`` itself is given realistic statistics (``realistic``; a copy would
+    cost a second for a model of 2,000 modules): pass a copy to keep it as it is.
+    ``phases``: seconds the caller spent before (building the model), counted in."""
     keeps = {k: v for k, v in keeps.items() if v is not None}
-    found = Inspection(name, "ok", keeps=keeps)
+    found = Inspection(name, "ok", keeps=keeps, phases=dict(phases or {}))
     try:
+        _inspect(found, model, example, trace_seconds)
+    except BenchError as exc:
+        found.status, found.reason = "refused", str(exc).splitlines()[0]
+    found.seconds = sum(found.phases.values())
+    return found
+
+
+def _inspect(found: Inspection, model: nn.Module, example: torch.Tensor,
+             trace_seconds: float | None) -> None:
+    """``inspect_model``'s steps, each timed into ``found.phases``, filling ``found``."""
+    keeps, phases = found.keeps, found.phases
+    with timed(phases, "prepare"):
         model = realistic(model)
         batch = torch.randn(BATCH, *example.shape[1:],
                             generator=torch.Generator().manual_seed(1))
         found.dense_parameters = count_parameters(model)
         found.weights = weight_shares(model)
-        runs_on(name, model, example)
+        runs_on(found.model, model, example)
+    with timed(phases, "trace"):
         settings = SimpleNamespace(keeps=keeps, pack="live")
-        units, untraced = preflight_structure(settings, model, example, name, trace_seconds)
+        units, groups = trace_structure(settings, model, example, found.model, trace_seconds)
+    with timed(phases, "masks"):
         masks = masks_at(model, keeps, units)
         units = [group for group in units if group.key in masks]  # those the keeps prune
-        masked, exported, count = export_model(model, masks, batch, units)
+    with timed(phases, "export"):
+        masked, exported, count = export_model(model, masks, batch, units, groups=groups)
+    with timed(phases, "liveness"):
         check_liveness(model, masked, masks, units, batch)
-        found.live_parameters = count.parameters
-        found.packed_bytes = count.fp32_bytes
-        found.exported_parameters = count_parameters(exported)
-        found.dense_bytes = 4 * (found.dense_parameters + sum(
-            b.numel() for b in model.buffers() if b.is_floating_point()))
-        found.advice = advice_for(found.weights, keeps, found.packed_share)
-        found.untraced = untraced
-        if untraced:
-            found.advice.insert(0, f"{untraced}: only the masks' blocks are packed, and no "
-                                "channel is removed by bench export")
-    except BenchError as exc:
-        found.status, found.reason = "refused", str(exc).splitlines()[0]
-    found.seconds = time.perf_counter() - started
-    return found
+    found.live_parameters = count.parameters
+    found.packed_bytes = count.fp32_bytes
+    found.exported_parameters = count_parameters(exported)
+    found.dense_bytes = 4 * (found.dense_parameters + sum(
+        b.numel() for b in model.buffers() if b.is_floating_point()))
+    found.advice = advice_for(found.weights, keeps, found.packed_share)
+    found.untraced = groups.untraced
+    if found.untraced:
+        found.advice.insert(0, f"{found.untraced}: only the masks' blocks are packed, and no "
+                            "channel is removed by bench export")
 

@@ -227,3 +227,22 @@ def test_launchers_fill_in_their_facts_without_touching_the_configuration():
     with pytest.raises(BenchError, match="--launcher slurm needs --gpus-per-node"):
         slurm_config(config)
     assert os.environ.get("WORLD_SIZE") is None  # job_config reads the job's world size
+
+
+def test_the_launcher_decides_the_input_size_and_its_ranks_take_it():
+    """FasterNet-T0 refuses Fashion-MNIST's 28x28: the plan hands it 32x32 images, says so in
+    its facts, and a rank takes the size its launcher decided without searching (a rank that
+    searched would find 32 and refuse the 48 sent here)."""
+    plan = small_plan(workload="timm:fasternet_t0", dataset="fmnist")
+    assert plan.spec.image_size == 32 and plan.config.image_size is None
+    assert plan.facts()["input_size"] == {"dataset_side": 28, "model_side": 32,
+                                          "chosen": "found"}
+    assert RunPlan.from_json(plan.to_json()).digest == plan.digest
+    sent = json.loads(plan.to_json())
+    sent["facts"]["input_size"]["model_side"] = sent["facts"]["spec"]["image_size"] = 48
+    received = RunPlan.from_json(json.dumps(sent))
+    assert received.spec.image_size == 48 and received.input_size.model_side == 48
+    given = small_plan(workload="timm:fasternet_t0", dataset="fmnist", image_size=64)
+    assert (given.spec.image_size, given.input_size.chosen) == (64, "given")
+    with pytest.raises(BenchError, match=r"^--image-size must be in \[8, 1024\]"):
+        small_plan(image_size=4)
