@@ -42,7 +42,7 @@ look-alike (tests/support/torch_floor) it lists exactly the four above.
         inference_mode, int8, int32, int64, is_deterministic_algorithms_warn_only_enabled,
         is_tensor, isin, linspace, load, long, manual_seed,
         maximum, nextafter, no_grad, nonzero, ones, ones_like, rand, randint, randn, randperm, relu,
-        save, set_num_threads, set_rng_state, sigmoid, sin, sort, split, stack, tensor,
+        save, set_num_threads, set_rng_state, sigmoid, sin, sort, split, stack, tensor, topk,
         uint8, unique, use_deterministic_algorithms, where, zeros, zeros_like
     torch._utils: _flatten_dense_tensors, _unflatten_dense_tensors
     torch.autograd: grad
@@ -95,6 +95,7 @@ look-alike (tests/support/torch_floor) it lists exactly the four above.
     torch.nn.parallel: DistributedDataParallel (forward_sync_buffers: after 2.11, fallback)
     torch.optim: LBFGS, Optimizer, SGD
     torch.optim.swa_utils: update_bn
+    torch.random: fork_rng
     torch.serialization: _get_layout (read from torch's sources: in torch/serialization.py since
         1.x, the name DCP's metadata unpickles layouts by)
     torch.testing: assert_close
@@ -104,7 +105,8 @@ look-alike (tests/support/torch_floor) it lists exactly the four above.
     torchvision: __version__
     torchvision.datasets: CIFAR10, FashionMNIST
     torchvision.datasets.VisionDataset: __init__
-    torchvision.models: get_model, list_models (in torchvision since 0.14; 2.11's is 0.26)
+    torchvision.models: get_model, get_model_weights, list_models (in torchvision since 0.14;
+        2.11's is 0.26)
 
 A name the code starts to use must be added here after it is checked under the floor's torch
 (tests/test_compat.py fails until it is); one the floor lacks gets a function here.

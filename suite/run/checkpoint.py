@@ -38,7 +38,13 @@ import torch.distributed as dist
 from suite.cluster.watchdog import barrier, watched
 from suite.errors import QUOTE_LIMIT, BenchError, one_line, os_reason
 from suite.results.folder import write_json
-from suite.results.records import LatestCheckpoint, read_bytes, read_json_file, read_record
+from suite.results.records import (
+    DamagedFile,
+    LatestCheckpoint,
+    read_bytes,
+    read_json_file,
+    read_record,
+)
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
@@ -240,8 +246,8 @@ def read_metadata(folder: Path):
     try:
         data = read_bytes(path, what="checkpoint's metadata", limit=METADATA_BYTES)
     except (OSError, ValueError) as exc:
-        raise BenchError(f"checkpoint {path} is unreadable ({one_line(exc, QUOTE_LIMIT)})"
-                         ) from None
+        why = exc.problem if isinstance(exc, DamagedFile) else one_line(exc, QUOTE_LIMIT)
+        raise BenchError(f"checkpoint {path} is unreadable ({why})") from None
     try:
         metadata = MetadataUnpickler(io.BytesIO(data)).load()
     except ForeignGlobal as exc:

@@ -61,7 +61,7 @@ MIN_IMAGE_SIDE, MAX_IMAGE_SIDE = 8, 1024
 #: RunConfig field -> its range (ranks, seed, run length, recipe overrides, reliability)
 RECIPE_CHECKS = {
     **dict.fromkeys((schema.GPUS, schema.GPUS_PER_NODE),
-                    Check(lambda v: 1 <= v <= MAX_RANKS, f"in [1, {MAX_RANKS}]")),
+                    Check(lambda v: 1 <= v <= MAX_RANKS, f"at least 1 (at most {MAX_RANKS})")),
     schema.SEED: Check(lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}] (2**63-1)"),
     schema.ITERATIONS: Check(lambda v: 1 <= v <= MAX_ITERATIONS,
                              f"in [1, {MAX_ITERATIONS:.0e}]"),
