@@ -25,7 +25,7 @@ def tests(session):
     multi-rank test is waiting (for ranks to start, a timeout to pass, SLURM to schedule),
     which the other file's work fills. ``nox -s tests -- -n 0`` runs them one by one."""
     session.run("python", "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile",
-                *session.posargs)
+                "--durations", "25", *session.posargs)  # the slowest, for the 15-minute budget
 
 
 @nox.session(python=False)
