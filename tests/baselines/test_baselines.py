@@ -259,7 +259,9 @@ CLI_METHODS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(CLI_METHODS))
+@pytest.mark.parametrize("method", [
+    pytest.param(m, marks=pytest.mark.integration) if m in ("ddp-bf16", "topk-hier") else m
+    for m in CLI_METHODS])  # the twins of ddp-fp16 and topk: nox -s integration
 def test_cli_end_to_end(method, tmp_path):
     proc = bench(
         "run",

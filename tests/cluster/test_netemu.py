@@ -120,6 +120,7 @@ def test_leaders_fit_predicts_the_flat_ring_on_shaped_links(tmp_path):
 
 @needs_root
 @pytest.mark.slow
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_emulated_run_records_rate_and_wire_and_leaves_nothing(tmp_path):
     proc = bench("run", "--network", "emulated", "--inter-bw", "200mbit", "--method", "prunex",
                  *SMALL, "--iterations", "2", "--local-steps", "2", "--results-dir",

@@ -76,7 +76,8 @@ def check(proc, folder, pids, before, stopped_at, rank):
 @pytest.mark.parametrize(
     "pair",
     [("follower-of-the-last-node", "rank-0"),
-     ("leader-of-the-last-node", "during-an-evaluation")],
+     pytest.param(("leader-of-the-last-node", "during-an-evaluation"),  # nox -s integration
+                  marks=pytest.mark.integration)],
     ids=lambda pair: "+".join(pair),
 )
 def test_the_stopped_rank_is_named(tmp_path, pair):

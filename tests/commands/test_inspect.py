@@ -109,6 +109,7 @@ def sized_run(folder, method: str, *options):
     return proc
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_a_run_at_another_size_resizes_its_batches_and_says_so(tmp_path):
     proc = sized_run(tmp_path, "ddp")
     assert "; images resized from 32x32 to 40x40 (--image-size); results: " in proc.stdout

@@ -104,6 +104,7 @@ def bench_env(env, *args):
     return subprocess.run([*BENCH, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.integration  # a plugin installed and run by five commands: nox -s integration
 def test_plugin_method_brings_its_own_option(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
@@ -144,6 +145,7 @@ def test_plugin_method_brings_its_own_option(tmp_path):
     assert one_line_error(bad_sweep) == "Error: --grad-scale takes FLOAT, got 'x'"
 
 
+@pytest.mark.integration  # a real run and its replay: nox -s integration
 def test_sim_honours_fixed_rho(tmp_path):
     """`bench sim --fixed-rho` used to simulate adaptive rho (falsy options were dropped)."""
     rhos = {}
@@ -163,6 +165,7 @@ def test_sim_honours_fixed_rho(tmp_path):
     assert len(set(rhos["--adaptive-rho"])) > 1
 
 
+@pytest.mark.integration  # three real runs: nox -s integration
 def test_config_file_flags_override_and_rerun_reproduces(tmp_path):
     config = tmp_path / "f.yaml"
     config.write_text(

@@ -125,6 +125,7 @@ def plan(root: Path, methods: str = "", **env: str) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.integration  # nightlies run for real: nox -s integration
 def test_the_nightly_plans_its_class_or_refuses_before_it_runs(tmp_path):
     """The class its ranks will record; a CPU runner without its own reference falls back to
     the portable kernels' reference, in one line; without either, a one-line refusal."""
@@ -291,6 +292,7 @@ def edit(root: Path, method: str, file: str, **changes) -> None:
             path.write_text(json.dumps({**data, **changes}))
 
 
+@pytest.mark.integration  # a nightly run for real: nox -s integration
 def test_a_hand_compare_and_the_nightly_give_one_verdict(tmp_path, monkeypatch):
     """The nightly's `bench compare` (noxfile.compare_command) and a maintainer's by hand, on
     the same sets: the same rows and exit code, judged at the class's gate.json (a drop of 3

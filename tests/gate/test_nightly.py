@@ -158,6 +158,7 @@ def test_the_compact_table_never_cuts_a_verdict(tmp_path):
 
 
 # -- one verdict by hand and by the nightly; one line per night -------------------------------
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_trend_by_hand_judges_at_the_thresholds_the_nightly_recorded(tmp_path):
     """The nightly's `bench trend --add --against` judges at the class's gate.json (a 30 %
     byte threshold here); `bench trend HISTORY` by hand reads those thresholds from the

@@ -135,6 +135,7 @@ def test_torchrun_launcher_uses_the_job_as_it_is(tmp_path):
     assert (summary["gpus"], summary["nodes"], summary["gpus_per_node"]) == (2, 1, 2)
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_ranks_start_from_the_fork_server_and_nothing_outlives_the_run(tmp_path):
     """When ``bench run`` returns, neither its ranks nor the fork server they were forked
     from are left (the server used to outlive it by its second of teardown); a temporary

@@ -56,6 +56,7 @@ NON_DEFAULT = {
     "lr_schedule": "step",
     "warmup_epochs": 0.3,
     "synthetic_size": (512, 128),
+    "image_size": 40,
     "network": "emulated",
     "inter_bw": "1gbit",
     "checkpoint_every": 11,
@@ -140,6 +141,7 @@ def test_cpu_partitions_get_no_gpu_request(tmp_path):
     assert "(3 threads each)" in proc.stdout and "#SBATCH --signal=TERM@90" in proc.stdout
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_slurm_without_sbatch_is_one_line_and_dry_run_still_prints_the_job(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path)}  # neither sbatch nor srun
     args = [*BENCH, "run", "--launcher", "slurm", "--gpus", "8", "--gpus-per-node", "4",
@@ -250,6 +252,7 @@ def job_of(pid: str) -> str | None:
     return (process_environment(pid) or {}).get("SLURM_JOB_ID")
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_real_slurm_runs_end_ok_and_a_signalled_run_requeues_to_the_same_model(slurm, tmp_path):
     plain = submit(tmp_path, "plain")
     signalled = submit(tmp_path, "signalled", "--checkpoint-every", "10")

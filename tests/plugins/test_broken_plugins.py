@@ -146,6 +146,7 @@ def the_line(proc) -> str:
     return lines[0]
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_each_mistake_where_it_is_used_is_one_line(env, tmp_path):
     results = tmp_path / "results"
     factory = bench("run", "--workload", "convmixer-extra", *TWO_NODES, "--results-dir",

@@ -9,6 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.support.runs import ENV, REPO, bench
 
 EXAMPLE = REPO / "tests" / "plugin_example"
@@ -27,6 +29,7 @@ def install_example(site: Path) -> dict:
     return {**ENV, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_the_documented_example_plugin_runs_as_written(tmp_path):
     site = tmp_path / "site"
     site.mkdir()

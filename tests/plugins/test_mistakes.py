@@ -310,6 +310,7 @@ def test_a_plugin_that_fails_to_load_is_skipped_and_the_rest_works(tmp_path):
     assert "plugin 'broken'" in one_line_error(strict)
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_mistakes_of_a_method_are_named(tmp_path):
     env = install(tmp_path, {"mistakes": PLUGIN},
                   "[prunex_bench.methods]\nmistakes = mistakes\n")

@@ -327,6 +327,7 @@ def test_the_overlap_check_finds_texts_that_overlap():
     plt.close(fig)
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_no_text_overlaps_another_in_any_figure_of_the_references_and_a_simulation(tmp_path):
     """Every figure of a report of the committed references, and of a simulated sweep
     (scaling, volume), drawn with no text box on another: titles, axis and tick labels,
@@ -348,6 +349,7 @@ def test_no_text_overlaps_another_in_any_figure_of_the_references_and_a_simulati
     assert {name: pairs for name, pairs in checked.items() if pairs} == {}
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_a_default_keep_is_that_keep_in_every_figure_with_keeps(tmp_path, monkeypatch):
     """PruneX left at its default keep (0.5) is keep 0.5, not "no keep": fig. 12's rows and
     fig. 8's bars read PruneX 0.25 before 0.5, and fig. 7's boxes of one keep look alike

@@ -20,6 +20,9 @@ from suite.report.render import render
 from suite.results.view import RunView
 from tests.report.varied_runs import varied_runs
 
+#: minutes of real runs and reports: nox -s integration
+pytestmark = pytest.mark.integration
+
 HERE = Path(__file__).resolve().parent
 BEFORE = HERE / "data" / "report_before"
 REPO = HERE.parents[1]

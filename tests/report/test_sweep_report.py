@@ -14,6 +14,9 @@ import pytest
 
 from suite.report.style import method_style
 
+#: minutes of real runs and reports: nox -s integration
+pytestmark = pytest.mark.integration
+
 BENCH = [sys.executable, "-m", "suite.cli"]
 SWEEP = ["sweep", "--method", "prunex,ddp,localsgd-hier", "--gpus", "1,2", "--dataset",
          "synthetic", "--iterations", "3", "--batch-size", "8", "--local-steps", "2"]

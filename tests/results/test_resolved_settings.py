@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pandas as pd
+import pytest
 
 from tests.support.runs import TINY, bench
 
@@ -14,6 +15,7 @@ TWO_NODES = ["--workload", "cnn-fmnist", "--gpus", "2", "--gpus-per-node", "1",
              "--iterations", "2", "--eval-every", "1000", *TINY]
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_a_default_spelled_out_is_the_same_run(tmp_path):
     left_out, spelled = tmp_path / "left-out", tmp_path / "spelled"
     for results, extra in ((left_out, []), (spelled, ["--topk-ratio", "0.01"])):

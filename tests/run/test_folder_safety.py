@@ -83,6 +83,7 @@ def test_the_real_metadata_reads_as_dcp_wrote_it(stopped):
     assert any(key.startswith("rank0/") for key in metadata.state_dict_metadata)
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_a_live_run_is_neither_resumed_nor_overwritten(tmp_path):
     """While a run goes, `--resume` of its folder and a second `bench run` of its id with
     --overwrite are refused in one line naming the owner; the run ends ok, unharmed."""

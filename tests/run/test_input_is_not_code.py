@@ -159,6 +159,7 @@ def test_a_cifar_batch_that_would_run_code_is_refused(tmp_path, protocol):
     assert not target.exists()
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_a_dry_run_of_a_folder_naming_planted_data_reads_none(stopped, tmp_path):
     """A run folder whose manifest names a CIFAR-10 folder inside itself: `bench rerun
     --dry-run` and `bench run --config manifest.json --dry-run` read no data at all (the

@@ -36,6 +36,7 @@ from tests.support.runs import (
 TOPK = ["--method", "topk", *TINY, "--gpus", "2", "--gpus-per-node", "1"]
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_two_sweeps_of_one_grid_never_share_a_cell(tmp_path):
     """The second `bench sweep` of a grid whose cell the first is running is refused in one
     line and moves nothing; the first ends ok with each (iteration, rank) row once."""

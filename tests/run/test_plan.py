@@ -132,6 +132,7 @@ def test_a_rank_refuses_a_plan_its_launcher_resolved_otherwise():
         RunPlan.from_json(json.dumps(sent))
 
 
+@pytest.mark.integration  # a real run of a minute: nox -s integration
 def test_the_ranks_and_the_dry_run_have_one_plan_and_one_run_id(tmp_path):
     results = tmp_path / "results"
     args = ["run", "--method", "ddp", *SMALL_RUN, "--results-dir", results, "--run-id", "p"]

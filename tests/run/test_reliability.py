@@ -77,7 +77,8 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.parametrize(
     "args, iterations, reference, sig",
     [(PRUNEX, PRUNEX_ITERATIONS, "prunex", signal.SIGTERM),
-     (TOPK, TOPK_ITERATIONS, "topk", signal.SIGINT)],
+     pytest.param(TOPK, TOPK_ITERATIONS, "topk", signal.SIGINT,  # nox -s integration
+                  marks=pytest.mark.integration)],
     ids=["prunex-2x2-SIGTERM", "topk-2x1-Ctrl-C"],
 )
 def test_interrupt_then_resume_equals_the_uninterrupted_run(

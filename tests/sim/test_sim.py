@@ -224,7 +224,9 @@ BYTES = ["iteration", "rank", "bytes_intra", "bytes_inter"]
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "method, extra",
-    [("ddp", []), ("topk-hier", []), ("prunex", ["--local-steps", "2", "--freeze-round", "2"])],
+    [pytest.param("ddp", [], marks=pytest.mark.integration),  # minutes: nox -s integration
+     pytest.param("topk-hier", [], marks=pytest.mark.integration),
+     ("prunex", ["--local-steps", "2", "--freeze-round", "2"])],
 )
 def test_simulated_bytes_equal_a_real_2x2_run(tmp_path, method, extra):
     real, folder = real_run(tmp_path, "--method", method, "--iterations", "4", *extra)
@@ -308,7 +310,7 @@ def test_block_statistics():
     assert by_size == [[1, pytest.approx(0.2)], [4, pytest.approx(0.25)]]
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # a minute of calibration: nox -s integration
 def test_calibrate_writes_a_profile_the_simulator_runs_with(tmp_path):
     """A real 2 x 2 calibration on loopback: fitted links, measured compute and waits. The sizes
     lie 256x apart so that scheduling noise of 4 ranks on 2 cores cannot hide the slope."""
@@ -343,7 +345,7 @@ def test_calibrate_writes_a_profile_the_simulator_runs_with(tmp_path):
     assert [k for k, _ in retimed["compute"]["steps"]["cnn-fmnist@8"]["sync_wait_s"]] == [2]
 
 
-@pytest.mark.slow
+@pytest.mark.integration  # ResNet-152's replay: nox -s integration
 def test_simulator_sends_only_live_weights_of_resnet152(tmp_path):
     """Issue 14's measure, from the method's own step code: PruneX at channel keep 0.5 on
     ResNet-152 packs at most 0.33 x the dense bytes per round (about 0.50 with each conv's

@@ -231,7 +231,8 @@ def realistic_norms(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-@pytest.mark.parametrize("build", [convmixer, ghostnet, convnext])
+@pytest.mark.parametrize("build", [  # ghostnet's export takes minutes: nox -s integration
+    convmixer, pytest.param(ghostnet, marks=pytest.mark.integration), convnext])
 def test_dead_slices_change_no_output_and_export_is_exact(build):
     """What liveness calls dead (and the mask keeps) can be anything without changing an
     output, and removing the dead channels changes none either (float64: fp32 rounding
