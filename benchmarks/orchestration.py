@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from runs import only_run
+from runs import only_run, smoke_defaults
 
 from suite.api import schema
 
@@ -211,10 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="2 ranks, synthetic data")
     args = parser.parse_args(argv)
     if args.smoke:
-        given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in (argv or sys.argv[1:])}
-        for key, value in SMOKE.items():
-            if key not in given:
-                setattr(args, key, value)
+        smoke_defaults(args, SMOKE, argv)
     rows = []
     for ranks in (int(n) for n in str(args.ranks).split(",") if n):
         rows.append(measure(ranks, args))

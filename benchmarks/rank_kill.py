@@ -26,30 +26,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from runs import children, smoke_defaults
 
 from suite.api import schema
 
 SMOKE = {"ranks": 2, "gpus_per_node": 1, "kill_rank": 1, "dataset": "synthetic"}
 #: the run must have ended this soon after the kill (the issue's bound)
 LIMIT_SECONDS = 60
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``."""
-    tree: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            tree.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(name))
-    found, todo = [], list(tree.get(pid, []))
-    while todo:
-        child = todo.pop()
-        found.append(child)
-        todo += tree.get(child, [])
-    return found
 
 
 def alive(pid: int) -> bool:
@@ -81,10 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="2 ranks, synthetic data")
     args = parser.parse_args(argv)
     if args.smoke:
-        given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in (argv or sys.argv[1:])}
-        for key, value in SMOKE.items():
-            if key not in given:
-                setattr(args, key, value)
+        smoke_defaults(args, SMOKE, argv)
     out = Path(tempfile.mkdtemp(prefix="rank-kill-"))
     folder = out / "run"
     command = [sys.executable, "-m", "suite.cli", "run", "--method", args.method, "--dataset",
@@ -102,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the run ended before the kill: {tail(out)}")
     processes = json.loads((folder / "summary.json").read_text())[schema.PROCESSES]
     victim = int(processes[args.kill_rank][1])
-    below = descendants(proc.pid)
+    tree, below = children(), []
+    todo = list(tree.get(proc.pid, []))
+    while todo:  # every process below the launcher, to check none outlives the run
+        below.append(todo.pop())
+        todo += tree.get(below[-1], [])
     killed = time.perf_counter()
     os.kill(victim, signal.SIGKILL)
     try:

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from runs import only_run
+from runs import children, only_run, smoke_defaults
 
 from suite.api import schema
 
@@ -68,20 +68,6 @@ def smaps(pid: int) -> dict[str, int] | None:
         key, _, rest = line.partition(":")
         if key in ("Pss", "Rss"):
             found[key] = int(rest.split()[0]) * 1024
-    return found
-
-
-def children() -> dict[int, list[int]]:
-    """Parent pid -> its children's pids, from /proc."""
-    found: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-            found.setdefault(parent, []).append(int(name))
     return found
 
 
@@ -184,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="2 ranks, synthetic data")
     args = parser.parse_args(argv)
     if args.smoke:
-        given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in (argv or sys.argv[1:])}
-        for key, value in SMOKE.items():
-            if key not in given:
-                setattr(args, key, value)
+        smoke_defaults(args, SMOKE, argv)
     rows = []
     for ranks in (int(n) for n in str(args.ranks).split(",") if n):
         rows.append(measure(ranks, args))

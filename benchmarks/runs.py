@@ -99,10 +99,26 @@ def output_folder(given: str | None, default: str, smoke: bool, name: str) -> Pa
     return Path(default)
 
 
-def smoke_defaults(args: argparse.Namespace, values: dict[str, str]) -> None:
-    """``--smoke``'s values for the options not given on the command line (``gpus_per_node``
-    is ``--gpus-per-node``)."""
-    given = {a.split("=")[0] for a in sys.argv[1:]}
+def children() -> dict[int, list[int]]:
+    """Parent pid -> its children's pids, from /proc (the scale benchmarks find a run's ranks
+    and what they leave with it; a benchmark imports the suite's plugin API only)."""
+    found: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+            found.setdefault(parent, []).append(int(name))
+    return found
+
+
+def smoke_defaults(args: argparse.Namespace, values: dict, argv: list[str] | None = None
+                   ) -> None:
+    """``--smoke``'s values for the options not given on the command line (``argv``, default
+    ``sys.argv[1:]``; ``gpus_per_node`` is ``--gpus-per-node``)."""
+    given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)}
     for key, value in values.items():
         if flag_of(key) not in given:
             setattr(args, key, value)

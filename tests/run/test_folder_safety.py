@@ -16,20 +16,10 @@ import pytest
 from suite.errors import BenchError
 from suite.results.lock import OWNER, Owner, acquire, check_free, release
 from suite.run.checkpoint import latest_checkpoint, read_metadata, safe_reader
-from tests.support.runs import ENV, TINY, bench, finish, start, summary, wait_until
+from tests.support.runs import ENV, TINY, Planted, bench, finish, start, summary, wait_until
 
 TOPK = ["--method", "topk", *TINY, "--gpus", "2", "--gpus-per-node", "1",
         "--checkpoint-every", "1"]
-
-
-class Planted:
-    """What a crafted `.metadata` unpickles to with plain pickle: a shell command run."""
-
-    def __init__(self, target: Path):
-        self.target = target
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.target}",)
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,7 @@ import torch
 
 from suite.errors import BenchError
 from suite.run.checkpoint import latest_checkpoint, read_metadata, tensors_only_planner
-from tests.support.runs import ENV, TINY, bench, finish, one_line_error, start, summary
-
-
-class Planted:
-    """What a crafted pickle unpickles to with plain pickle: a file created by the shell."""
-
-    def __init__(self, target: Path):
-        self.target = target
-
-    def __reduce__(self):
-        import os
-
-        return os.system, (f"touch {self.target}",)
+from tests.support.runs import ENV, TINY, Planted, bench, finish, one_line_error, start, summary
 
 
 @pytest.fixture(scope="module")
