@@ -155,7 +155,20 @@ def run_slurm(flags: dict, gpus: int, gpus_per_node: int, output: Path, *, echo)
                          text=True)
     if job.returncode != 0 or not output.exists():
         said = (job.stderr.strip().splitlines() or [f"exit {job.returncode}"])[-1]
-        raise BenchError(f"the calibration job failed ({said}); see {folder} for its log")
+        job_log = Path(str(log).replace("%j", job.stdout.strip().split(";")[0]))
+        raise BenchError(f"the calibration job failed ({said}){rank_error(job_log)}; see "
+                         f"{job_log if job_log.exists() else folder} for its log")
+
+
+def rank_error(job_log: Path) -> str:
+    """': <the first rank's one-line error>' from a failed job's log, '' where it has none:
+    the reason belongs in the message the user reads, not only in a file on the cluster."""
+    try:
+        lines = job_log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.strip() for line in lines if line.strip().startswith("Error:")]
+    return f": {errors[0]}" if errors else ""
 
 
 #: calibrate's flags a rank of the job is not given (the job decides them, or they are the

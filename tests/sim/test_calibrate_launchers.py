@@ -4,7 +4,7 @@ refusals that come before any rank (the SLURM run itself: tests/launchers/test_m
 from __future__ import annotations
 
 from suite.config import flag_of
-from suite.sim.calibrate import job_arguments
+from suite.sim.calibrate import job_arguments, rank_error
 from tests.support.runs import bench_here, one_line
 
 
@@ -29,3 +29,14 @@ def test_emulated_links_are_calibrated_locally():
     result = bench_here("calibrate", "--launcher", "slurm", "--network", "emulated",
                         "--inter-bw", "1gbit")
     assert "--network emulated calibrates with --launcher local" in one_line(result)
+
+
+def test_a_failed_jobs_message_carries_its_ranks_error(tmp_path):
+    """The job's log holds torch's warnings and the failing rank's one-line error; the
+    user reads that error in the submitting command's message."""
+    log = tmp_path / "hosts-calibrate-7.out"
+    log.write_text("[W1129 socket.cpp:207] [c10d] The hostname cannot be retrieved.\n"
+                   "Error: all-reduce times over 6 ranks do not grow with size\n"
+                   "srun: error: pxh1: task 0: Exited with exit code 2\n")
+    assert rank_error(log) == ": Error: all-reduce times over 6 ranks do not grow with size"
+    assert rank_error(tmp_path / "missing.out") == ""
