@@ -73,16 +73,20 @@ def smaps(pid: int) -> dict[str, int] | None:
 
 def run_processes(launcher: int) -> tuple[list[int], list[int]]:
     """(ranks, others) of the run ``launcher`` started: a rank is a child of the fork
-    server (which forks them); the others are the launcher, the server and their helpers."""
+    server (which forks them), or a process of ``suite.run.entry`` (the ranks a node's
+    torchrun agent starts under ``--network emulated``); the others are the launcher, the
+    server, the agents and their helpers."""
     tree = children()
     ranks, others, todo = [], [], [(launcher, False)]
     while todo:
         pid, forked = todo.pop()
-        (ranks if forked else others).append(pid)
         try:
-            server = b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
+        spawned = b"suite.run.entry" in cmdline  # a rank torchrun started (--network emulated)
+        (ranks if forked or spawned else others).append(pid)
+        server = b"multiprocessing.forkserver" in cmdline
         todo += [(kid, server and not forked) for kid in tree.get(pid, [])]
     return ranks, others
 
@@ -104,6 +108,8 @@ def measure(ranks: int, args) -> Measured:
                "--eval-every", "100000", "--results-dir", str(out)]
     if args.method.startswith(("prunex", "localsgd", "gmp", "prune")):
         command += ["--local-steps", "2"]
+    if args.network == "emulated":
+        command += ["--network", "emulated", "--inter-bw", args.inter_bw]
     if args.dataset == "synthetic":
         command += ["--synthetic-size", f"{max(256, 16 * ranks)},64", "--batch-size", "8"]
     env = {**os.environ, "PRUNEX_PROGRESS": "0"}
@@ -165,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="cnn-fmnist")
     parser.add_argument("--dataset", default="fmnist")
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--network", default="direct", choices=("direct", "emulated"),
+                        help="emulated: nodes in namespaces, each rank started by its node's "
+                        "torchrun agent (not forked from the fork server)")
+    parser.add_argument("--inter-bw", default="1gbit", help="the emulated links' rate")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--smoke", action="store_true", help="2 ranks, synthetic data")

@@ -27,6 +27,15 @@ from suite.run.plan import RunPlan
 #: per rank only falls (121.9 MiB at 64), so the charge errs toward refusing. RSS, which
 #: counts every shared page in every rank, is 4-7x more and was what this charged before.
 RANK_BASE_BYTES = 128 * 2**20
+#: what a rank of ``--network emulated`` adds instead: its node's torchrun agent starts it as a
+#: new interpreter (spawn, not a fork of the server), so it holds torch's pages itself.
+#: Measured the same way (benchmarks/rank_memory.py --network emulated, 16 ranks as 2 x 8):
+#: 541.6 MiB PSS per rank against the forked rank's 189.6, so the base is 128 + 352 MiB
+SPAWNED_RANK_BASE_BYTES = 480 * 2**20
+#: one emulated node's torchrun agent (the launcher, two agents and their helpers measured
+#: 673.6 MiB of PSS beside the forked run's 662.1 for the launcher and fork server; an agent
+#: is charged more than that difference, so the check errs toward refusing)
+AGENT_BYTES = 160 * 2**20
 #: the launcher and the fork server of a local run (PSS, measured with the ranks)
 LAUNCHER_BYTES = 1024 * 2**20
 #: copies of the parameters a rank keeps (weights, gradients, momentum; PruneX's z, z_i, u,
@@ -98,22 +107,33 @@ def shares_data(plan: RunPlan) -> bool:
     return cache_usable(data_bytes(plan))
 
 
+def spawned_ranks(plan: RunPlan) -> bool:
+    """Whether the ranks start as new interpreters (``--network emulated``: one torchrun
+    agent per emulated node) rather than forks of the launcher's server."""
+    return plan.config.network == "emulated"
+
+
 def rank_memory_estimate(plan: RunPlan, model) -> int:
-    """Bytes one CPU rank adds: its base (``RANK_BASE_BYTES``), the parameter copies, the
+    """Bytes one CPU rank adds: its base (``RANK_BASE_BYTES``, or ``SPAWNED_RANK_BASE_BYTES``
+    for a rank that does not share the server's pages), the parameter copies, the
     activations of a batch and their gradients, and its own copy of the data where the
     dataset is not shared."""
     batch = plan.recipe.batch_size
     activations = 2 * activation_bytes(model, plan, batch) if model is not None else 0
     own_data = 0 if shares_data(plan) else data_bytes(plan)
-    return RANK_BASE_BYTES + parameter_bytes(model) + activations + own_data
+    base = SPAWNED_RANK_BASE_BYTES if spawned_ranks(plan) else RANK_BASE_BYTES
+    return base + parameter_bytes(model) + activations + own_data
 
 
 def local_memory_estimate(plan: RunPlan, model) -> tuple[int, int]:
-    """(bytes the whole local run needs, bytes per rank): the launcher and fork server, the
-    host's one copy of a shared dataset, and every rank's own."""
+    """(bytes the whole local run needs, bytes per rank): the launcher and fork server (or
+    the emulated nodes' agents), the host's one copy of a shared dataset, and every rank's
+    own."""
     each = rank_memory_estimate(plan, model)
     shared = data_bytes(plan) if shares_data(plan) else 0
-    return LAUNCHER_BYTES + shared + plan.config.gpus * each, each
+    agents = AGENT_BYTES * (plan.config.gpus // plan.config.gpus_per_node)
+    launcher = LAUNCHER_BYTES + (agents if spawned_ranks(plan) else 0)
+    return launcher + shared + plan.config.gpus * each, each
 
 
 def check_memory(plan: RunPlan, model) -> None:
@@ -127,7 +147,8 @@ def check_memory(plan: RunPlan, model) -> None:
     if need > 0.9 * available:
         raise BenchError(
             f"{gpus} local CPU ranks need about {need / GIB:.1f} GiB ({each / GIB:.2f} GiB "
-            f"each, with the launcher and the host's one copy of the data), this machine has "
+            f"each{', each started by its emulated node' if spawned_ranks(plan) else ''}, "
+            "with the launcher and the host's one copy of the data), this machine has "
             f"{available / GIB:.1f} GiB available; use fewer --gpus, --launcher slurm on a "
             "cluster, or --launcher sim to simulate it"
         )

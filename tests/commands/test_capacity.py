@@ -53,3 +53,20 @@ def test_a_run_that_cannot_fit_is_one_line(tmp_path):
     result = bench_here("run", "--method", "prunex", "--gpus", "512", "--gpus-per-node", "8",
                         "--results-dir", tmp_path)
     assert "512 local CPU ranks need about" in one_line(result) and result.exit_code == 2
+
+
+def test_emulated_nodes_ranks_are_charged_as_the_interpreters_they_are(tmp_path):
+    """Under --network emulated each node's torchrun agent starts its ranks as new
+    interpreters: 541.6 MiB of PSS each at 16 ranks (rank_memory.md), so 64 of them
+    (about 35 GiB; they were OOM-killed on this 24 GiB machine) are refused, in one line."""
+    emulated = plan_of(16, network="emulated", inter_bw="1gbit")
+    need, each = local_memory_estimate(emulated, model_on_meta_device(emulated))
+    _, forked_each = local_memory_estimate(plan_of(16), model_on_meta_device(emulated))
+    assert each - forked_each == (480 - 128) * 2**20
+    assert need > 16 * 541.6 * 2**20, need / GIB
+    result = bench_here("run", "--method", "prunex", "--gpus", "64", "--gpus-per-node", "8",
+                        "--network", "emulated", "--inter-bw", "1gbit",
+                        "--results-dir", tmp_path)
+    assert "64 local CPU ranks need about" in one_line(result) and result.exit_code == 2
+    assert "started by its emulated node" in one_line(result)
+    assert not any(tmp_path.iterdir())  # refused before any folder
