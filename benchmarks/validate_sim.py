@@ -20,6 +20,16 @@ cores. Run it alone: anything else on the CPU changes the measured times.
     python benchmarks/validate_sim.py --out benchmarks/results/validation
     python benchmarks/validate_sim.py --smoke    # prunex, 2 nodes x 1 rank at 1 Gbit, 3 rounds
 
+``--hosts 8`` validates at the mission's scale instead: for each rate, ``tools/cluster-up 8
+--inter-bw RATE --cpus 8`` (8 SLURM hosts in network namespaces, their links shaped as
+``--network emulated`` shapes them), then per layout (8 x 1, 2, 4 and 8 ranks: 8 to 64) a
+profile calibrated on those hosts (``bench calibrate --launcher slurm``), each method run
+for real (``bench run --launcher slurm``) and simulated with that profile. Compute is not
+re-timed around each run there (a 64-rank re-timing is a job of its own); the layout's
+calibration, minutes before, stands for it. Needs root; about 90 minutes on 2 cores.
+
+    python benchmarks/validate_sim.py --hosts 8 --out benchmarks/results/validation-hosts
+
 ``--layouts``, ``--rates`` and ``--methods`` pick part of the grid (``--tabulate-only`` reads
 the cells they name); ``--links-from PROFILE`` takes the links from a profile (e.g. the
 shipped ``cpu-2x2-1gbit``) instead of calibrating them.
@@ -28,8 +38,11 @@ shipped ``cpu-2x2-1gbit``) instead of calibrating them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -45,6 +58,19 @@ METHODS = {
     "ddp": ["--iterations", "60"],
     "topk": ["--iterations", "60"],
 }
+#: --hosts: 8 hosts of 1, 2, 4 and 8 ranks; 8x2 first, whose intra-node link 8x1 borrows
+HOST_LAYOUTS = ("8x2", "8x4", "8x8", "8x1")
+#: --hosts: shorter runs (a 64-rank step shares 2 cores with 63 others)
+HOST_METHODS = {
+    "prunex": ["--local-steps", "4", "--iterations", "5"],
+    "prunex-flat": ["--local-steps", "4", "--iterations", "5"],
+    "ddp": ["--iterations", "20"],
+    "topk": ["--iterations", "20"],
+}
+#: --hosts: the calibration's buffer sizes and compute steps
+HOST_CALIBRATION = ["--sizes", "4096,262144,4194304,16777216", "--steps", "10",
+                    "--block-repeats", "2"]
+REPO = Path(__file__).resolve().parent.parent
 #: how compute is re-timed next to each run
 RETIME = ["--steps", "10", "--sync-blocks", "1,2,4,8"]
 #: --smoke: one cell, 3 rounds of 2 local steps on small synthetic data, 2 nodes of 1 rank
@@ -138,6 +164,90 @@ def measure(out: Path, grid: dict, smoke: bool = False) -> None:
                       f"predicted {predicted:.3f} s", flush=True)
 
 
+@contextlib.contextmanager
+def hosts_up(hosts: int, rate: str, cpus: int):
+    """``tools/cluster-up hosts --inter-bw rate --cpus cpus`` for the block; down after it."""
+    subprocess.run([REPO / "tools" / "cluster-down"], capture_output=True)
+    up = subprocess.run([REPO / "tools" / "cluster-up", str(hosts), "--inter-bw", rate,
+                         "--cpus", str(cpus)], capture_output=True, text=True)
+    if up.returncode != 0:
+        raise SystemExit(f"tools/cluster-up failed: {up.stderr.strip()}")
+    print(up.stdout.strip(), flush=True)
+    try:
+        yield
+    finally:
+        subprocess.run([REPO / "tools" / "cluster-down"], capture_output=True)
+
+
+def wait_for_queue(limit: float = 1800) -> None:
+    """Until SLURM's queue is empty (a ``bench run --launcher slurm`` returns once submitted)."""
+    end = time.monotonic() + limit
+    while subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > end:
+            raise SystemExit(f"SLURM jobs still queued after {limit:.0f} s")
+        time.sleep(2)
+
+
+def measure_on_hosts(out: Path, grid: dict, hosts: int) -> None:
+    """Calibrate on the hosts, run and simulate every cell into
+    ``out/runs/<layout>-<rate>/<method>`` (``--hosts``)."""
+    layouts = [layout_ranks(layout) + (layout,) for layout in grid["layouts"]]
+    if any(gpus // per_node > hosts for gpus, per_node, _ in layouts):
+        raise SystemExit(f"a layout needs more than the {hosts} hosts")
+    cpus = max(per_node for _, per_node, _ in layouts)
+    for rate in grid["rates"]:
+        with hosts_up(hosts, rate, cpus):
+            profiles = out / "profiles"
+            for gpus, per_node, layout in layouts:
+                shape = ["--gpus", str(gpus), "--gpus-per-node", str(per_node)]
+                links = profiles / f"hosts-{layout}-{rate}.json"
+                calibrate = ["calibrate", "--launcher", "slurm", *shape, "--device", "cpu",
+                             "--workload", "cnn-fmnist", "--name", links.stem, "-o",
+                             str(links), *HOST_CALIBRATION]
+                if per_node == 1:  # no intra-node link to measure: another layout's
+                    donor = next(profiles / f"hosts-{other}-{rate}.json"
+                                 for _, p, other in layouts if p > 1)
+                    calibrate += ["--links-from", str(grid["links_from"] or donor)]
+                profiles.mkdir(parents=True, exist_ok=True)
+                started = time.monotonic()
+                bench(*calibrate)
+                print(f"{layout} {rate}: calibrated in {time.monotonic() - started:.0f} s",
+                      flush=True)
+                for method in grid["methods"]:
+                    cell = out / "runs" / f"{layout}-{rate}" / method
+                    shutil.rmtree(cell, ignore_errors=True)
+                    common = ["--method", method, "--workload", "cnn-fmnist", *shape,
+                              *HOST_METHODS[method]]
+                    started = time.monotonic()
+                    bench("run", *common, "--launcher", "slurm", "--device", "cpu",
+                          "--slurm-cpus-per-task", str(per_node), "--eval-every", "1000",
+                          "--results-dir", str(cell / "real"))
+                    wait_for_queue()
+                    real = only_run(cell / "real")
+                    status = json.loads((real / "summary.json").read_text())[schema.STATUS]
+                    if status != schema.Status.OK:
+                        raise SystemExit(f"{real}: {status}")
+                    bench("sim", *common, "--profile", str(links), "--replay", "1000",
+                          "--results-dir", str(cell / "sim"))
+                    measured = timings(real)["iteration"]
+                    predicted = timings(only_run(cell / "sim"))["iteration"]
+                    print(f"{layout} {rate} {method}: measured {measured:.3f} s, predicted "
+                          f"{predicted:.3f} s ({time.monotonic() - started:.0f} s)", flush=True)
+
+
+def same_order(per_iteration: pd.DataFrame) -> pd.DataFrame:
+    """Per layout and rate: whether the methods rank the same by measured and by predicted
+    seconds per iteration."""
+    rows = []
+    for (layout, rate), cell in per_iteration.groupby(["layout", "rate"], sort=False):
+        measured = list(cell.sort_values("measured_ms")[schema.METHOD])
+        predicted = list(cell.sort_values("predicted_ms")[schema.METHOD])
+        rows.append({"layout": layout, "rate": rate, "measured order": " < ".join(measured),
+                     "predicted order": " < ".join(predicted),
+                     "same": "yes" if measured == predicted else "no"})
+    return pd.DataFrame(rows)
+
+
 def tabulate(out: Path, grid: dict) -> None:
     """validation.csv and validation.md from the cells' run folders under ``out/runs``."""
     records = []
@@ -167,7 +277,9 @@ def tabulate(out: Path, grid: dict) -> None:
     table.to_csv(out / "validation.csv", index=False)
     per_iteration = table[table.phase == "iteration"].drop(columns="phase")
     phases = table[table.phase != "iteration"]
+    order = same_order(per_iteration)
     text = ["## Time per iteration", per_iteration.to_markdown(index=False, floatfmt=".1f"),
+            "", "## The methods' order by time", order.to_markdown(index=False),
             "", "## Per phase (mean over ranks)", "", PHASE_NOTE, "",
             phases.to_markdown(index=False, floatfmt=".1f")]
     (out / "validation.md").write_text("\n".join(text) + "\n")
@@ -175,7 +287,8 @@ def tabulate(out: Path, grid: dict) -> None:
     worst = per_iteration["error_%"].abs().max()
     within = int((per_iteration["error_%"].abs() <= 15).sum())
     print(json.dumps({"worst_iteration_error_%": round(float(worst), 1),
-                      "cells_within_15%": f"{within}/{len(per_iteration)}"}))
+                      "cells_within_15%": f"{within}/{len(per_iteration)}",
+                      "same_order": f"{int((order.same == 'yes').sum())}/{len(order)}"}))
 
 
 def main() -> None:
@@ -184,8 +297,12 @@ def main() -> None:
     parser.add_argument(
         "--tabulate-only", action="store_true", help="rebuild the tables from the cells on disk"
     )
-    parser.add_argument("--layouts", default=",".join(LAYOUTS),
-                        help="comma list of NxP: N emulated nodes of P ranks")
+    parser.add_argument("--layouts", default=None,
+                        help="comma list of NxP: N nodes of P ranks (default: 2x2,4x1; "
+                        "with --hosts: 8x2,8x4,8x8,8x1)")
+    parser.add_argument("--hosts", type=int, default=None,
+                        help="validate on this many SLURM hosts of tools/cluster-up (needs "
+                        "root) instead of the local launcher's emulated nodes")
     parser.add_argument("--rates", default=",".join(RATES), help="comma list of link rates")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma list")
     parser.add_argument("--links-from", default=None,
@@ -198,14 +315,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         smoke_defaults(args, SMOKE)
-    grid = {"layouts": args.layouts.split(","), "rates": args.rates.split(","),
+    layouts = args.layouts or ",".join(HOST_LAYOUTS if args.hosts else LAYOUTS)
+    grid = {"layouts": layouts.split(","), "rates": args.rates.split(","),
             "methods": args.methods.split(","), "links_from": args.links_from}
     known = SMOKE_METHODS if args.smoke else METHODS
     unknown = set(grid["methods"]) - set(known)
     if unknown:
         parser.error(f"unknown method(s) {sorted(unknown)}; known: {', '.join(known)}")
     out = output_folder(args.out, "benchmarks/results/validation", args.smoke, "validate-sim")
-    if not args.tabulate_only:
+    if args.tabulate_only:
+        pass
+    elif args.hosts:
+        measure_on_hosts(out, grid, args.hosts)
+    else:
         measure(out, grid, smoke=args.smoke)
     tabulate(out, grid)
 

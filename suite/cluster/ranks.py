@@ -10,7 +10,7 @@ import socket
 import tempfile
 import time
 from datetime import timedelta
-from multiprocessing import forkserver
+from multiprocessing import forkserver, resource_tracker
 
 import torch
 import torch.distributed as dist
@@ -99,17 +99,20 @@ def preload_rank_modules() -> None:
     the first launch of this process and serves its later launches and restarts; it inherits
     the environment of that moment (``OMP_NUM_THREADS`` is set before it).
 
-    The server is started here with SIGINT ignored: a terminal's Ctrl-C reaches the whole
-    process group, and during its seconds of preloading the server would die of it with a
-    traceback (multiprocessing ignores SIGINT there only after the preload). Its ranks
-    install their own handlers first thing (``suite.run.stopping``); the launcher stops
-    them."""
+    The server is started with SIGINT blocked (CPython's resource tracker starts itself the
+    same way): a terminal's Ctrl-C reaches the whole process group, and during its seconds
+    of preloading the server would die of it with a traceback (multiprocessing ignores
+    SIGINT there only after the preload, which also drops one kept pending). Only this
+    thread's mask is inherited, so the launcher keeps its own handler: a Ctrl-C meanwhile
+    reaches it (it was ignored here before, and lost: the run went on to its end). The
+    ranks unblock SIGINT once their handlers are in place (``detach_from_fork_server``)."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_MODULES)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the server's exec
+    resource_tracker.ensure_running()  # first: it unblocks SIGINT once it has started
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C kept pending arrives now
 
 
 def detach_from_fork_server() -> None:
@@ -124,6 +127,11 @@ def detach_from_fork_server() -> None:
     if forkserver.get_inherited_fds() is not None and alive is not None:
         os.close(alive)
         server._forkserver_alive_fd = None
+        # the server started with SIGINT blocked and its forks inherit the mask: a rank
+        # without a handler of its own ignores it (the launcher stops it), then unblocks
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def pick_device(preference: str) -> torch.device:

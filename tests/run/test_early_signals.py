@@ -54,3 +54,23 @@ def test_a_finished_run_ends_with_one_line_of_what_it_did(tmp_path):
     assert float(found[1]) == pytest.approx(100 * summary["final_accuracy"], abs=0.005)
     assert float(found[3]) == pytest.approx(summary["train_seconds"], abs=0.05)
     assert float(found[4]) == pytest.approx(summary["inter_node_bytes_total"] / 1e6, rel=1e-3)
+
+
+def test_a_ctrl_c_while_the_fork_server_starts_is_kept_for_the_launcher(monkeypatch):
+    """The fork server starts with SIGINT blocked, so that a Ctrl-C cannot kill it while it
+    preloads; the launcher used to ignore SIGINT for that, and a Ctrl-C in the window was
+    lost: the run went on to its end (this file's first test, now and then, under load).
+    Now the launcher gets it, and a rank forked later unblocks it."""
+    from multiprocessing import forkserver
+
+    from suite.cluster import ranks
+
+    def a_ctrl_c_meanwhile():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+
+    monkeypatch.setattr(forkserver, "ensure_running", a_ctrl_c_meanwhile)
+    with pytest.raises(KeyboardInterrupt):
+        ranks.preload_rank_modules()
+        time.sleep(0.5)  # never reached: raised by the time the mask is restored
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
