@@ -62,10 +62,10 @@ METHODS = {
 HOST_LAYOUTS = ("8x2", "8x4", "8x8", "8x1")
 #: --hosts: shorter runs (a 64-rank step shares 2 cores with 63 others)
 HOST_METHODS = {
-    "prunex": ["--local-steps", "4", "--iterations", "5"],
-    "prunex-flat": ["--local-steps", "4", "--iterations", "5"],
-    "ddp": ["--iterations", "20"],
-    "topk": ["--iterations", "20"],
+    "prunex": ["--local-steps", "4", "--iterations", "4"],
+    "prunex-flat": ["--local-steps", "4", "--iterations", "4"],
+    "ddp": ["--iterations", "12"],
+    "topk": ["--iterations", "12"],
 }
 #: --hosts: the calibration's buffer sizes and compute steps
 HOST_CALIBRATION = ["--sizes", "4096,262144,4194304,16777216", "--steps", "10",
