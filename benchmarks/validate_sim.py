@@ -26,7 +26,10 @@ cores. Run it alone: anything else on the CPU changes the measured times.
 profile calibrated on those hosts (``bench calibrate --launcher slurm``), each method run
 for real (``bench run --launcher slurm``) and simulated with that profile. Compute is not
 re-timed around each run there (a 64-rank re-timing is a job of its own); the layout's
-calibration, minutes before, stands for it. Needs root; about 90 minutes on 2 cores.
+calibration, minutes before, stands for it. Needs root; about 90 minutes on 2 cores, and
+memory for the calibration: its ranks are interpreters of their own (srun starts one per
+rank, about 0.95 GB each), so a 24 GiB machine calibrates 8 and 16 ranks (``--layouts
+8x2,8x1``) and was OOM-killed at 32.
 
     python benchmarks/validate_sim.py --hosts 8 --out benchmarks/results/validation-hosts
 
@@ -188,6 +191,16 @@ def wait_for_queue(limit: float = 1800) -> None:
         time.sleep(2)
 
 
+def donor(profiles: Path, rate: str) -> str:
+    """A profile calibrated on the hosts at ``rate`` with 2+ ranks a host (this pass's or an
+    earlier one's), whose intra-node link a layout of 1 rank a host borrows."""
+    for path in sorted(profiles.glob(f"hosts-*-{rate}.json")):
+        if layout_ranks(path.stem.split("-")[1])[1] > 1:
+            return str(path)
+    raise SystemExit(f"no profile of 2+ ranks a host at {rate} under {profiles}: put such a "
+                     "layout before 8x1, or give --links-from")
+
+
 def measure_on_hosts(out: Path, grid: dict, hosts: int) -> None:
     """Calibrate on the hosts, run and simulate every cell into
     ``out/runs/<layout>-<rate>/<method>`` (``--hosts``)."""
@@ -205,9 +218,7 @@ def measure_on_hosts(out: Path, grid: dict, hosts: int) -> None:
                              "--workload", "cnn-fmnist", "--name", links.stem, "-o",
                              str(links), *HOST_CALIBRATION]
                 if per_node == 1:  # no intra-node link to measure: another layout's
-                    donor = next(profiles / f"hosts-{other}-{rate}.json"
-                                 for _, p, other in layouts if p > 1)
-                    calibrate += ["--links-from", str(grid["links_from"] or donor)]
+                    calibrate += ["--links-from", grid["links_from"] or donor(profiles, rate)]
                 profiles.mkdir(parents=True, exist_ok=True)
                 started = time.monotonic()
                 bench(*calibrate)
