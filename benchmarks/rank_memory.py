@@ -84,7 +84,8 @@ def run_processes(launcher: int) -> tuple[list[int], list[int]]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        spawned = b"suite.run.entry" in cmdline  # a rank torchrun started (--network emulated)
+        # a rank torchrun started (--network emulated); the agent's own command names it too
+        spawned = b"suite.run.entry" in cmdline and b"torch.distributed.run" not in cmdline
         (ranks if forked or spawned else others).append(pid)
         server = b"multiprocessing.forkserver" in cmdline
         todo += [(kid, server and not forked) for kid in tree.get(pid, [])]

@@ -30,12 +30,12 @@ RANK_BASE_BYTES = 128 * 2**20
 #: what a rank of ``--network emulated`` adds instead: its node's torchrun agent starts it as a
 #: new interpreter (spawn, not a fork of the server), so it holds torch's pages itself.
 #: Measured the same way (benchmarks/rank_memory.py --network emulated, 16 ranks as 2 x 8):
-#: 541.6 MiB PSS per rank against the forked rank's 189.6, so the base is 128 + 352 MiB
-SPAWNED_RANK_BASE_BYTES = 480 * 2**20
-#: one emulated node's torchrun agent (the launcher, two agents and their helpers measured
-#: 673.6 MiB of PSS beside the forked run's 662.1 for the launcher and fork server; an agent
-#: is charged more than that difference, so the check errs toward refusing)
-AGENT_BYTES = 160 * 2**20
+#: 572.6 MiB PSS per rank against the forked rank's 189.6, so the base is 128 + 384 MiB
+SPAWNED_RANK_BASE_BYTES = 512 * 2**20
+#: one emulated node's torchrun agent: the launcher and two agents measured 1305.9 MiB of PSS
+#: beside the forked run's 662.1 for the launcher and fork server, 322 MiB an agent; charged
+#: a little more, so the check errs toward refusing
+AGENT_BYTES = 336 * 2**20
 #: the launcher and the fork server of a local run (PSS, measured with the ranks)
 LAUNCHER_BYTES = 1024 * 2**20
 #: copies of the parameters a rank keeps (weights, gradients, momentum; PruneX's z, z_i, u,
@@ -131,8 +131,9 @@ def local_memory_estimate(plan: RunPlan, model) -> tuple[int, int]:
     own."""
     each = rank_memory_estimate(plan, model)
     shared = data_bytes(plan) if shares_data(plan) else 0
-    agents = AGENT_BYTES * (plan.config.gpus // plan.config.gpus_per_node)
-    launcher = LAUNCHER_BYTES + (agents if spawned_ranks(plan) else 0)
+    launcher = LAUNCHER_BYTES
+    if spawned_ranks(plan):
+        launcher += AGENT_BYTES * (plan.config.gpus // plan.config.gpus_per_node)
     return launcher + shared + plan.config.gpus * each, each
 
 
